@@ -1,0 +1,230 @@
+//! Fuzz bodies. The targets in `fuzz/` are one-line calls to these functions, and `cargo test`
+//! runs each once (and proptest runs them on random input), so a broken harness fails the
+//! ordinary test suite.
+//!
+//! Each body asserts the properties that must hold for any input: no panic, bounded memory,
+//! and the decoders' own invariants (a decoded frame re-encodes to the same bytes; a delivered
+//! ledger is exactly the one that was sent).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::assembler::Reassembler;
+use crate::chunker::chunk_ledger;
+use crate::compress::{Codec, Compressor};
+use crate::frame::{self, Chunk, ChunkHeader, Frame, FrameDecoder, LedgerEnd};
+use crate::limits::Limits;
+use crate::record::{RecordReader, DEFAULT_MAX_RECORD_LEN};
+
+fn small_limits() -> Limits {
+    Limits {
+        max_record_len: 1 << 16,
+        max_control_body: 4096,
+        max_chunk_raw: 1024,
+        max_ledger_raw: 1 << 16,
+        max_chunks_per_ledger: 64,
+        max_ledgers_in_flight: 4,
+        max_buffered_bytes: 1 << 14,
+        max_message_len: 256,
+    }
+}
+
+/// Frame decoding: arbitrary bytes through the incremental decoder (fed in two pieces split at a
+/// point the input chooses) and through the one-frame decoder. Every frame decoded re-encodes to
+/// exactly the bytes it came from, and the decoder never holds more than one frame plus a piece.
+pub fn frames(data: &[u8]) {
+    let limits = small_limits();
+    let _ = frame::decode_exact(Bytes::copy_from_slice(data), &limits);
+    let split = data.first().map_or(0, |b| *b as usize).min(data.len());
+    let mut d = FrameDecoder::new(limits.clone());
+    let mut consumed = 0usize;
+    'outer: for piece in [&data[..split], &data[split..]] {
+        if d.feed(piece).is_err() {
+            break;
+        }
+        loop {
+            let before = d.buffered();
+            match d.poll() {
+                Ok(Some(f)) => {
+                    let enc = f.to_vec();
+                    let used = before - d.buffered();
+                    assert_eq!(enc.len(), used, "re-encoding changes the length of {f:?}");
+                    assert_eq!(&data[consumed..consumed + used], &enc[..]);
+                    consumed += used;
+                }
+                Ok(None) => break,
+                Err(_) => break 'outer,
+            }
+        }
+        assert!(d.buffered() <= limits.max_frame_len() + piece.len());
+    }
+}
+
+/// Record marking: arbitrary bytes fed in pieces whose sizes come from the input. Records come
+/// out only whole; the reader never buffers more than the input it was given.
+pub fn records(data: &[u8]) {
+    let mut r = RecordReader::new(1 << 16);
+    let mut fed = 0usize;
+    let mut taken = 0usize;
+    let step = data.first().map_or(1, |b| (*b as usize % 64) + 1);
+    for piece in data.chunks(step) {
+        if r.feed(piece).is_err() {
+            return;
+        }
+        fed += piece.len();
+        while let Some(rec) = r.next_record() {
+            assert!(!rec.is_empty() && rec.len() <= 1 << 16);
+            taken += rec.len() + 4;
+            assert!(taken <= fed);
+        }
+    }
+    let _ = r.finish();
+    let mut big = RecordReader::new(DEFAULT_MAX_RECORD_LEN);
+    let _ = big.feed(data);
+    while big.next_record().is_some() {}
+}
+
+/// Header peek: never panics; an answer never claims bytes beyond the input, and every longer
+/// input with the same prefix gives the same answer.
+pub fn header(data: &[u8]) {
+    if let Ok(Some(info)) = crate::header::peek_header(data) {
+        assert!(info.header_end <= data.len());
+        let mut longer = data.to_vec();
+        longer.extend_from_slice(&[0xAB; 8]);
+        assert_eq!(crate::header::peek_header(&longer), Ok(Some(info)));
+    }
+}
+
+/// Reassembler operation sequences: four small ledgers, chunked and compressed, delivered to a
+/// reassembler in the order, with the duplications, drops, tampering and time steps the input
+/// chooses, plus arbitrary frames decoded from the input. Whatever happens, held memory stays
+/// within the limits, ledgers come out in sequence order, and every ledger delivered is
+/// byte-identical to the one sent.
+pub fn reassembler(data: &[u8]) {
+    let limits = small_limits();
+    let first_seq = 100;
+    let ledgers: Vec<Bytes> = (0..4u8)
+        .map(|i| {
+            let len = 1 + (i as usize * 797) % 3000;
+            Bytes::from(
+                (0..len)
+                    .map(|j| (j as u8 / 7).wrapping_mul(i + 1))
+                    .collect::<Vec<u8>>(),
+            )
+        })
+        .collect();
+    let mut pieces: Vec<Frame> = Vec::new();
+    let mut comp = Compressor::new(Codec::Lz4, 1);
+    for (i, raw) in ledgers.iter().enumerate() {
+        let seq = first_seq + i as u32;
+        let (chunks, summary) = chunk_ledger(raw, 512);
+        for c in chunks {
+            let (codec, payload) = comp.compress(&c.data);
+            pieces.push(Frame::Chunk(Chunk {
+                header: ChunkHeader {
+                    seq,
+                    index: c.index,
+                    raw_offset: c.offset,
+                    raw_len: c.data.len() as u32,
+                    codec,
+                },
+                payload,
+            }));
+        }
+        pieces.push(Frame::LedgerEnd(LedgerEnd {
+            seq,
+            chunk_count: summary.chunk_count,
+            raw_len: summary.raw_len,
+            checksum: summary.checksum,
+            header_hash: [0; 32],
+            previous_hash: [0; 32],
+            first_byte_ns: 0,
+            last_byte_ns: 0,
+        }));
+    }
+    let mut r = Reassembler::new(limits.clone(), first_seq, Duration::from_millis(50));
+    let mut now = Duration::ZERO;
+    let mut expect = first_seq;
+    let mut check = |r: &mut Reassembler| {
+        assert!(r.held_bytes() <= limits.max_buffered_bytes);
+        assert!(r.open_ledgers() <= limits.max_ledgers_in_flight as usize);
+        while let Some(l) = r.poll_ledger() {
+            assert_eq!(l.seq, expect);
+            assert_eq!(l.data, ledgers[(l.seq - first_seq) as usize]);
+            expect += 1;
+        }
+        while r.poll_missing().is_some() {}
+    };
+    let mut ops = data.iter().copied();
+    while let Some(op) = ops.next() {
+        let arg = ops.next().unwrap_or(0) as usize;
+        let _ = match op % 5 {
+            // Deliver piece `arg` (duplicates happen when the input picks one twice).
+            0 | 1 => feed(&mut r, &pieces[arg % pieces.len()], now),
+            // Deliver a tampered copy of a piece.
+            2 => {
+                let mut bytes = pieces[arg % pieces.len()].to_vec();
+                let at = (arg * 31 + op as usize) % bytes.len();
+                bytes[at] ^= 1 + (op >> 3);
+                match frame::decode_exact(Bytes::from(bytes), &limits) {
+                    Ok(f) => feed(&mut r, &f, now),
+                    Err(_) => Ok(()),
+                }
+            }
+            // Time passes.
+            3 => {
+                now += Duration::from_millis(arg as u64);
+                r.handle_timeout(now);
+                Ok(())
+            }
+            // Arbitrary frame bytes from the rest of the input.
+            _ => {
+                let rest: Vec<u8> = ops.by_ref().take(arg % 64).collect();
+                match frame::decode(&rest, &limits) {
+                    Ok(Some((f, _))) => feed(&mut r, &f, now),
+                    _ => Ok(()),
+                }
+            }
+        };
+        check(&mut r);
+    }
+}
+
+fn feed(r: &mut Reassembler, f: &Frame, now: Duration) -> Result<(), crate::AssemblyError> {
+    match f {
+        Frame::Chunk(c) => r.handle_chunk(c, now),
+        Frame::LedgerEnd(e) => r.handle_end(e, now),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    #[test]
+    fn each_body_runs() {
+        let seed: Vec<u8> = (0..=255u8).collect();
+        super::frames(&seed);
+        super::records(&seed);
+        super::header(&seed);
+        super::reassembler(&seed);
+        // An in-order delivery of everything completes every ledger.
+        let in_order: Vec<u8> = (0..40u8).flat_map(|i| [0, i]).collect();
+        super::reassembler(&in_order);
+    }
+
+    proptest! {
+        #[test]
+        fn reassembler_ops(data in prop::collection::vec(any::<u8>(), 0..600)) {
+            super::reassembler(&data);
+        }
+
+        #[test]
+        fn records_and_headers(data in prop::collection::vec(any::<u8>(), 0..600)) {
+            super::records(&data);
+            super::header(&data);
+        }
+    }
+}
