@@ -275,6 +275,10 @@ pub enum ErrorCode {
     ShuttingDown = 6,
     /// The relay failed internally.
     Internal = 7,
+    /// The relay's source was cut off in the middle of a ledger whose first chunks this session
+    /// already received (stellar-core died mid-ledger). The subscriber resumes from its last
+    /// delivered ledger, so nothing of the cut ledger is ever assembled.
+    SourceReset = 8,
 }
 
 impl ErrorCode {
@@ -288,6 +292,7 @@ impl ErrorCode {
             5 => ErrorCode::Overloaded,
             6 => ErrorCode::ShuttingDown,
             7 => ErrorCode::Internal,
+            8 => ErrorCode::SourceReset,
             _ => return None,
         })
     }
@@ -302,6 +307,7 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::ShuttingDown => "shutting down",
             ErrorCode::Internal => "internal error",
+            ErrorCode::SourceReset => "source reset mid-ledger",
         }
     }
 

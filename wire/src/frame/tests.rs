@@ -433,7 +433,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 time_ns,
             })
         }),
-        (1u16..=7, any::<u32>(), any::<u32>(), "\\PC{0,200}").prop_map(
+        (1u16..=8, any::<u32>(), any::<u32>(), "\\PC{0,200}").prop_map(
             |(c, oldest, newest, message)| {
                 Frame::Error(ErrorFrame {
                     code: ErrorCode::from_u16(c).unwrap(),

@@ -1,0 +1,496 @@
+//! The `ledger-subscribe` command: arguments, and [`run`], which writes verified ledgers in
+//! stellar-core's record-marked framing so any consumer of core's metadata pipe reads the
+//! output unchanged.
+
+use std::fs::File;
+use std::future::Future;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use ledger_relay_wire::frame::Start;
+use tokio::sync::mpsc;
+
+use crate::client::{connect, Ledger, Status};
+use crate::config::{parse_start, Credentials, RelayAddr, SubscribeConfig};
+use crate::error::SubscribeError;
+
+/// Command-line arguments of `ledger-subscribe` (see CONTRACT.md).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "ledger-subscribe",
+    version,
+    about = "Subscribe to a Ledger Relay and write verified ledgers in stellar-core's metadata framing",
+    long_about = "Subscribe to one or more Ledger Relays over multi-lane QUIC with mutual TLS, and \
+write every ledger, verified and in order, in stellar-core's record-marked framing (the format of \
+--metadata-output-stream) to stdout, a file or a FIFO.\n\nExit codes: 0 after --count ledgers \
+(or on SIGINT/SIGTERM), 2 on bad arguments or any other error, 3 when the relay refuses our \
+certificate (or we refuse its), 4 when the start is below the relay's retention."
+)]
+pub struct Args {
+    /// Relay addresses in order of preference, HOST:PORT, comma-separated; on a failure the
+    /// next one is used, with the hash chain checked across the switch.
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub relay: Vec<RelayAddr>,
+    /// Certificate directory: DIR/ca.pem, DIR/NAME.pem and DIR/NAME.key are used.
+    #[arg(long, value_name = "DIR")]
+    pub certs: PathBuf,
+    /// Our certificate's name in the certificate directory.
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// First ledger: a sequence, or `tip` for the newest the relay holds.
+    #[arg(long, value_name = "SEQ|tip", default_value = "tip", value_parser = parse_start)]
+    pub from: Start,
+    /// Exit after this many ledgers (default: run until stopped).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Lanes (parallel QUIC connections, each its own UDP flow), 1 to 64.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub lanes: u8,
+    /// Where to write the ledgers: a file, a FIFO, or `-` for stdout.
+    #[arg(long, value_name = "PATH|-", default_value = "-")]
+    pub out: String,
+    /// TLS name the relay's certificate must be valid for (default: the host part of each
+    /// relay address).
+    #[arg(long, value_name = "NAME")]
+    pub server_name: Option<String>,
+    /// Write a CSV row per ledger: seq, raw_bytes, wire_bytes, delivery_ms, inter_arrival_ms.
+    #[arg(long, value_name = "FILE")]
+    pub stats: Option<PathBuf>,
+    /// Bind lane k to local UDP port BASE+k (default: ephemeral ports).
+    #[arg(long, value_name = "BASE")]
+    pub lane_ports: Option<u16>,
+}
+
+/// Where ledgers are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Standard output.
+    Stdout,
+    /// A file (created or truncated) or a FIFO (opened for writing, which waits for a reader).
+    Path(PathBuf),
+}
+
+/// A validated `ledger-subscribe` configuration.
+#[derive(Debug, Clone)]
+pub struct CliConfig {
+    /// The subscription.
+    pub subscribe: SubscribeConfig,
+    /// Stop after this many ledgers.
+    pub count: Option<u64>,
+    /// Where ledgers go.
+    pub out: Output,
+    /// Per-ledger CSV.
+    pub stats: Option<PathBuf>,
+    /// How often the status line is printed on stderr (default 2 s).
+    pub status_interval: Duration,
+}
+
+impl Args {
+    /// Loads the credentials and checks the arguments.
+    pub fn into_config(self) -> Result<CliConfig, SubscribeError> {
+        let credentials = Credentials::from_cert_dir(&self.certs, &self.name)?;
+        let mut subscribe = SubscribeConfig::new(self.relay, credentials);
+        subscribe.server_name = self.server_name;
+        subscribe.start = self.from;
+        subscribe.lanes = self.lanes;
+        if let Some(base) = self.lane_ports {
+            let last = u16::try_from(u32::from(base) + u32::from(self.lanes.max(1)) - 1).map_err(
+                |_| SubscribeError::InvalidConfig {
+                    field: "lane_ports",
+                    reason: format!("{base} + {} lanes runs past port 65535", self.lanes),
+                },
+            )?;
+            subscribe.lane_ports = Some((base, last));
+        }
+        subscribe.validate()?;
+        let out = match self.out.as_str() {
+            "-" => Output::Stdout,
+            path => Output::Path(path.into()),
+        };
+        Ok(CliConfig {
+            subscribe,
+            count: self.count,
+            out,
+            stats: self.stats,
+            status_interval: Duration::from_secs(2),
+        })
+    }
+}
+
+/// Why `ledger-subscribe` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The subscription failed.
+    #[error(transparent)]
+    Subscribe(#[from] SubscribeError),
+    /// Writing the ledgers failed (for example the reader of a FIFO or pipe went away).
+    #[error("cannot write ledgers to {target}")]
+    Output {
+        /// The output (`stdout` or a path).
+        target: String,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing the stats file failed.
+    #[error("cannot write stats to {path}")]
+    Stats {
+        /// The stats file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The subscription ended without an error (it does not, short of a bug).
+    #[error("the subscription ended unexpectedly")]
+    Ended,
+}
+
+impl RunError {
+    /// The process exit code (CONTRACT.md): 3 for an authorization failure, 4 for a start below
+    /// retention, 2 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Subscribe(e) if e.is_unauthorized() => 3,
+            RunError::Subscribe(e) if e.is_below_retention() => 4,
+            _ => 2,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunSummary {
+    /// Ledgers written.
+    pub ledgers: u64,
+    /// The last ledger written (0: none).
+    pub last_seq: u32,
+    /// Whether the run stopped on `shutdown` before `count` ledgers.
+    pub interrupted: bool,
+}
+
+/// Subscribes and writes ledgers until `count` ledgers are written, `shutdown` completes, or
+/// a terminal error. Prints a status line on stderr every `status_interval`.
+pub async fn run(
+    config: CliConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<RunSummary, RunError> {
+    let mut sub = connect(config.subscribe.clone())?;
+    // Blocking writes (a FIFO waits for its reader) happen on their own thread; the channel is
+    // small so a slow reader slows the subscription (and so the relay's sending), not memory.
+    let (write_tx, write_rx) = mpsc::channel::<Ledger>(2);
+    let out = config.out.clone();
+    let stats = config.stats.clone();
+    let writer = std::thread::Builder::new()
+        .name("ledger-writer".into())
+        .spawn(move || write_ledgers(out, stats, write_rx))
+        .map_err(|source| RunError::Output {
+            target: "writer thread".into(),
+            source,
+        })?;
+
+    let mut summary = RunSummary {
+        ledgers: 0,
+        last_seq: 0,
+        interrupted: false,
+    };
+    let mut meter = Meter::new();
+    let mut ticker = tokio::time::interval(config.status_interval);
+    ticker.tick().await;
+    tokio::pin!(shutdown);
+    let mut failure: Option<RunError> = None;
+    if config.count != Some(0) {
+        loop {
+            tokio::select! {
+                item = sub.next() => match item {
+                    Some(Ok(ledger)) => {
+                        meter.add(&ledger);
+                        summary.ledgers += 1;
+                        summary.last_seq = ledger.seq;
+                        if write_tx.send(ledger).await.is_err() {
+                            // The writer stopped: its error is collected below.
+                            break;
+                        }
+                        if config.count.is_some_and(|n| summary.ledgers >= n) {
+                            break;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        failure = Some(e.into());
+                        break;
+                    }
+                    None => {
+                        failure = Some(RunError::Ended);
+                        break;
+                    }
+                },
+                _ = ticker.tick() => eprintln!("{}", meter.line(&sub.status())),
+                _ = &mut shutdown => {
+                    summary.interrupted = true;
+                    break;
+                }
+            }
+        }
+    }
+    drop(write_tx);
+    let closing = sub.close();
+    let written = tokio::task::spawn_blocking(move || writer.join());
+    let (_, written) = tokio::join!(closing, written);
+    let written = match written {
+        Ok(Ok(result)) => result,
+        // The writer thread panicked, or the blocking task was cancelled at runtime shutdown.
+        _ => Err(RunError::Output {
+            target: "writer thread".into(),
+            source: std::io::Error::other("the writer thread failed"),
+        }),
+    };
+    match (failure, written) {
+        (Some(e), _) => Err(e),
+        (None, Err(e)) => Err(e),
+        (None, Ok(())) => Ok(summary),
+    }
+}
+
+/// The writer thread: record-marked ledgers to `out`, flushed after each, and the stats CSV.
+fn write_ledgers(
+    out: Output,
+    stats: Option<PathBuf>,
+    mut rx: mpsc::Receiver<Ledger>,
+) -> Result<(), RunError> {
+    let target = match &out {
+        Output::Stdout => "stdout".to_owned(),
+        Output::Path(p) => p.display().to_string(),
+    };
+    let out_err = |source| RunError::Output {
+        target: target.clone(),
+        source,
+    };
+    let mut sink: Box<dyn Write> = match &out {
+        Output::Stdout => Box::new(BufWriter::with_capacity(1 << 20, std::io::stdout().lock())),
+        Output::Path(path) => Box::new(BufWriter::with_capacity(
+            1 << 20,
+            File::create(path).map_err(out_err)?,
+        )),
+    };
+    let mut csv = match &stats {
+        Some(path) => {
+            let stats_err = |source| RunError::Stats {
+                path: path.clone(),
+                source,
+            };
+            let mut w = BufWriter::new(File::create(path).map_err(stats_err)?);
+            writeln!(w, "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms")
+                .and_then(|()| w.flush())
+                .map_err(stats_err)?;
+            Some((w, path.clone()))
+        }
+        None => None,
+    };
+    let mut previous_ns: Option<u64> = None;
+    while let Some(ledger) = rx.blocking_recv() {
+        ledger_relay_wire::record::write_record_to(&mut sink, &ledger.data)
+            .and_then(|()| sink.flush())
+            .map_err(out_err)?;
+        if let Some((w, path)) = &mut csv {
+            let row = stats_row(&ledger, previous_ns);
+            w.write_all(row.as_bytes())
+                .and_then(|()| w.flush())
+                .map_err(|source| RunError::Stats {
+                    path: path.clone(),
+                    source,
+                })?;
+        }
+        previous_ns = Some(ledger.received_ns);
+    }
+    Ok(())
+}
+
+/// One CSV row: `seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms` (the last empty for
+/// the first ledger). Delivery may be negative when the two clocks disagree.
+pub fn stats_row(ledger: &Ledger, previous_received_ns: Option<u64>) -> String {
+    let delivery_ms =
+        (i128::from(ledger.received_ns) - i128::from(ledger.relay_last_byte_ns)) as f64 / 1e6;
+    let inter = previous_received_ns
+        .map(|p| {
+            format!(
+                "{:.3}",
+                (i128::from(ledger.received_ns) - i128::from(p)) as f64 / 1e6
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{},{},{},{:.3},{}\n",
+        ledger.seq,
+        ledger.data.len(),
+        ledger.wire_bytes,
+        delivery_ms,
+        inter
+    )
+}
+
+/// Rates for the status line, over the interval since the last line.
+struct Meter {
+    since: Instant,
+    ledgers: u64,
+    bytes: u64,
+    last_seq: u32,
+}
+
+impl Meter {
+    fn new() -> Meter {
+        Meter {
+            since: Instant::now(),
+            ledgers: 0,
+            bytes: 0,
+            last_seq: 0,
+        }
+    }
+
+    fn add(&mut self, ledger: &Ledger) {
+        self.ledgers += 1;
+        self.bytes += ledger.data.len() as u64;
+        self.last_seq = ledger.seq;
+    }
+
+    /// `seq 1410100 | lag 2 | 1.7 ledgers/s | 23.4 MiB/s | lanes 4/4 | relay 10.0.0.1:7000`,
+    /// and resets the counters.
+    fn line(&mut self, status: &Status) -> String {
+        let secs = self.since.elapsed().as_secs_f64().max(1e-3);
+        let seq = if self.last_seq == 0 {
+            status.last_delivered
+        } else {
+            self.last_seq
+        };
+        let lag = if status.newest == 0 || seq == 0 {
+            "?".to_owned()
+        } else {
+            status.newest.saturating_sub(seq).to_string()
+        };
+        let relay = match status.relay {
+            Some(addr) => format!("relay {addr}"),
+            None => match &status.last_error {
+                Some(e) => format!("reconnecting: {e}"),
+                None => "connecting".to_owned(),
+            },
+        };
+        let line = format!(
+            "seq {seq} | lag {lag} | {:.1} ledgers/s | {:.1} MiB/s | lanes {}/{} | {relay}",
+            self.ledgers as f64 / secs,
+            self.bytes as f64 / secs / f64::from(1 << 20),
+            status.lanes_up,
+            status.lanes_granted,
+        );
+        self.since = Instant::now();
+        self.ledgers = 0;
+        self.bytes = 0;
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn ledger(seq: u32, received_ns: u64, last_byte_ns: u64) -> Ledger {
+        Ledger {
+            seq,
+            data: bytes::Bytes::from(vec![0u8; 1000]),
+            header_hash: [0; 32],
+            previous_hash: [0; 32],
+            relay_first_byte_ns: 0,
+            relay_last_byte_ns: last_byte_ns,
+            received_ns,
+            wire_bytes: 400,
+            relay: "127.0.0.1:1".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn stats_rows() {
+        assert_eq!(
+            stats_row(&ledger(7, 3_500_000, 1_000_000), None),
+            "7,1000,400,2.500,\n"
+        );
+        assert_eq!(
+            stats_row(&ledger(8, 603_500_000, 600_000_000), Some(3_500_000)),
+            "8,1000,400,3.500,600.000\n"
+        );
+        // Clocks that disagree give a negative delivery, not a wrapped one.
+        assert!(stats_row(&ledger(9, 1, 2_000_000), None).starts_with("9,1000,400,-2.000,"));
+    }
+
+    #[test]
+    fn arguments_parse() {
+        let args = Args::try_parse_from([
+            "ledger-subscribe",
+            "--relay",
+            "a.example:7000,127.0.0.1:7001",
+            "--certs",
+            "/tmp/certs",
+            "--name",
+            "rpc-1",
+            "--from",
+            "1410048",
+            "--count",
+            "10",
+            "--lanes",
+            "2",
+            "--lane-ports",
+            "9000",
+        ])
+        .unwrap();
+        assert_eq!(args.relay.len(), 2);
+        assert_eq!(args.relay[0].host(), "a.example");
+        assert_eq!(args.from, Start::Seq(1_410_048));
+        assert_eq!(args.count, Some(10));
+        assert_eq!(args.out, "-");
+        let defaults = Args::try_parse_from([
+            "ledger-subscribe",
+            "--relay",
+            "r:1",
+            "--certs",
+            "d",
+            "--name",
+            "n",
+        ])
+        .unwrap();
+        assert_eq!(defaults.from, Start::Tip);
+        assert_eq!(defaults.lanes, 4);
+        for bad in [
+            vec!["--relay", "nope", "--certs", "d", "--name", "n"],
+            vec![
+                "--relay", "r:1", "--certs", "d", "--name", "n", "--from", "0",
+            ],
+            vec!["--relay", "r:1", "--certs", "d"],
+        ] {
+            let argv = std::iter::once("ledger-subscribe").chain(bad.iter().copied());
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn status_line_shows_lag_and_lanes() {
+        let mut m = Meter::new();
+        m.add(&ledger(100, 0, 0));
+        let status = Status {
+            relay: Some("127.0.0.1:7000".parse().unwrap()),
+            lanes_up: 3,
+            lanes_granted: 4,
+            newest: 103,
+            ..Status::default()
+        };
+        let line = m.line(&status);
+        assert!(line.starts_with("seq 100 | lag 3 |"), "{line}");
+        assert!(line.contains("lanes 3/4 | relay 127.0.0.1:7000"), "{line}");
+    }
+}

@@ -1,0 +1,243 @@
+//! The public face of the library: [`connect`] and the [`Subscription`] Stream of verified
+//! ledgers, and the supervisor that resumes and fails over behind it.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ledger_relay_wire::frame::Start;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::config::SubscribeConfig;
+use crate::error::{ErrorChain, SubscribeError};
+use crate::session::{self, End};
+use crate::transport;
+use crate::verify::Verifier;
+
+/// A complete, verified ledger, as delivered to the consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ledger {
+    /// Ledger sequence.
+    pub seq: u32,
+    /// The raw `LedgerCloseMeta` XDR, exactly as stellar-core wrote it (without the record
+    /// mark).
+    pub data: Bytes,
+    /// `LedgerHeaderHistoryEntry.hash`, checked against the header and the end record.
+    pub header_hash: [u8; 32],
+    /// `LedgerHeader.previousLedgerHash`, checked to equal the previous ledger's hash.
+    pub previous_hash: [u8; 32],
+    /// Relay clock when it read the ledger's first byte from its source, ns since the Unix
+    /// epoch.
+    pub relay_first_byte_ns: u64,
+    /// Relay clock when it read the ledger's last byte, ns since the Unix epoch.
+    pub relay_last_byte_ns: u64,
+    /// Our clock when the ledger was complete and verified, ns since the Unix epoch. On one
+    /// machine (or with synchronized clocks), `received_ns - relay_last_byte_ns` is the
+    /// delivery latency.
+    pub received_ns: u64,
+    /// Payload bytes received for it (compressed size, each chunk counted once).
+    pub wire_bytes: u64,
+    /// The relay it came from.
+    pub relay: SocketAddr,
+}
+
+/// A snapshot of the subscription's state, for status lines and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Status {
+    /// The relay of the current session, if one is up.
+    pub relay: Option<SocketAddr>,
+    /// Lanes connected and joined.
+    pub lanes_up: u8,
+    /// Lanes the relay granted for the current session.
+    pub lanes_granted: u8,
+    /// The newest ledger the relay holds, from its last heartbeat (0: unknown).
+    pub newest: u32,
+    /// The last ledger handed to the consumer (0: none yet).
+    pub last_delivered: u32,
+    /// Ledgers handed to the consumer.
+    pub delivered: u64,
+    /// Sessions attempted: the first, plus one per reconnect.
+    pub sessions: u64,
+    /// Why the last session ended, if one did.
+    pub last_error: Option<String>,
+}
+
+/// Shared state of one subscription.
+pub(crate) struct Shared {
+    pub(crate) config: SubscribeConfig,
+    pub(crate) client: quinn::ClientConfig,
+    status: Mutex<Status>,
+}
+
+impl Shared {
+    /// The status, for updating. A panic while it was held cannot leave it inconsistent in a
+    /// way that matters (it is only counters), so a poisoned lock is used as is.
+    pub(crate) fn status(&self) -> MutexGuard<'_, Status> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the Stream yields.
+pub type Item = Result<Ledger, SubscribeError>;
+
+/// A running subscription: a [`futures::Stream`] of verified ledgers in sequence order.
+///
+/// The Stream yields each ledger exactly once, from the requested start, with no gap, across
+/// reconnects and relay switches. A terminal error is yielded once, after which the Stream
+/// ends; transient failures are retried behind it and never appear.
+///
+/// Dropping it (or [`Subscription::close`]) ends the session and closes its lanes.
+pub struct Subscription {
+    rx: mpsc::Receiver<Item>,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// The current state: relay, lanes up, the relay's newest ledger, the last delivered.
+    pub fn status(&self) -> Status {
+        self.shared.status().clone()
+    }
+
+    /// Ends the subscription: closes the session's lanes (telling the relay) and waits, at most
+    /// about a second, for that to finish. Ledgers not yet taken are dropped.
+    pub async fn close(mut self) {
+        self.cancel.cancel();
+        // Ledgers waiting in the channel would keep a blocked supervisor from seeing the
+        // cancellation; closing the receiver unblocks it.
+        self.rx.close();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl futures::Stream for Subscription {
+    type Item = Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// Starts a subscription: validates `config`, then connects in the background (lane 0 first,
+/// then the other lanes) and returns at once. Must be called inside a tokio runtime.
+///
+/// Fails only for a configuration that cannot work (no relay, bad credentials, out-of-range
+/// settings); connection problems show up on the Stream (terminal ones) or in the logs and
+/// [`Subscription::status`] (transient ones, retried).
+pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> {
+    config.validate()?;
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| SubscribeError::NoRuntime)?;
+    let creds = &config.credentials;
+    let client = transport::client_config(
+        &creds.ca,
+        creds.cert_chain.clone(),
+        creds.key.clone_key(),
+        &config.transport,
+    )?;
+    let (tx, rx) = mpsc::channel(config.channel_capacity);
+    let shared = Arc::new(Shared {
+        config,
+        client,
+        status: Mutex::new(Status::default()),
+    });
+    let cancel = CancellationToken::new();
+    let task = runtime.spawn(supervise(shared.clone(), tx, cancel.clone()));
+    Ok(Subscription {
+        rx,
+        shared,
+        cancel,
+        task: Some(task),
+    })
+}
+
+/// Runs sessions one after another until the consumer goes away or a terminal error:
+/// resumes from the last delivered ledger + 1, moves to the next relay after each failure, and
+/// backs off between attempts (reset once a session delivered a ledger).
+async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: CancellationToken) {
+    let config = &shared.config;
+    let mut verifier = Verifier::new();
+    let mut backoff = Backoff::new(config.backoff);
+    let mut index = 0usize;
+    let mut last_at_once = false;
+    loop {
+        let relay = &config.relays[index % config.relays.len()];
+        let start = match verifier.last() {
+            // Resume from the last ledger delivered, never the last one seen: ledgers that
+            // arrived but were not handed over are fetched again.
+            Some((seq, _)) => Start::Seq(seq.saturating_add(1)),
+            None => config.start,
+        };
+        shared.status().sessions += 1;
+        let outcome = session::run(&shared, relay, start, &mut verifier, &tx, &cancel).await;
+        {
+            let mut status = shared.status();
+            status.relay = None;
+            status.lanes_up = 0;
+            status.lanes_granted = 0;
+        }
+        match outcome.end {
+            End::Stopped => return,
+            End::Fatal(e) => {
+                // The consumer gets the error itself; logging it too would print it twice.
+                tracing::debug!(relay = %relay, error = %ErrorChain(&e), "subscription failed");
+                shared.status().last_error = Some(ErrorChain(&e).to_string());
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+            End::Retry(t) => {
+                if outcome.delivered > 0 {
+                    backoff.reset();
+                }
+                // At once only if the last at-once reconnect made progress: a source that keeps
+                // dying mid-ledger must not turn into a tight reconnect loop.
+                let at_once = t.reconnect_at_once() && (outcome.delivered > 0 || !last_at_once);
+                last_at_once = at_once;
+                let delay = if at_once {
+                    Duration::ZERO
+                } else {
+                    backoff.next_delay()
+                };
+                let message = ErrorChain(&t).to_string();
+                tracing::warn!(
+                    relay = %relay,
+                    error = %message,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "session ended; reconnecting"
+                );
+                shared.status().last_error = Some(message);
+                if !at_once {
+                    index = index.wrapping_add(1);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = cancel.cancelled() => return,
+                    _ = tx.closed() => return,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,503 @@
+//! A tiny relay for tests: real QUIC and mutual TLS on loopback, the protocol of
+//! `docs/protocol.md`, and knobs to misbehave (close mid-stream, drop chunks, tamper, refuse).
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ledger_relay_subscriber::frame::{
+    Chunk, ChunkHeader, ErrorCode, ErrorFrame, Frame, Heartbeat, LedgerEnd, Resend, SessionAccept,
+    SessionOpen, Start,
+};
+use ledger_relay_subscriber::transport::{self, FrameIo, TransportSettings};
+use ledger_relay_wire::compress::{Codec, Compressor};
+use ledger_relay_wire::Limits;
+use quinn::VarInt;
+use rustls::server::WebPkiClientVerifier;
+use tokio::sync::watch;
+
+/// What the fake relay serves and how it misbehaves.
+#[derive(Clone)]
+pub struct Plan {
+    /// Consecutive ledgers; the first one's sequence is read from its header.
+    pub ledgers: Vec<Bytes>,
+    /// Lanes granted at most.
+    pub max_lanes: u8,
+    /// Raw bytes per chunk.
+    pub chunk_size: usize,
+    /// Heartbeat interval.
+    pub heartbeat_ms: u32,
+    /// Window (ledgers in flight).
+    pub window: u16,
+    /// Compress chunks with zstd (else raw).
+    pub zstd: bool,
+    /// Answer every SessionOpen with Error BelowRetention.
+    pub below_retention: bool,
+    /// First session only: after this many ledgers are acknowledged, send Error ShuttingDown
+    /// and close.
+    pub close_after: Option<usize>,
+    /// First session only: after this many ledgers are sent, close lane 1's connection.
+    pub kill_lane1_after: Option<usize>,
+    /// Chunks (seq, index) not sent the first time (only a Resend brings them).
+    pub drop_chunks: Vec<(u32, u32)>,
+    /// Flip a byte of chunk 0 of this ledger (sent raw).
+    pub tamper: Option<u32>,
+    /// Accept sessions, then say nothing at all (no heartbeats, no data).
+    pub silent: bool,
+}
+
+impl Plan {
+    pub fn new(ledgers: Vec<Bytes>) -> Plan {
+        Plan {
+            ledgers,
+            max_lanes: 4,
+            chunk_size: 1024,
+            heartbeat_ms: 100,
+            window: 8,
+            zstd: true,
+            below_retention: false,
+            close_after: None,
+            kill_lane1_after: None,
+            drop_chunks: Vec::new(),
+            tamper: None,
+            silent: false,
+        }
+    }
+}
+
+/// What the fake relay saw.
+#[derive(Debug, Default, Clone)]
+pub struct Record {
+    /// Connections that reached the relay (including ones whose TLS handshake failed).
+    pub incoming: usize,
+    /// Connections whose handshake failed.
+    pub handshake_failures: usize,
+    /// SessionOpen frames received.
+    pub opens: Vec<SessionOpen>,
+    /// LaneJoin frames received: lane and the connection's remote address.
+    pub joins: Vec<(u8, SocketAddr)>,
+    /// Remote addresses of lane 0 connections.
+    pub lane0_peers: Vec<SocketAddr>,
+    /// Resend frames received.
+    pub resends: Vec<Resend>,
+    /// Highest Ack received.
+    pub acked: u32,
+}
+
+/// A ledger cut and encoded as the relay sends it.
+struct Prepared {
+    seq: u32,
+    chunks: Vec<Frame>,
+    end: Frame,
+}
+
+fn prepare(plan: &Plan) -> Vec<Prepared> {
+    let mut compressor = Compressor::new(if plan.zstd { Codec::Zstd } else { Codec::None }, 1);
+    plan.ledgers
+        .iter()
+        .map(|data| {
+            let info = ledger_relay_wire::header::peek_header(data)
+                .unwrap()
+                .unwrap();
+            let seq = info.ledger_seq;
+            let (raw_chunks, summary) =
+                ledger_relay_wire::chunker::chunk_ledger(data, plan.chunk_size);
+            let chunks = raw_chunks
+                .iter()
+                .map(|c| {
+                    let (codec, payload) = if plan.tamper == Some(seq) && c.index == 0 {
+                        let mut bad = c.data.to_vec();
+                        let mid = bad.len() / 2;
+                        bad[mid] ^= 0x55;
+                        (Codec::None, Bytes::from(bad))
+                    } else {
+                        compressor.compress(&c.data)
+                    };
+                    Frame::Chunk(Chunk {
+                        header: ChunkHeader {
+                            seq,
+                            index: c.index,
+                            raw_offset: c.offset,
+                            raw_len: c.data.len() as u32,
+                            codec,
+                        },
+                        payload,
+                    })
+                })
+                .collect();
+            let now = now_ns();
+            let end = Frame::LedgerEnd(LedgerEnd {
+                seq,
+                chunk_count: summary.chunk_count,
+                raw_len: summary.raw_len,
+                checksum: summary.checksum,
+                header_hash: info.hash,
+                previous_hash: info.previous_hash,
+                first_byte_ns: now,
+                last_byte_ns: now,
+            });
+            Prepared { seq, chunks, end }
+        })
+        .collect()
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// A running fake relay; dropped, it stops.
+pub struct FakeRelay {
+    pub addr: SocketAddr,
+    record: Arc<Mutex<Record>>,
+    endpoint: quinn::Endpoint,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeRelay {
+    fn drop(&mut self) {
+        self.endpoint.close(VarInt::from_u32(0), b"test over");
+        self.task.abort();
+    }
+}
+
+struct Shared {
+    plan: Plan,
+    prepared: Vec<Prepared>,
+    record: Arc<Mutex<Record>>,
+    /// Lanes of each session, by session id (index = lane number).
+    sessions: Mutex<HashMap<u64, Vec<Option<quinn::Connection>>>>,
+    /// Sessions opened so far (misbehaviour applies to the first).
+    opened: Mutex<u64>,
+}
+
+impl FakeRelay {
+    /// Starts a relay with the server certificate `relay` from `server_pki`, trusting client
+    /// certificates issued by the CA in `client_ca_dir`.
+    pub fn start(plan: Plan, server_pki: &Path, client_ca_dir: &Path) -> FakeRelay {
+        let provider = transport::crypto_provider();
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in ledger_relay_certs::load_certs(&client_ca_dir.join("ca.pem")).unwrap() {
+            roots.add(cert).unwrap();
+        }
+        let crls = ledger_relay_certs::load_crls(&client_ca_dir.join("crl.pem")).unwrap();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .with_crls(crls)
+                .build()
+                .unwrap();
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                ledger_relay_certs::load_certs(&server_pki.join("relay.pem")).unwrap(),
+                ledger_relay_certs::load_key(&server_pki.join("relay.key")).unwrap(),
+            )
+            .unwrap();
+        tls.alpn_protocols = vec![ledger_relay_wire::ALPN.to_vec()];
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(
+            quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap(),
+        ));
+        let settings = TransportSettings::default();
+        server.transport_config(Arc::new(transport::transport_config(&settings)));
+        let socket = transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
+        let endpoint = transport::endpoint(socket, Some(server)).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let record = Arc::new(Mutex::new(Record::default()));
+        let shared = Arc::new(Shared {
+            prepared: prepare(&plan),
+            plan,
+            record: record.clone(),
+            sessions: Mutex::new(HashMap::new()),
+            opened: Mutex::new(0),
+        });
+        let ep = endpoint.clone();
+        let task = tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                shared.record.lock().unwrap().incoming += 1;
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let conn = match incoming.await {
+                        Ok(c) => c,
+                        Err(_) => {
+                            shared.record.lock().unwrap().handshake_failures += 1;
+                            return;
+                        }
+                    };
+                    let _ = handle(shared, conn).await;
+                });
+            }
+        });
+        FakeRelay {
+            addr,
+            record,
+            endpoint,
+            task,
+        }
+    }
+
+    pub fn record(&self) -> Record {
+        self.record.lock().unwrap().clone()
+    }
+}
+
+type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+async fn handle(shared: Arc<Shared>, conn: quinn::Connection) -> Res {
+    let (send, recv) = match conn.accept_bi().await {
+        Ok(s) => s,
+        Err(_) => {
+            // TLS 1.3: a client certificate the verifier refused fails here on the server.
+            shared.record.lock().unwrap().handshake_failures += 1;
+            return Ok(());
+        }
+    };
+    let mut io = FrameIo::new(send, recv, Limits::default());
+    match io.reader.next().await? {
+        Some(Frame::SessionOpen(open)) => serve(shared, conn, io, open).await,
+        Some(Frame::LaneJoin(join)) => {
+            shared
+                .record
+                .lock()
+                .unwrap()
+                .joins
+                .push((join.lane, conn.remote_address()));
+            {
+                let mut sessions = shared.sessions.lock().unwrap();
+                let lanes = sessions
+                    .get_mut(&join.session_id)
+                    .ok_or("unknown session")?;
+                let slot = lanes.get_mut(usize::from(join.lane)).ok_or("bad lane")?;
+                *slot = Some(conn.clone());
+            }
+            io.writer.write(&Frame::LaneAccept(join.lane)).await?;
+            // Keep the lane's control stream open for the life of the connection.
+            conn.closed().await;
+            drop(io);
+            Ok(())
+        }
+        _ => Err("unexpected first frame".into()),
+    }
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    mut io: FrameIo,
+    open: SessionOpen,
+) -> Res {
+    let plan = &shared.plan;
+    let session_no = {
+        let mut opened = shared.opened.lock().unwrap();
+        *opened += 1;
+        *opened
+    };
+    let first_session = session_no == 1;
+    {
+        let mut r = shared.record.lock().unwrap();
+        r.opens.push(open.clone());
+        r.lane0_peers.push(conn.remote_address());
+    }
+    let oldest = shared.prepared[0].seq;
+    let newest = shared.prepared.last().unwrap().seq;
+    if plan.below_retention {
+        let error = ErrorFrame {
+            code: ErrorCode::BelowRetention,
+            oldest,
+            newest,
+            message: "start is below the ring".into(),
+        };
+        transport::close_with_error(
+            &conn,
+            io.writer.stream_mut(),
+            &error,
+            Duration::from_secs(1),
+        )
+        .await;
+        return Ok(());
+    }
+    let first_seq = match open.start {
+        Start::Tip => oldest,
+        Start::Seq(s) => s,
+    };
+    let lanes = open.lanes.min(plan.max_lanes);
+    let session_id = 1000 + session_no;
+    shared.sessions.lock().unwrap().insert(session_id, {
+        let mut v = vec![None; usize::from(lanes)];
+        v[0] = Some(conn.clone());
+        v
+    });
+    io.writer
+        .write(&Frame::SessionAccept(SessionAccept {
+            version: 1,
+            session_id,
+            token: [7; 16],
+            lanes,
+            first_seq,
+            oldest,
+            newest,
+            chunk_size: plan.chunk_size as u32,
+            window: plan.window.min(open.window),
+            heartbeat_ms: plan.heartbeat_ms,
+            max_chunk_raw: 4 << 20,
+            max_ledger_raw: 256 << 20,
+        }))
+        .await?;
+    if plan.silent {
+        conn.closed().await;
+        return Ok(());
+    }
+
+    // Give the other lanes a moment to join, so data is striped across them.
+    for _ in 0..50 {
+        let joined = shared.sessions.lock().unwrap()[&session_id]
+            .iter()
+            .filter(|l| l.is_some())
+            .count();
+        if joined == usize::from(lanes) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let FrameIo { mut reader, writer } = io;
+    let writer = Arc::new(tokio::sync::Mutex::new(writer));
+    let (acked_tx, mut acked_rx) = watch::channel(first_seq - 1);
+    let (resend_tx, mut resend_rx) = tokio::sync::mpsc::unbounded_channel::<Resend>();
+
+    // Control: acks and resends.
+    let record = shared.record.clone();
+    let control = tokio::spawn(async move {
+        while let Ok(Some(frame)) = reader.next().await {
+            match frame {
+                Frame::Ack(seq) => {
+                    record.lock().unwrap().acked = seq;
+                    let _ = acked_tx.send(seq);
+                }
+                Frame::Resend(r) => {
+                    record.lock().unwrap().resends.push(r.clone());
+                    let _ = resend_tx.send(r);
+                }
+                _ => {}
+            }
+        }
+    });
+    // Heartbeats.
+    let hb_writer = writer.clone();
+    let heartbeat_ms = plan.heartbeat_ms;
+    let heartbeats = tokio::spawn(async move {
+        loop {
+            let hb = Frame::Heartbeat(Heartbeat {
+                newest,
+                oldest,
+                time_ns: now_ns(),
+            });
+            if hb_writer.lock().await.write(&hb).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(u64::from(heartbeat_ms))).await;
+        }
+    });
+    // Resends, on lane 0.
+    let resend_shared = shared.clone();
+    let resend_conn = conn.clone();
+    let resends = tokio::spawn(async move {
+        while let Some(r) = resend_rx.recv().await {
+            let Some(p) = resend_shared.prepared.iter().find(|p| p.seq == r.seq) else {
+                continue;
+            };
+            let frames: Vec<&Frame> = if r.whole {
+                p.chunks.iter().chain(std::iter::once(&p.end)).collect()
+            } else {
+                r.indices
+                    .iter()
+                    .filter_map(|&i| p.chunks.get(i as usize))
+                    .collect()
+            };
+            for f in frames {
+                if send_frame(&resend_conn, f).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+
+    let start_index = shared
+        .prepared
+        .iter()
+        .position(|p| p.seq == first_seq)
+        .unwrap_or(shared.prepared.len());
+    let dropped: HashSet<(u32, u32)> = plan.drop_chunks.iter().copied().collect();
+    let mut next_lane = 0usize;
+    let mut sent = 0usize;
+    let result: Res = async {
+        for p in &shared.prepared[start_index..] {
+            // The window: never send s before s - window is acknowledged.
+            let window = u32::from(plan.window.min(open.window));
+            while *acked_rx.borrow() + window < p.seq {
+                acked_rx.changed().await?;
+            }
+            let lanes_now: Vec<quinn::Connection> = shared.sessions.lock().unwrap()[&session_id]
+                .iter()
+                .flatten()
+                .filter(|c| c.close_reason().is_none())
+                .cloned()
+                .collect();
+            for (i, chunk) in p.chunks.iter().enumerate() {
+                if first_session && dropped.contains(&(p.seq, i as u32)) {
+                    continue;
+                }
+                let lane = &lanes_now[next_lane % lanes_now.len()];
+                next_lane += 1;
+                send_frame(lane, chunk).await?;
+            }
+            send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
+            next_lane += 1;
+            sent += 1;
+            if first_session && plan.kill_lane1_after == Some(sent) {
+                if let Some(Some(lane1)) = shared.sessions.lock().unwrap()[&session_id].get(1) {
+                    lane1.close(VarInt::from_u32(0), b"lane killed by test");
+                }
+            }
+            if first_session && plan.close_after == Some(sent) {
+                while *acked_rx.borrow() < p.seq {
+                    acked_rx.changed().await?;
+                }
+                let error = ErrorFrame {
+                    code: ErrorCode::ShuttingDown,
+                    oldest: 0,
+                    newest: 0,
+                    message: "test relay stopping".into(),
+                };
+                let mut writer = writer.lock().await;
+                transport::close_with_error(
+                    &conn,
+                    writer.stream_mut(),
+                    &error,
+                    Duration::from_secs(1),
+                )
+                .await;
+                return Ok(());
+            }
+        }
+        conn.closed().await;
+        Ok(())
+    }
+    .await;
+    control.abort();
+    heartbeats.abort();
+    resends.abort();
+    result
+}
+
+async fn send_frame(conn: &quinn::Connection, frame: &Frame) -> Res {
+    let mut stream = conn.open_uni().await?;
+    transport::write_single_frame(&mut stream, frame).await?;
+    Ok(())
+}

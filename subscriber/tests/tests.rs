@@ -1,0 +1,10 @@
+//! Integration tests of the subscriber: the verify step on real testnet ledgers, the transport
+//! helpers, and sessions over real QUIC on loopback against a tiny in-test relay.
+
+mod support;
+
+mod auth;
+mod cli;
+mod session;
+mod transport;
+mod verify;
