@@ -1,0 +1,394 @@
+//! The relay's configuration: command-line flags over an optional TOML file over defaults.
+//!
+//! Every flag of `ledger-relay run` has a key of the same name (dashes as underscores) in the
+//! file given by `--config`; a flag given on the command line wins. Transport settings live in a
+//! `[transport]` table. See `docs/operations.md` for an annotated example.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use ledger_relay_subscriber::transport::TransportSettings;
+use ledger_relay_wire::compress::Codec;
+use ledger_relay_wire::Limits;
+use serde::Deserialize;
+
+use crate::pipeline::PipelineConfig;
+use crate::server::ServerConfig;
+use crate::session::SessionConfig;
+use crate::source::{SourceOptions, SourceSpec};
+
+/// Flags of `ledger-relay run` (CONTRACT.md), all optional here so a config file can supply
+/// them.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct RunArgs {
+    /// UDP address to listen on, e.g. 0.0.0.0:7400.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Certificate directory (ca.pem, NAME.pem, NAME.key, crl.pem).
+    #[arg(long)]
+    pub certs: Option<PathBuf>,
+    /// Name of this relay's certificate in the certificate directory [default: relay].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Directory for the retention ring.
+    #[arg(long = "data-dir")]
+    pub data_dir: Option<PathBuf>,
+    /// Ledger source: file:PATH, pipe:COMMAND, fifo:PATH, stdin or synthetic[:KEY=VALUE,...].
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Time between ledgers for file and synthetic sources [default: 600ms].
+    #[arg(long)]
+    pub cadence: Option<String>,
+    /// Window over which file and synthetic sources emit each ledger [default: 8ms].
+    #[arg(long)]
+    pub emit: Option<String>,
+    /// Ledgers kept in the retention ring [default: 10000].
+    #[arg(long)]
+    pub retention: Option<u32>,
+    /// Bytes the retention ring may hold, e.g. 64GiB [default: 64GiB].
+    #[arg(long = "retention-bytes")]
+    pub retention_bytes: Option<String>,
+    /// Client identity allowed to connect (repeatable); without it any certificate from the CA.
+    #[arg(long)]
+    pub allow: Vec<String>,
+    /// Address for Prometheus /metrics and /healthz, e.g. 127.0.0.1:9100.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// TOML file with the same settings; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Network name recorded in the ring; a ring of another network is refused.
+    #[arg(long)]
+    pub network: Option<String>,
+    /// Chunk codec: zstd, lz4 or none [default: zstd].
+    #[arg(long)]
+    pub codec: Option<String>,
+    /// zstd level [default: 1].
+    #[arg(long = "zstd-level")]
+    pub zstd_level: Option<i32>,
+    /// Raw bytes per chunk, e.g. 256KiB [default: 256KiB].
+    #[arg(long = "chunk-size")]
+    pub chunk_size: Option<String>,
+    /// Compression threads [default: the number of cores].
+    #[arg(long = "compress-threads")]
+    pub compress_threads: Option<usize>,
+    /// Ledgers in flight per subscriber [default: 8].
+    #[arg(long)]
+    pub window: Option<u16>,
+    /// Heartbeat interval [default: 250ms].
+    #[arg(long)]
+    pub heartbeat: Option<String>,
+    /// Most QUIC connections at once [default: 1024].
+    #[arg(long = "max-connections")]
+    pub max_connections: Option<usize>,
+    /// Most sessions at once [default: 256].
+    #[arg(long = "max-sessions")]
+    pub max_sessions: Option<usize>,
+    /// Most lanes per session [default: 16].
+    #[arg(long = "max-lanes")]
+    pub max_lanes: Option<u8>,
+}
+
+/// The TOML file: the same keys as the flags, plus `[transport]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    certs: Option<PathBuf>,
+    name: Option<String>,
+    data_dir: Option<PathBuf>,
+    source: Option<String>,
+    cadence: Option<String>,
+    emit: Option<String>,
+    retention: Option<u32>,
+    retention_bytes: Option<String>,
+    #[serde(default)]
+    allow: Vec<String>,
+    metrics: Option<SocketAddr>,
+    network: Option<String>,
+    codec: Option<String>,
+    zstd_level: Option<i32>,
+    chunk_size: Option<String>,
+    compress_threads: Option<usize>,
+    window: Option<u16>,
+    heartbeat: Option<String>,
+    max_connections: Option<usize>,
+    max_sessions: Option<usize>,
+    max_lanes: Option<u8>,
+    transport: Option<TransportSettings>,
+}
+
+/// A validated relay configuration.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// UDP listen address.
+    pub listen: SocketAddr,
+    /// Certificate directory.
+    pub certs: PathBuf,
+    /// This relay's certificate name.
+    pub name: String,
+    /// Retention ring directory (`DATA_DIR/ring`).
+    pub data_dir: PathBuf,
+    /// The ledger source.
+    pub source: SourceSpec,
+    /// Source pacing and limits.
+    pub source_options: SourceOptions,
+    /// Ledgers kept.
+    pub retention: u32,
+    /// Bytes kept.
+    pub retention_bytes: u64,
+    /// Allowed identities (empty: any from the CA).
+    pub allow: Vec<String>,
+    /// Metrics address.
+    pub metrics: Option<SocketAddr>,
+    /// Network name for the ring.
+    pub network: Option<String>,
+    /// Chunking and compression.
+    pub pipeline: PipelineConfig,
+    /// Sessions, lanes and limits.
+    pub server: ServerConfig,
+    /// QUIC and UDP settings.
+    pub transport: TransportSettings,
+    /// Items (chunks and end records) the live broadcast channel holds before a subscriber
+    /// that has not read them is moved to ring reading.
+    pub live_capacity: usize,
+}
+
+/// Parses a duration such as `600ms`, `2s` or `1m`.
+pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    humantime::parse_duration(s.trim()).with_context(|| format!("bad duration {s:?}"))
+}
+
+/// Parses a byte size such as `14.5MiB`, `256KiB`, `64GiB`, `1MB` or `1000`.
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num
+        .parse()
+        .with_context(|| format!("bad size {s:?}: expected a number and a unit like 256KiB"))?;
+    let mult: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "K" | "KiB" | "k" => 1024.0,
+        "M" | "MiB" => 1024.0 * 1024.0,
+        "G" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "T" | "TiB" => 1024f64.powi(4),
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        u => bail!("bad size {s:?}: unknown unit {u:?}"),
+    };
+    let v = num * mult;
+    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
+        bail!("bad size {s:?}");
+    }
+    Ok(v.round() as u64)
+}
+
+impl RelayConfig {
+    /// Builds the configuration from flags over the file named by `--config` over defaults.
+    pub fn from_args(args: RunArgs) -> anyhow::Result<RelayConfig> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        macro_rules! pick {
+            ($f:ident) => {
+                args.$f.clone().or(file.$f.clone())
+            };
+        }
+        let listen = pick!(listen).context("--listen is required (or `listen` in --config)")?;
+        let certs = pick!(certs).context("--certs is required (or `certs` in --config)")?;
+        let data_dir =
+            pick!(data_dir).context("--data-dir is required (or `data_dir` in --config)")?;
+        let source: SourceSpec = pick!(source)
+            .context("--source is required (or `source` in --config)")?
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--source: {e}"))?;
+        let mut source_options = SourceOptions::default();
+        if let Some(c) = pick!(cadence) {
+            source_options.cadence = parse_duration(&c).context("--cadence")?;
+        }
+        if let Some(e) = pick!(emit) {
+            source_options.emit = parse_duration(&e).context("--emit")?;
+        }
+        if source_options.emit > source_options.cadence {
+            bail!("--emit must not exceed --cadence");
+        }
+        let retention = pick!(retention).unwrap_or(10_000);
+        if retention == 0 {
+            bail!("--retention must be at least 1");
+        }
+        let retention_bytes = match pick!(retention_bytes) {
+            Some(s) => parse_size(&s).context("--retention-bytes")?,
+            None => 64 << 30,
+        };
+        let allow = if args.allow.is_empty() {
+            file.allow.clone()
+        } else {
+            args.allow.clone()
+        };
+        for name in &allow {
+            ledger_relay_certs::validate_name(name).with_context(|| format!("--allow {name}"))?;
+        }
+        let mut pipeline = PipelineConfig::default();
+        if let Some(c) = pick!(codec) {
+            pipeline.codec = Codec::from_name(&c)
+                .with_context(|| format!("--codec {c:?}: expected zstd, lz4 or none"))?;
+        }
+        if let Some(l) = pick!(zstd_level) {
+            if !(-7..=22).contains(&l) {
+                bail!("--zstd-level {l}: expected -7..=22");
+            }
+            pipeline.zstd_level = l;
+        }
+        let limits = Limits::default();
+        if let Some(c) = pick!(chunk_size) {
+            let size = parse_size(&c).context("--chunk-size")?;
+            if size < 4096 || size > u64::from(limits.max_chunk_raw) {
+                bail!(
+                    "--chunk-size {c}: expected 4KiB..={}MiB",
+                    limits.max_chunk_raw >> 20
+                );
+            }
+            pipeline.chunk_size = size as usize;
+        }
+        if let Some(t) = pick!(compress_threads) {
+            pipeline.compress_threads = t.clamp(1, 256);
+        }
+        let window = pick!(window).unwrap_or(8);
+        if window == 0 || u32::from(window) > limits.max_ledgers_in_flight {
+            bail!(
+                "--window {window}: expected 1..={}",
+                limits.max_ledgers_in_flight
+            );
+        }
+        let heartbeat = match pick!(heartbeat) {
+            Some(h) => parse_duration(&h).context("--heartbeat")?,
+            None => Duration::from_millis(250),
+        };
+        if heartbeat < Duration::from_millis(10) {
+            bail!("--heartbeat must be at least 10ms");
+        }
+        let transport = file.transport.clone().unwrap_or_default();
+        let server = ServerConfig {
+            session: SessionConfig {
+                limits,
+                chunk_size: pipeline.chunk_size as u32,
+                window,
+                heartbeat,
+                lane_budget: transport.send_window,
+                start_wait: None,
+            },
+            max_connections: pick!(max_connections).unwrap_or(1024),
+            max_sessions: pick!(max_sessions).unwrap_or(256),
+            max_lanes: pick!(max_lanes).unwrap_or(16).clamp(1, 64),
+            handshake_timeout: Duration::from_secs(10),
+            codec: pipeline.codec,
+        };
+        Ok(RelayConfig {
+            listen,
+            certs,
+            name: pick!(name).unwrap_or_else(|| "relay".into()),
+            data_dir,
+            source,
+            source_options,
+            retention,
+            retention_bytes,
+            allow,
+            metrics: pick!(metrics),
+            network: pick!(network),
+            pipeline,
+            server,
+            transport,
+            live_capacity: 512,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> RunArgs {
+        RunArgs {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            certs: Some("/tmp/certs".into()),
+            data_dir: Some("/tmp/data".into()),
+            source: Some("synthetic".into()),
+            ..RunArgs::default()
+        }
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("256KiB").unwrap(), 256 << 10);
+        assert_eq!(parse_size("14.5MiB").unwrap(), 15_204_352);
+        assert_eq!(parse_size("1GB").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size("42").unwrap(), 42);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert_eq!(parse_duration("600ms").unwrap(), Duration::from_millis(600));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn defaults_and_required_flags() {
+        let c = RelayConfig::from_args(base()).unwrap();
+        assert_eq!(c.retention, 10_000);
+        assert_eq!(c.name, "relay");
+        assert_eq!(c.pipeline.codec, Codec::Zstd);
+        assert_eq!(c.source_options.cadence, Duration::from_millis(600));
+        let mut a = base();
+        a.listen = None;
+        let e = RelayConfig::from_args(a).unwrap_err().to_string();
+        assert!(e.contains("--listen is required"), "{e}");
+        let mut a = base();
+        a.codec = Some("brotli".into());
+        assert!(RelayConfig::from_args(a).is_err());
+        let mut a = base();
+        a.window = Some(0);
+        assert!(RelayConfig::from_args(a).is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("relay.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
+             retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\n[transport]\nsend_window = 1000000\n",
+        )
+        .unwrap();
+        let args = RunArgs {
+            config: Some(path.clone()),
+            retention: Some(7),
+            ..RunArgs::default()
+        };
+        let c = RelayConfig::from_args(args).unwrap();
+        assert_eq!(c.retention, 7, "flag wins");
+        assert_eq!(c.allow, vec!["rpc-1".to_string()]);
+        assert_eq!(c.pipeline.codec, Codec::Lz4);
+        assert_eq!(c.transport.send_window, 1_000_000);
+        assert_eq!(c.listen.port(), 7400);
+        std::fs::write(&path, "listen = \"127.0.0.1:7400\"\nbogus = 1\n").unwrap();
+        let args = RunArgs {
+            config: Some(path),
+            ..RunArgs::default()
+        };
+        let e = format!("{:#}", RelayConfig::from_args(args).unwrap_err());
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

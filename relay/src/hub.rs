@@ -1,0 +1,364 @@
+//! The live state every session reads from: the ledger being published now, the last few
+//! complete ledgers in memory, and a broadcast channel of chunks and end records.
+//!
+//! Chunks are compressed once and shared by reference (`Bytes`): every subscriber's streams
+//! carry the same bytes. A session that falls behind the broadcast channel (it lags by more than
+//! the channel's capacity) leaves live mode and reads complete ledgers from memory or the ring at
+//! its own pace, so a slow subscriber never slows the source or another subscriber and never
+//! grows the relay's memory beyond the channel's capacity.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use ledger_relay_wire::compress::Codec;
+use ledger_relay_wire::frame::{ChunkHeader, LedgerEnd, CHUNK_FIXED_LEN, FRAME_HEADER_LEN};
+use tokio::sync::{broadcast, watch};
+
+/// One chunk as it goes on the wire: its encoded frame header and its shared payload.
+#[derive(Debug)]
+pub struct ChunkItem {
+    /// Fixed fields.
+    pub header: ChunkHeader,
+    /// The encoded frame header and fixed fields, computed once.
+    pub prefix: [u8; FRAME_HEADER_LEN + CHUNK_FIXED_LEN],
+    /// The (compressed) payload, shared by every subscriber.
+    pub payload: Bytes,
+}
+
+impl ChunkItem {
+    /// Builds the item, encoding its frame prefix once.
+    pub fn new(header: ChunkHeader, payload: Bytes) -> ChunkItem {
+        ChunkItem {
+            prefix: header.frame_prefix(payload.len()),
+            header,
+            payload,
+        }
+    }
+
+    /// Bytes this chunk occupies on the wire, framing included.
+    pub fn wire_len(&self) -> usize {
+        self.prefix.len() + self.payload.len()
+    }
+
+    /// The codec of the payload.
+    pub fn codec(&self) -> Codec {
+        self.header.codec
+    }
+}
+
+/// A ledger whose chunks and end record are all known.
+#[derive(Debug)]
+pub struct CompleteLedger {
+    /// The end record.
+    pub end: LedgerEnd,
+    /// Chunks in index order.
+    pub chunks: Vec<Arc<ChunkItem>>,
+}
+
+impl CompleteLedger {
+    /// Payload bytes over all chunks.
+    pub fn wire_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.payload.len() as u64).sum()
+    }
+}
+
+/// What the broadcast channel carries.
+#[derive(Debug, Clone)]
+pub enum Item {
+    /// A chunk of the ledger being published.
+    Chunk(Arc<ChunkItem>),
+    /// The end record of a ledger: all its chunks were published before it.
+    End(Arc<CompleteLedger>),
+    /// The ledger `seq` was cut off by its source; its published chunks are void.
+    Abort(u32),
+}
+
+/// The ledger being published.
+#[derive(Debug, Default, Clone)]
+pub struct InProgress {
+    /// Its sequence.
+    pub seq: u32,
+    /// Chunks published so far, in publication order.
+    pub chunks: Vec<Arc<ChunkItem>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    current: Option<InProgress>,
+    recent: VecDeque<Arc<CompleteLedger>>,
+    /// Newest ledger the ring writer has dealt with (written, or failed to write).
+    persisted: u32,
+}
+
+/// However slow the disk, memory holds at most this many times `recent` ledgers.
+const UNPERSISTED_FACTOR: usize = 16;
+
+/// Sequences the hub knows about, for sessions waiting on a start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tip {
+    /// Newest complete ledger published (0: none).
+    pub newest: u32,
+    /// Ledger being published now (0: none).
+    pub current: u32,
+}
+
+/// The live state. See the module documentation.
+#[derive(Debug)]
+pub struct Hub {
+    state: Mutex<State>,
+    tx: broadcast::Sender<Item>,
+    tip: watch::Sender<Tip>,
+    recent_cap: usize,
+}
+
+/// What a session gets when it joins the live stream: the chunks of the ledger in progress
+/// published before it joined, and a receiver for everything after, with no gap and no overlap.
+#[derive(Debug)]
+pub struct LiveJoin {
+    /// The ledger in progress at the moment of joining, if any.
+    pub current: Option<InProgress>,
+    /// Everything published from that moment on.
+    pub rx: broadcast::Receiver<Item>,
+}
+
+impl Hub {
+    /// A hub whose broadcast channel holds `capacity` items (chunks and end records) and which
+    /// keeps the last `recent` complete ledgers in memory.
+    pub fn new(capacity: usize, recent: usize) -> Hub {
+        let (tx, _) = broadcast::channel(capacity.max(16));
+        let (tip, _) = watch::channel(Tip::default());
+        Hub {
+            state: Mutex::new(State::default()),
+            tx,
+            tip,
+            recent_cap: recent.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State half-updated in a way that matters
+        // (each field is replaced whole), so recover from poisoning.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes a chunk of ledger `header.seq`, starting that ledger if it is new.
+    pub fn publish_chunk(&self, item: Arc<ChunkItem>) {
+        let mut st = self.lock();
+        let seq = item.header.seq;
+        match &mut st.current {
+            Some(cur) if cur.seq == seq => cur.chunks.push(item.clone()),
+            _ => {
+                st.current = Some(InProgress {
+                    seq,
+                    chunks: vec![item.clone()],
+                });
+                self.tip.send_modify(|t| t.current = seq);
+            }
+        }
+        let _ = self.tx.send(Item::Chunk(item));
+    }
+
+    /// Announces that ledger `seq` is being published (before its first chunk is compressed),
+    /// so sessions waiting for the tip learn its sequence early.
+    pub fn begin(&self, seq: u32) {
+        let mut st = self.lock();
+        if st.current.as_ref().map(|c| c.seq) != Some(seq) {
+            st.current = Some(InProgress {
+                seq,
+                chunks: Vec::new(),
+            });
+        }
+        self.tip.send_modify(|t| t.current = seq);
+    }
+
+    /// Publishes a ledger's end record; all its chunks were published before.
+    pub fn complete(&self, ledger: Arc<CompleteLedger>) {
+        let mut st = self.lock();
+        let seq = ledger.end.seq;
+        if st.current.as_ref().is_some_and(|c| c.seq == seq) {
+            st.current = None;
+        }
+        st.recent.push_back(ledger.clone());
+        Self::prune(&mut st, self.recent_cap);
+        self.tip.send_modify(|t| {
+            t.newest = seq;
+            if t.current == seq {
+                t.current = 0;
+            }
+        });
+        let _ = self.tx.send(Item::End(ledger));
+    }
+
+    /// Keeps the newest `cap` ledgers, and older ones until the ring writer has dealt with
+    /// them: a session that misses a ledger in memory must find it in the ring.
+    fn prune(st: &mut State, cap: usize) {
+        while st.recent.len() > cap {
+            let front = st.recent.front().map_or(0, |l| l.end.seq);
+            if front > st.persisted && st.recent.len() <= cap * UNPERSISTED_FACTOR {
+                break;
+            }
+            st.recent.pop_front();
+        }
+    }
+
+    /// The ring writer has written (or given up on) every ledger up to `seq`.
+    pub fn persisted(&self, seq: u32) {
+        let mut st = self.lock();
+        st.persisted = st.persisted.max(seq);
+        Self::prune(&mut st, self.recent_cap);
+    }
+
+    /// Voids the ledger in progress (its source was cut off mid-ledger).
+    pub fn abort(&self, seq: u32) {
+        let mut st = self.lock();
+        if st.current.as_ref().is_some_and(|c| c.seq == seq) {
+            st.current = None;
+        }
+        self.tip.send_modify(|t| {
+            if t.current == seq {
+                t.current = 0;
+            }
+        });
+        let _ = self.tx.send(Item::Abort(seq));
+    }
+
+    /// Joins the live stream (see [`LiveJoin`]).
+    pub fn join(&self) -> LiveJoin {
+        let st = self.lock();
+        LiveJoin {
+            current: st.current.clone(),
+            rx: self.tx.subscribe(),
+        }
+    }
+
+    /// A complete ledger still held in memory.
+    pub fn recent(&self, seq: u32) -> Option<Arc<CompleteLedger>> {
+        let st = self.lock();
+        st.recent.iter().find(|l| l.end.seq == seq).cloned()
+    }
+
+    /// The oldest ledger held in memory.
+    pub fn oldest_recent(&self) -> Option<u32> {
+        self.lock().recent.front().map(|l| l.end.seq)
+    }
+
+    /// The current tip.
+    pub fn tip(&self) -> Tip {
+        *self.tip.borrow()
+    }
+
+    /// Watches the tip.
+    pub fn watch_tip(&self) -> watch::Receiver<Tip> {
+        self.tip.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(seq: u32, index: u32) -> Arc<ChunkItem> {
+        Arc::new(ChunkItem::new(
+            ChunkHeader {
+                seq,
+                index,
+                raw_offset: u64::from(index),
+                raw_len: 1,
+                codec: Codec::None,
+            },
+            Bytes::from_static(b"x"),
+        ))
+    }
+
+    fn complete(seq: u32, n: u32) -> Arc<CompleteLedger> {
+        Arc::new(CompleteLedger {
+            end: LedgerEnd {
+                seq,
+                chunk_count: n,
+                raw_len: u64::from(n),
+                checksum: 0,
+                header_hash: [0; 32],
+                previous_hash: [0; 32],
+                first_byte_ns: 0,
+                last_byte_ns: 0,
+            },
+            chunks: (0..n).map(|i| chunk(seq, i)).collect(),
+        })
+    }
+
+    #[test]
+    fn joining_mid_ledger_sees_every_chunk_exactly_once() {
+        let hub = Hub::new(64, 2);
+        hub.publish_chunk(chunk(5, 0));
+        hub.publish_chunk(chunk(5, 1));
+        let mut join = hub.join();
+        hub.publish_chunk(chunk(5, 2));
+        hub.complete(complete(5, 3));
+        let before: Vec<u32> = join
+            .current
+            .take()
+            .unwrap()
+            .chunks
+            .iter()
+            .map(|c| c.header.index)
+            .collect();
+        assert_eq!(before, vec![0, 1]);
+        let Ok(Item::Chunk(c)) = join.rx.try_recv() else {
+            panic!()
+        };
+        assert_eq!(c.header.index, 2);
+        assert!(matches!(join.rx.try_recv(), Ok(Item::End(l)) if l.end.seq == 5));
+        assert_eq!(
+            hub.tip(),
+            Tip {
+                newest: 5,
+                current: 0
+            }
+        );
+    }
+
+    #[test]
+    fn recent_ledgers_are_kept_until_persisted() {
+        let hub = Hub::new(16, 2);
+        for s in 1..=4 {
+            hub.complete(complete(s, 1));
+        }
+        assert_eq!(hub.oldest_recent(), Some(1), "not in the ring yet");
+        hub.persisted(2);
+        assert_eq!(hub.oldest_recent(), Some(3));
+        for s in 5..=100 {
+            hub.complete(complete(s, 1));
+        }
+        assert_eq!(
+            hub.oldest_recent(),
+            Some(100 - 2 * UNPERSISTED_FACTOR as u32 + 1),
+            "bounded"
+        );
+    }
+
+    #[test]
+    fn recent_ledgers_are_bounded() {
+        let hub = Hub::new(16, 2);
+        hub.persisted(u32::MAX);
+        for s in 1..=4 {
+            hub.complete(complete(s, 1));
+        }
+        assert!(hub.recent(2).is_none());
+        assert_eq!(hub.recent(4).unwrap().end.seq, 4);
+        assert_eq!(hub.oldest_recent(), Some(3));
+    }
+
+    #[test]
+    fn a_slow_receiver_lags_instead_of_growing_memory() {
+        let hub = Hub::new(16, 2);
+        let mut join = hub.join();
+        for i in 0..100 {
+            hub.publish_chunk(chunk(1, i));
+        }
+        assert!(matches!(
+            join.rx.try_recv(),
+            Err(broadcast::error::TryRecvError::Lagged(_))
+        ));
+    }
+}

@@ -1,0 +1,161 @@
+//! The Ledger Relay server.
+//!
+//! Reads the `LedgerCloseMeta` stream stellar-core writes (its metadata pipe, a dump file, a FIFO
+//! or a synthetic generator), cuts each ledger into chunks as it arrives, compresses each chunk
+//! once, keeps the last N ledgers in a sled retention ring, and streams every ledger to every
+//! subscriber over several QUIC lanes with mutual TLS.
+//!
+//! It does not decode ledgers beyond their header, and it does not speak any protocol but its
+//! own (`docs/protocol.md`); the protocol logic itself lives in `ledger-relay-wire`.
+//!
+//! [`Relay::start`] runs everything from a [`config::RelayConfig`] until a shutdown token is
+//! cancelled; the `ledger-relay` binary is a thin wrapper around it.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod auth;
+pub mod config;
+pub mod demo;
+pub mod hub;
+pub mod metrics;
+pub mod pipeline;
+pub mod ring;
+pub mod server;
+pub mod session;
+pub mod source;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::auth::{Auth, AuthConfig};
+use crate::config::RelayConfig;
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::pipeline::StartState;
+use crate::ring::{Ring, RingConfig};
+use crate::session::Shared;
+
+/// A running relay.
+#[derive(Debug)]
+pub struct Relay {
+    /// The UDP address the relay listens on (the real port when configured with port 0).
+    pub addr: SocketAddr,
+    /// The metrics address, if serving metrics.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Live metrics.
+    pub metrics: Arc<Metrics>,
+    /// Live state.
+    pub hub: Arc<Hub>,
+    /// The retention ring.
+    pub ring: Arc<Ring>,
+    task: JoinHandle<()>,
+}
+
+impl Relay {
+    /// Opens the ring, loads certificates, binds the endpoint and starts the source, the
+    /// pipeline and the accept loop. Everything stops when `shutdown` is cancelled.
+    pub async fn start(config: RelayConfig, shutdown: CancellationToken) -> anyhow::Result<Relay> {
+        let metrics = Metrics::new();
+        let ring = Arc::new(
+            Ring::open(&RingConfig {
+                dir: config.data_dir.join("ring"),
+                max_ledgers: config.retention,
+                max_bytes: config.retention_bytes,
+                network: config.network.clone(),
+            })
+            .with_context(|| format!("opening the ring in {}", config.data_dir.display()))?,
+        );
+        pipeline::update_ring_metrics(&ring, &metrics);
+        let hub = Arc::new(Hub::new(config.live_capacity, 4));
+        let auth = Arc::new(
+            Auth::load(
+                AuthConfig {
+                    ca: config.certs.join("ca.pem"),
+                    cert: config.certs.join(format!("{}.pem", config.name)),
+                    key: config.certs.join(format!("{}.key", config.name)),
+                    crl: config.certs.join("crl.pem"),
+                    allow: config.allow.clone(),
+                },
+                config.transport.clone(),
+            )
+            .context("loading certificates")?,
+        );
+        let server_config = auth.server_config().context("tls configuration")?;
+        let socket =
+            ledger_relay_subscriber::transport::udp_socket(config.listen, &config.transport)
+                .with_context(|| format!("binding {}", config.listen))?;
+        let endpoint = ledger_relay_subscriber::transport::endpoint(socket, Some(server_config))
+            .context("creating the QUIC endpoint")?;
+        let addr = endpoint.local_addr()?;
+
+        let metrics_addr = match config.metrics {
+            Some(a) => {
+                let listener = metrics::bind(a)
+                    .await
+                    .with_context(|| format!("binding metrics on {a}"))?;
+                let bound = listener.local_addr()?;
+                tokio::spawn(metrics::serve(listener, metrics.clone(), shutdown.clone()));
+                Some(bound)
+            }
+            None => None,
+        };
+
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let source_stop = shutdown.child_token();
+        let source_thread = source::spawn(
+            config.source.clone(),
+            config.source_options.clone(),
+            tx,
+            source_stop.clone(),
+        );
+        let pipeline = pipeline::spawn(
+            config.pipeline.clone(),
+            rx,
+            hub.clone(),
+            Some(ring.clone()),
+            StartState {
+                newest: ring.newest(),
+            },
+            metrics.clone(),
+            source_stop,
+        )?;
+        let shared = Shared {
+            hub: hub.clone(),
+            ring: Some(ring.clone()),
+            metrics: metrics.clone(),
+        };
+        info!(%addr, source = ?config.source, "relay listening");
+        let server_cfg = config.server.clone();
+        let ring2 = ring.clone();
+        let task = tokio::spawn(async move {
+            server::serve(endpoint, auth, shared, server_cfg, shutdown).await;
+            // The source stops with the shutdown token; the pipeline drains and the ring
+            // writer flushes the ledgers it was given.
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = source_thread.join();
+                pipeline.join();
+                let _ = ring2.flush();
+            })
+            .await;
+        });
+        Ok(Relay {
+            addr,
+            metrics_addr,
+            metrics,
+            hub,
+            ring,
+            task,
+        })
+    }
+
+    /// Waits until the relay has stopped (after its shutdown token was cancelled).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}

@@ -1,0 +1,245 @@
+//! Prometheus text metrics and `/healthz`, served over plain HTTP on `--metrics ADDR`.
+//!
+//! Counters are atomics updated on the hot paths; the exposition is rendered on request. The
+//! HTTP side is deliberately minimal (GET only, one response per connection): it serves a
+//! scraper on a management network, not browsers.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+macro_rules! counters {
+    ($($name:ident: $help:literal),* $(,)?) => {
+        /// Every counter and gauge of the relay.
+        #[derive(Debug, Default)]
+        pub struct Metrics {
+            $(#[doc = $help] pub $name: AtomicU64,)*
+            /// The ring failed to write and is not keeping ledgers (disk read-only or full).
+            pub ring_degraded: AtomicBool,
+            /// Per-session state, by session id.
+            pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
+        }
+
+        impl Metrics {
+            fn render_counters(&self, out: &mut String) {
+                $(
+                    let name = concat!("ledger_relay_", stringify!($name));
+                    let _ = writeln!(out, "# HELP {name} {}", $help);
+                    let kind = if stringify!($name).ends_with("_total") { "counter" } else { "gauge" };
+                    let _ = writeln!(out, "# TYPE {name} {kind}");
+                    let _ = writeln!(out, "{name} {}", self.$name.load(Ordering::Relaxed));
+                )*
+            }
+        }
+    };
+}
+
+counters! {
+    ledgers_in_total: "Ledgers read from the source and published.",
+    bytes_in_total: "Raw ledger bytes read from the source.",
+    chunks_total: "Chunks cut.",
+    wire_bytes_total: "Payload bytes of published chunks (after compression).",
+    raw_fallback_total: "Chunks sent raw because they did not shrink.",
+    pool_saturated_total: "Chunks sent raw because the compression pool was saturated.",
+    duplicates_dropped_total: "Ledgers the source emitted again with the same hash, dropped.",
+    source_restarts_total: "Times the source process was restarted.",
+    source_aborts_total: "Ledgers cut off by their source mid-record and discarded.",
+    source_errors_total: "Source errors that stopped the source (garbage, gap, conflicting hash).",
+    source_newest: "Newest ledger sequence read from the source.",
+    ring_oldest: "Oldest ledger in the retention ring.",
+    ring_newest: "Newest ledger in the retention ring.",
+    ring_ledgers: "Ledgers in the retention ring.",
+    ring_bytes: "Live bytes in the retention ring.",
+    ring_disk_bytes: "Bytes the retention ring occupies on disk.",
+    ring_write_errors_total: "Failed ring writes.",
+    ring_resets_total: "Times the ring was emptied because the source started a new run.",
+    ring_corrupt_total: "Stored ledgers that failed verification and were not served.",
+    sessions_open: "Open sessions.",
+    lanes_open: "Open lanes over all sessions.",
+    connections_open: "Open QUIC connections.",
+    sessions_total: "Sessions opened.",
+    sessions_refused_total: "Sessions or lanes refused (authorization, limits, protocol).",
+    ledgers_out_total: "Ledgers sent to subscribers (counted per subscriber).",
+    chunks_out_total: "Chunk streams sent to subscribers.",
+    bytes_out_total: "Payload bytes sent to subscribers.",
+    resent_chunks_total: "Chunks sent again (resend requests and lane loss).",
+    ring_reads_total: "Ledgers read from the ring for replays and slow subscribers.",
+    lagged_total: "Times a session fell behind the live stream and switched to ring reading.",
+    revoked_sessions_total: "Sessions closed because their certificate was revoked.",
+    crl_reloads_total: "Times the CRL was reloaded.",
+    crl_errors_total: "CRL reloads that failed (the previous CRL stays in force).",
+    protocol_errors_total: "Connections closed for protocol violations.",
+}
+
+/// What the metrics show of one session.
+#[derive(Debug, Clone, Default)]
+pub struct SessionInfo {
+    /// Client identity from its certificate.
+    pub identity: String,
+    /// Lanes up.
+    pub lanes: u32,
+    /// Newest ledger acknowledged by the subscriber.
+    pub acked: u32,
+    /// Reading from the ring (behind the live stream) rather than live.
+    pub catching_up: bool,
+}
+
+impl Metrics {
+    /// A shared, zeroed metrics set.
+    pub fn new() -> Arc<Metrics> {
+        Arc::new(Metrics::default())
+    }
+
+    /// Adds to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Sets a gauge.
+    pub fn set(gauge: &AtomicU64, v: u64) {
+        gauge.store(v, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.render_counters(&mut out);
+        let degraded = u8::from(self.ring_degraded.load(Ordering::Relaxed));
+        let _ = writeln!(out, "# HELP ledger_relay_ring_degraded 1 when the ring cannot write (disk read-only or full).");
+        let _ = writeln!(out, "# TYPE ledger_relay_ring_degraded gauge");
+        let _ = writeln!(out, "ledger_relay_ring_degraded {degraded}");
+        let newest = self.source_newest.load(Ordering::Relaxed);
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(out, "# HELP ledger_relay_subscriber_lag_ledgers Ledgers between the source's newest and the subscriber's last acknowledged.");
+        let _ = writeln!(out, "# TYPE ledger_relay_subscriber_lag_ledgers gauge");
+        for (id, s) in sessions.iter() {
+            let lag = newest.saturating_sub(u64::from(s.acked));
+            let _ = writeln!(
+                out,
+                "ledger_relay_subscriber_lag_ledgers{{session=\"{id}\",identity=\"{}\"}} {lag}",
+                escape(&s.identity)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ledger_relay_subscriber_lanes Lanes up per session."
+        );
+        let _ = writeln!(out, "# TYPE ledger_relay_subscriber_lanes gauge");
+        for (id, s) in sessions.iter() {
+            let _ = writeln!(
+                out,
+                "ledger_relay_subscriber_lanes{{session=\"{id}\",identity=\"{}\",catching_up=\"{}\"}} {}",
+                escape(&s.identity),
+                s.catching_up,
+                s.lanes
+            );
+        }
+        out
+    }
+
+    /// The `/healthz` answer: status code and body.
+    pub fn health(&self) -> (u16, String) {
+        let degraded = self.ring_degraded.load(Ordering::Relaxed);
+        let body = format!(
+            "{{\"status\":\"{}\",\"ring\":\"{}\",\"source_newest\":{},\"ring_oldest\":{},\"ring_newest\":{},\"sessions\":{}}}\n",
+            if degraded { "degraded" } else { "ok" },
+            if degraded { "degraded" } else { "ok" },
+            self.source_newest.load(Ordering::Relaxed),
+            self.ring_oldest.load(Ordering::Relaxed),
+            self.ring_newest.load(Ordering::Relaxed),
+            self.sessions_open.load(Ordering::Relaxed),
+        );
+        // Degraded still serves live ledgers: report it, but as 200 so load balancers keep
+        // sending subscribers; the body and the metric say what is wrong.
+        (200, body)
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Serves `/metrics` and `/healthz` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    loop {
+        let (mut sock, _) = tokio::select! {
+            r = listener.accept() => r?,
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n =
+                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
+                    .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => return,
+                };
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (code, ctype, body) = match path {
+                "/metrics" => (200, "text/plain; version=0.0.4", metrics.render()),
+                "/healthz" => {
+                    let (code, body) = metrics.health();
+                    (code, "application/json", body)
+                }
+                _ => (404, "text/plain", "not found\n".to_string()),
+            };
+            let head = format!(
+                "HTTP/1.1 {code} {}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                if code == 200 { "OK" } else { "Not Found" },
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+        });
+    }
+}
+
+/// Binds the metrics listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_sessions() {
+        let m = Metrics::new();
+        Metrics::add(&m.ledgers_in_total, 3);
+        Metrics::set(&m.source_newest, 10);
+        m.sessions.lock().unwrap().insert(
+            7,
+            SessionInfo {
+                identity: "rpc-\"1".into(),
+                lanes: 4,
+                acked: 8,
+                catching_up: false,
+            },
+        );
+        let text = m.render();
+        assert!(text.contains("ledger_relay_ledgers_in_total 3\n"));
+        assert!(text.contains("# TYPE ledger_relay_ledgers_in_total counter"));
+        assert!(text.contains("# TYPE ledger_relay_sessions_open gauge"));
+        assert!(text.contains(
+            "ledger_relay_subscriber_lag_ledgers{session=\"7\",identity=\"rpc-\\\"1\"} 2"
+        ));
+        m.ring_degraded.store(true, Ordering::Relaxed);
+        assert!(m.health().1.contains("\"ring\":\"degraded\""));
+    }
+}

@@ -1,0 +1,421 @@
+//! The QUIC endpoint: accepting connections, authorizing them, opening sessions, routing lane
+//! joins, enforcing connection and session limits, and revoking live sessions when the CRL
+//! changes.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ledger_relay_subscriber::transport::{close_with_error, FrameReader, FrameWriter};
+use ledger_relay_wire::compress::Codec;
+use ledger_relay_wire::frame::{ErrorCode, ErrorFrame, Frame, TOKEN_LEN};
+use ledger_relay_wire::PROTOCOL_VERSION;
+use quinn::{Connection, Endpoint};
+use rand::RngCore;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::auth::{log_reload, Auth, Refusal, CRL_POLL};
+use crate::metrics::Metrics;
+use crate::session::{
+    resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared, CLOSE_LINGER,
+};
+
+/// Limits and parameters of the accept loop.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Per-session parameters.
+    pub session: SessionConfig,
+    /// Most QUIC connections (lanes) open at once; more are refused before the handshake.
+    pub max_connections: usize,
+    /// Most sessions open at once.
+    pub max_sessions: usize,
+    /// Most lanes per session.
+    pub max_lanes: u8,
+    /// Time allowed for the TLS handshake and for the first frame.
+    pub handshake_timeout: Duration,
+    /// The codec chunks are compressed with (a subscriber must accept it).
+    pub codec: Codec,
+}
+
+type Registry = Arc<Mutex<HashMap<u64, SessionHandle>>>;
+
+struct Ctx {
+    cfg: ServerConfig,
+    auth: Arc<Auth>,
+    shared: Shared,
+    registry: Registry,
+    shutdown: CancellationToken,
+}
+
+/// Counts a connection open for as long as it lives.
+struct ConnGuard(Arc<Metrics>);
+
+impl ConnGuard {
+    fn new(m: &Arc<Metrics>) -> ConnGuard {
+        Metrics::add(&m.connections_open, 1);
+        ConnGuard(m.clone())
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Accepts connections on `endpoint` until `shutdown`, then ends every session with
+/// `ShuttingDown` and waits (briefly) for the endpoint to go idle.
+pub async fn serve(
+    endpoint: Endpoint,
+    auth: Arc<Auth>,
+    shared: Shared,
+    cfg: ServerConfig,
+    shutdown: CancellationToken,
+) {
+    let ctx = Arc::new(Ctx {
+        cfg,
+        auth,
+        shared,
+        registry: Arc::new(Mutex::new(HashMap::new())),
+        shutdown: shutdown.clone(),
+    });
+    tokio::spawn(watch_crl(ctx.clone(), endpoint.clone()));
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => break,
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let open = ctx.shared.metrics.connections_open.load(Ordering::Relaxed);
+        if open >= ctx.cfg.max_connections as u64 {
+            Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+            debug!(open, "connection limit reached: refusing");
+            incoming.refuse();
+            continue;
+        }
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let guard = ConnGuard::new(&ctx.shared.metrics);
+            handle(ctx, incoming).await;
+            drop(guard);
+        });
+    }
+    let handles: Vec<SessionHandle> = ctx
+        .registry
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    for h in &handles {
+        h.end(ErrorCode::ShuttingDown, "relay shutting down");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while !ctx
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    endpoint.close(
+        ErrorCode::ShuttingDown.close_code().into(),
+        b"relay shutting down",
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+}
+
+/// Polls the CRL; on change installs a new server config and ends sessions whose certificate
+/// it revokes.
+async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
+    let mut tick = tokio::time::interval(CRL_POLL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = ctx.shutdown.cancelled() => return,
+        }
+        let r = ctx.auth.reload_crl();
+        log_reload(&r, &ctx.shared.metrics);
+        if !matches!(r, Ok(true)) {
+            continue;
+        }
+        match ctx.auth.server_config() {
+            Ok(sc) => endpoint.set_server_config(Some(sc)),
+            Err(e) => warn!(error = %e, "new server config with the reloaded crl failed"),
+        }
+        let handles: Vec<SessionHandle> = ctx
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for h in handles {
+            if ctx.auth.is_revoked(&h.client.serial) {
+                info!(session = h.id, client = %h.client.name, "certificate revoked: closing session");
+                Metrics::add(&ctx.shared.metrics.revoked_sessions_total, 1);
+                h.end(
+                    ErrorCode::Revoked,
+                    format!("certificate of {} revoked", h.client.name),
+                );
+            }
+        }
+    }
+}
+
+async fn refuse(conn: &Connection, send: &mut FrameWriter, frame: ErrorFrame) {
+    close_with_error(conn, send.stream_mut(), &frame, CLOSE_LINGER).await;
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> ErrorFrame {
+    ErrorFrame {
+        code,
+        oldest: 0,
+        newest: 0,
+        message: message.into(),
+    }
+}
+
+/// Reads the first frame of a control stream.
+async fn first_frame(reader: &mut FrameReader) -> Result<Frame, String> {
+    match reader.next().await {
+        Ok(Some(f)) => Ok(f),
+        Ok(None) => Err("stream ended before the first frame".into()),
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
+async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
+    let timeout = ctx.cfg.handshake_timeout;
+    let remote = incoming.remote_address();
+    let conn = match tokio::time::timeout(timeout, incoming).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            debug!(%remote, error = %e, "handshake failed");
+            return;
+        }
+        Err(_) => {
+            debug!(%remote, "handshake timed out");
+            return;
+        }
+    };
+    let client = ctx.auth.identify(&conn);
+    let (mut send, mut recv) = match tokio::time::timeout(timeout, conn.accept_bi()).await {
+        Ok(Ok((send, recv))) => (
+            FrameWriter::new(send),
+            FrameReader::new(recv, ctx.cfg.session.limits.clone()),
+        ),
+        _ => {
+            conn.close(
+                ErrorCode::ProtocolViolation.close_code().into(),
+                b"no control stream",
+            );
+            return;
+        }
+    };
+    let client = match client {
+        Ok(c) => c,
+        Err(refusal) => {
+            Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+            info!(%remote, %refusal, "connection refused");
+            let code = match refusal {
+                Refusal::Revoked(_) => ErrorCode::Revoked,
+                _ => ErrorCode::Unauthorized,
+            };
+            refuse(&conn, &mut send, error(code, refusal.to_string())).await;
+            return;
+        }
+    };
+    let first = match tokio::time::timeout(timeout, first_frame(&mut recv)).await {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => {
+            Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
+            refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, e)).await;
+            return;
+        }
+        Err(_) => {
+            Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
+            refuse(
+                &conn,
+                &mut send,
+                error(ErrorCode::ProtocolViolation, "no first frame in time"),
+            )
+            .await;
+            return;
+        }
+    };
+    match first {
+        Frame::SessionOpen(open) => {
+            if open.version != PROTOCOL_VERSION {
+                let msg = format!("protocol version {} not supported", open.version);
+                refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, msg)).await;
+                return;
+            }
+            if ctx.cfg.codec != Codec::None && open.codecs & ctx.cfg.codec.bit() == 0 {
+                let msg = format!("this relay sends {} chunks", ctx.cfg.codec);
+                refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, msg)).await;
+                return;
+            }
+            let sessions = ctx.registry.lock().unwrap_or_else(|e| e.into_inner()).len();
+            if sessions >= ctx.cfg.max_sessions {
+                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+                refuse(
+                    &conn,
+                    &mut send,
+                    error(ErrorCode::Overloaded, "session limit reached"),
+                )
+                .await;
+                return;
+            }
+            let mut token = [0u8; TOKEN_LEN];
+            rand::thread_rng().fill_bytes(&mut token);
+            let id = rand::thread_rng().next_u64();
+            let (lanes_tx, lanes_rx) = mpsc::channel(8);
+            let lanes = open.lanes.min(ctx.cfg.max_lanes).max(1);
+            let handle = SessionHandle {
+                id,
+                token,
+                client: client.clone(),
+                lanes,
+                lanes_tx,
+                close: Arc::new(Mutex::new(None)),
+                cancel: ctx.shutdown.child_token(),
+            };
+            ctx.registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, handle.clone());
+            // The CRL may have changed since `identify`, and the watcher may have scanned the
+            // registry before this session was in it: check again now that it is.
+            if ctx.auth.is_revoked(&client.serial) {
+                ctx.registry
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+                let msg = format!("certificate of {} revoked", client.name);
+                info!(%remote, client = %client.name, "connection refused: certificate revoked");
+                refuse(&conn, &mut send, error(ErrorCode::Revoked, msg)).await;
+                return;
+            }
+            let mut cfg = ctx.cfg.session.clone();
+            cfg.window = cfg.window.min(open.window);
+            let start =
+                resolve_start(&ctx.shared, open.start, &handle.cancel, cfg.start_wait).await;
+            match start {
+                Ok(first) => {
+                    Metrics::add(&ctx.shared.metrics.sessions_total, 1);
+                    Metrics::add(&ctx.shared.metrics.sessions_open, 1);
+                    Metrics::add(&ctx.shared.metrics.lanes_open, 1);
+                    info!(session = id, client = %client.name, %remote, first, lanes, "session opened");
+                    let end = Session::run(
+                        cfg,
+                        ctx.shared.clone(),
+                        handle,
+                        conn.clone(),
+                        send,
+                        recv,
+                        first,
+                        lanes_rx,
+                    )
+                    .await;
+                    ctx.shared
+                        .metrics
+                        .sessions_open
+                        .fetch_sub(1, Ordering::Relaxed);
+                    info!(session = id, client = %client.name, code = ?end.code, reason = %end.reason, "session ended");
+                }
+                Err(mut frame) => {
+                    // Ended while waiting for its first ledger: say why (revoked), not just
+                    // that the wait was cut short.
+                    if let Some((code, message)) = handle
+                        .close
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone()
+                    {
+                        frame = error(code, message);
+                    }
+                    info!(session = id, client = %client.name, reason = %frame.message, "session refused");
+                    refuse(&conn, &mut send, frame).await;
+                }
+            }
+            ctx.registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+        Frame::LaneJoin(join) => {
+            let handle = ctx
+                .registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&join.session_id)
+                .cloned();
+            let refusal = match &handle {
+                None => Some(error(ErrorCode::Unauthorized, "no such session")),
+                Some(h) if !tokens_equal(&h.token, &join.token) => {
+                    Some(error(ErrorCode::Unauthorized, "wrong session token"))
+                }
+                Some(h) if h.client.name != client.name => Some(error(
+                    ErrorCode::Unauthorized,
+                    format!(
+                        "lane identity {} differs from the session's {}",
+                        client.name, h.client.name
+                    ),
+                )),
+                Some(h) if join.lane >= h.lanes => Some(error(
+                    ErrorCode::ProtocolViolation,
+                    format!("lane {} beyond the {} granted", join.lane, h.lanes),
+                )),
+                Some(_) if join.version != PROTOCOL_VERSION => Some(error(
+                    ErrorCode::ProtocolViolation,
+                    format!("protocol version {} not supported", join.version),
+                )),
+                Some(_) => None,
+            };
+            if let Some(frame) = refusal {
+                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+                info!(%remote, client = %client.name, reason = %frame.message, "lane refused");
+                refuse(&conn, &mut send, frame).await;
+                return;
+            }
+            if let Some(h) = handle {
+                let req = LaneRequest {
+                    lane: join.lane,
+                    conn: conn.clone(),
+                    send,
+                    recv,
+                };
+                if h.lanes_tx.send(req).await.is_err() {
+                    conn.close(
+                        ErrorCode::ShuttingDown.close_code().into(),
+                        b"session ended",
+                    );
+                    return;
+                }
+                // The session owns the lane now; keep this task (and its connection count)
+                // until the lane closes.
+                let _ = conn.closed().await;
+            }
+        }
+        other => {
+            Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
+            let msg = format!("{} frame cannot open a lane", other.frame_type().name());
+            refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, msg)).await;
+        }
+    }
+}
+
+/// Compares tokens without an early exit, so timing does not reveal a prefix.
+fn tokens_equal(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,6 @@
+//! Integration tests of the relay.
+
+mod auth;
+mod e2e;
+mod ring;
+mod source;
