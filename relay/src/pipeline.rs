@@ -423,16 +423,7 @@ impl Cutter {
                 self.dispatch();
                 self.state = Ledger::Idle;
                 let seq = info.ledger_seq;
-                let end = LedgerEnd {
-                    seq,
-                    chunk_count: summary.chunk_count,
-                    raw_len: summary.raw_len,
-                    checksum: summary.checksum,
-                    header_hash: info.hash,
-                    previous_hash: info.previous_hash,
-                    first_byte_ns: first_ns,
-                    last_byte_ns: last_ns,
-                };
+                let end = summary.end(seq, info.hash, info.previous_hash, first_ns, last_ns);
                 Metrics::add(&self.metrics.ledgers_in_total, 1);
                 Metrics::add(&self.metrics.bytes_in_total, summary.raw_len);
                 Metrics::set(&self.metrics.source_newest, u64::from(seq));

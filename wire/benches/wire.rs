@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ledger_relay_wire::chunker::{chunk_ledger, Chunker, DEFAULT_CHUNK_SIZE};
+use ledger_relay_wire::chunker::{ledger_chunks, Chunker, DEFAULT_CHUNK_SIZE};
 use ledger_relay_wire::compress::{Codec, Compressor};
-use ledger_relay_wire::frame::{Chunk, ChunkHeader, LedgerEnd};
+use ledger_relay_wire::frame::{Chunk, LedgerEnd};
 use ledger_relay_wire::record::{Records, DEFAULT_MAX_RECORD_LEN};
 use ledger_relay_wire::{Limits, Reassembler};
 
@@ -41,35 +41,9 @@ fn real_like_ledger() -> Bytes {
 }
 
 fn frames(raw: &Bytes, codec: Codec) -> (Vec<Chunk>, LedgerEnd) {
-    let (chunks, summary) = chunk_ledger(raw, DEFAULT_CHUNK_SIZE);
-    let mut comp = Compressor::new(codec, 1);
-    let chunks = chunks
-        .into_iter()
-        .map(|c| {
-            let (codec, payload) = comp.compress(&c.data);
-            Chunk {
-                header: ChunkHeader {
-                    seq: 1,
-                    index: c.index,
-                    raw_offset: c.offset,
-                    raw_len: c.data.len() as u32,
-                    codec,
-                },
-                payload,
-            }
-        })
-        .collect();
-    let end = LedgerEnd {
-        seq: 1,
-        chunk_count: summary.chunk_count,
-        raw_len: summary.raw_len,
-        checksum: summary.checksum,
-        header_hash: [0; 32],
-        previous_hash: [0; 32],
-        first_byte_ns: 0,
-        last_byte_ns: 0,
-    };
-    (chunks, end)
+    let (chunks, summary) =
+        ledger_chunks(1, raw, DEFAULT_CHUNK_SIZE, &mut Compressor::new(codec, 1));
+    (chunks, summary.end(1, [0; 32], [0; 32], 0, 0))
 }
 
 fn bench(c: &mut Criterion) {

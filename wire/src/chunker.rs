@@ -8,6 +8,9 @@
 use bytes::{Bytes, BytesMut};
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::compress::Compressor;
+use crate::frame::{Chunk, ChunkHeader, LedgerEnd};
+
 /// Default raw bytes per chunk. 256 KiB matches the largest pieces core writes, keeps a chunk's
 /// compression at about 0.5 ms on one core (so several cores can work on one ledger in parallel)
 /// and stays well under sled's blob threshold when chunks are stored as single values.
@@ -33,6 +36,30 @@ pub struct LedgerSummary {
     pub raw_len: u64,
     /// [`crate::checksum`] of the raw bytes.
     pub checksum: u64,
+}
+
+impl LedgerSummary {
+    /// The end record of ledger `seq` with this summary, its header hashes and the source's
+    /// first and last byte times.
+    pub fn end(
+        self,
+        seq: u32,
+        header_hash: [u8; 32],
+        previous_hash: [u8; 32],
+        first_byte_ns: u64,
+        last_byte_ns: u64,
+    ) -> LedgerEnd {
+        LedgerEnd {
+            seq,
+            chunk_count: self.chunk_count,
+            raw_len: self.raw_len,
+            checksum: self.checksum,
+            header_hash,
+            previous_hash,
+            first_byte_ns,
+            last_byte_ns,
+        }
+    }
 }
 
 /// Cuts one ledger at a time into chunks of a fixed raw size (the last may be shorter).
@@ -143,6 +170,34 @@ pub fn chunk_ledger(raw: &Bytes, chunk_size: usize) -> (Vec<RawChunk>, LedgerSum
         raw_len: raw.len() as u64,
         checksum: crate::checksum(raw),
     };
+    (chunks, summary)
+}
+
+/// Cuts a whole ledger and compresses each chunk once: its chunk frames, in index order, and
+/// its summary (for replays, tests and benchmarks).
+pub fn ledger_chunks(
+    seq: u32,
+    raw: &Bytes,
+    chunk_size: usize,
+    comp: &mut Compressor,
+) -> (Vec<Chunk>, LedgerSummary) {
+    let (chunks, summary) = chunk_ledger(raw, chunk_size);
+    let chunks = chunks
+        .into_iter()
+        .map(|c| {
+            let (codec, payload) = comp.compress(&c.data);
+            Chunk {
+                header: ChunkHeader {
+                    seq,
+                    index: c.index,
+                    raw_offset: c.offset,
+                    raw_len: c.data.len() as u32,
+                    codec,
+                },
+                payload,
+            }
+        })
+        .collect();
     (chunks, summary)
 }
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::assembler::Reassembler;
-use crate::chunker::chunk_ledger;
+use crate::chunker::ledger_chunks;
 use crate::compress::{Codec, Compressor};
-use crate::frame::{self, Chunk, ChunkHeader, Frame, FrameDecoder, LedgerEnd};
+use crate::frame::{self, Frame, FrameDecoder};
 use crate::limits::Limits;
 use crate::record::{RecordReader, DEFAULT_MAX_RECORD_LEN};
 
@@ -118,30 +118,9 @@ pub fn reassembler(data: &[u8]) {
     let mut comp = Compressor::new(Codec::Lz4, 1);
     for (i, raw) in ledgers.iter().enumerate() {
         let seq = first_seq + i as u32;
-        let (chunks, summary) = chunk_ledger(raw, 512);
-        for c in chunks {
-            let (codec, payload) = comp.compress(&c.data);
-            pieces.push(Frame::Chunk(Chunk {
-                header: ChunkHeader {
-                    seq,
-                    index: c.index,
-                    raw_offset: c.offset,
-                    raw_len: c.data.len() as u32,
-                    codec,
-                },
-                payload,
-            }));
-        }
-        pieces.push(Frame::LedgerEnd(LedgerEnd {
-            seq,
-            chunk_count: summary.chunk_count,
-            raw_len: summary.raw_len,
-            checksum: summary.checksum,
-            header_hash: [0; 32],
-            previous_hash: [0; 32],
-            first_byte_ns: 0,
-            last_byte_ns: 0,
-        }));
+        let (chunks, summary) = ledger_chunks(seq, raw, 512, &mut comp);
+        pieces.extend(chunks.into_iter().map(Frame::Chunk));
+        pieces.push(Frame::LedgerEnd(summary.end(seq, [0; 32], [0; 32], 0, 0)));
     }
     let mut r = Reassembler::new(limits.clone(), first_seq, Duration::from_millis(50));
     let mut now = Duration::ZERO;

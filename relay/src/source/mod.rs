@@ -19,8 +19,10 @@
 //! Event grammar, per source: `(Begin Data* (End | Abort) | Restarted)* (Finished | Failed)?`.
 //! Every `Begin` is closed by `End` or `Abort` before anything else but `Data` (an `Abort` also
 //! precedes a `Failed` that cuts a ledger short). After `Finished` or `Failed` nothing follows.
-//! On shutdown the source stops without `Finished`: it sends `Abort` if a ledger was in
-//! progress, then its thread returns and the channel closes.
+//! On shutdown the source stops without `Finished`: the paced sources (file, synthetic) first
+//! finish a ledger they are emitting; the stream sources (pipe, FIFO, stdin) send `Abort` if a
+//! ledger was in progress (core is being stopped too); then the thread returns and the channel
+//! closes.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -361,6 +363,21 @@ impl Out {
         }
     }
 
+    /// Sleeps until `deadline` whatever the shutdown token says (a ledger being emitted is
+    /// finished on shutdown: the emit window is short), stopping only if the consumer is gone.
+    fn sleep_finishing(&self, deadline: Instant) -> Result<(), Stop> {
+        loop {
+            if self.events.is_closed() {
+                return Err(Stop::ConsumerGone);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            std::thread::sleep((deadline - now).min(SLEEP_SLICE));
+        }
+    }
+
     /// Waits for the next item from a thread working ahead of the source, checking for
     /// shutdown meanwhile; `None` when that thread is done.
     fn recv<T>(&self, rx: &std::sync::mpsc::Receiver<T>) -> Result<Option<T>, Stop> {
@@ -429,7 +446,8 @@ impl Pacer {
 
     /// Waits for the ledger's slot, then emits `body` over the emit window: `Begin`, its
     /// pieces evenly spaced so that the first goes out at the slot and the last `emit` later,
-    /// then `End`. The stamps are the times the first and last pieces were sent.
+    /// then `End`. The stamps are the times the first and last pieces were sent. A shutdown
+    /// during the window lets the ledger finish; one before the slot stops at once.
     fn emit(&mut self, out: &Out, body: Bytes) -> Result<(), Stop> {
         let len = u32::try_from(body.len())
             .map_err(|_| Stop::Failed(format!("ledger of {} bytes is too long", body.len())))?;
@@ -457,7 +475,8 @@ impl Pacer {
             if i > 0 {
                 // `i <= gaps`, both u32 (a ledger is under 2^31 bytes), so no overflow.
                 let due = start + self.emit.mul_f64(i as f64 / f64::from(gaps));
-                out.sleep_until(due).map_err(|stop| out.abort(stop))?;
+                // Graceful shutdown finishes the ledger in flight rather than cutting it off.
+                out.sleep_finishing(due).map_err(|stop| out.abort(stop))?;
             }
             out.send(SourceEvent::Data(body.slice(offset..offset + size)))?;
             offset += size;

@@ -1,7 +1,6 @@
 use super::*;
-use crate::chunker::chunk_ledger;
+use crate::chunker::ledger_chunks;
 use crate::compress::Compressor;
-use crate::frame::ChunkHeader;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -14,35 +13,8 @@ fn ledger(seq: u32, len: usize) -> Bytes {
 }
 
 fn pieces(seq: u32, raw: &Bytes, chunk: usize, codec: Codec) -> (Vec<Chunk>, LedgerEnd) {
-    let (chunks, s) = chunk_ledger(raw, chunk);
-    let mut comp = Compressor::new(codec, 1);
-    let chunks = chunks
-        .into_iter()
-        .map(|c| {
-            let (codec, payload) = comp.compress(&c.data);
-            Chunk {
-                header: ChunkHeader {
-                    seq,
-                    index: c.index,
-                    raw_offset: c.offset,
-                    raw_len: c.data.len() as u32,
-                    codec,
-                },
-                payload,
-            }
-        })
-        .collect();
-    let end = LedgerEnd {
-        seq,
-        chunk_count: s.chunk_count,
-        raw_len: s.raw_len,
-        checksum: s.checksum,
-        header_hash: [seq as u8; 32],
-        previous_hash: [0; 32],
-        first_byte_ns: 1,
-        last_byte_ns: 2,
-    };
-    (chunks, end)
+    let (chunks, s) = ledger_chunks(seq, raw, chunk, &mut Compressor::new(codec, 1));
+    (chunks, s.end(seq, [seq as u8; 32], [0; 32], 1, 2))
 }
 
 fn new(first: u32) -> Reassembler {
