@@ -48,6 +48,17 @@ pub struct DemoArgs {
     pub warmup: u32,
 }
 
+/// User plus system CPU time of this process so far.
+pub fn process_cpu() -> Option<Duration> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let u = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let secs = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
+    };
+    Some(secs(u.user_time()) + secs(u.system_time()))
+}
+
 /// Runs the demo until `--ledgers` ledgers arrived or `shutdown`.
 pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let size = parse_size(&args.size).context("--size")?;
@@ -103,6 +114,7 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
     let mut inter = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let (mut raw_total, mut wire_total, mut n) = (0u64, 0u64, 0u32);
     let mut last_arrival: Option<u64> = None;
+    let mut cpu_at_warmup: Option<Duration> = None;
     println!(
         "{:>10} {:>10} {:>10} {:>7} {:>12}",
         "sequence", "size MiB", "wire MiB", "ratio", "delivery ms"
@@ -140,9 +152,16 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
             wire_total += ledger.wire_bytes;
         }
         last_arrival = Some(ledger.received_ns);
+        if n == args.warmup.max(1) {
+            cpu_at_warmup = process_cpu();
+        }
         if n >= args.ledgers {
             break Ok(());
         }
+    };
+    let cpu = match (cpu_at_warmup, process_cpu()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
     };
     sub.close().await;
     relay_stop.cancel();
@@ -160,6 +179,12 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
             ms(&hist, 0.99),
             hist.max() as f64 / 1000.0
         );
+        if let Some(cpu) = cpu {
+            println!(
+                "cpu (relay and subscriber together, this process): {:.1} ms per ledger",
+                cpu.as_secs_f64() * 1000.0 / counted.max(1) as f64
+            );
+        }
         if !inter.is_empty() {
             println!(
                 "inter-arrival p50 {:.1} ms, max {:.1} ms; wire/raw {:.3} ({:.2}x)",
