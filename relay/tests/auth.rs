@@ -38,7 +38,7 @@ fn file_source() -> String {
 /// An endless source of small valid ledgers (from sequence 2), for tests that stream for a while.
 const SYNTHETIC: &str = "synthetic:size=64KiB,ratio=2";
 
-async fn within<T>(secs: u64, what: &str, f: impl std::future::Future<Output = T>) -> T {
+pub async fn within<T>(secs: u64, what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), f)
         .await
         .unwrap_or_else(|_| panic!("{what}: not within {secs} s"))
@@ -63,7 +63,7 @@ async fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
 /// the hub's small in-memory window but that the ring writer thread has not appended yet, and
 /// the relay then ends it with `BelowRetention` although the ledger is within the range it
 /// announces: a pipeline race outside what these tests are about.
-async fn in_the_ring(relay: &Running) {
+pub async fn in_the_ring(relay: &Running) {
     relay.wait_for(LAST).await;
 }
 
@@ -147,18 +147,18 @@ async fn ledgers_after(
 }
 
 /// A raw QUIC connection to the relay, with no subscriber logic.
-struct Raw {
-    _endpoint: quinn::Endpoint,
-    conn: quinn::Connection,
+pub struct Raw {
+    pub _endpoint: quinn::Endpoint,
+    pub conn: quinn::Connection,
 }
 
 /// The subscriber's own TLS client configuration for certificate `name` of `dir`.
-fn tls_client(dir: &Path, name: &str) -> quinn::ClientConfig {
+pub fn tls_client(dir: &Path, name: &str) -> quinn::ClientConfig {
     let c = Credentials::from_cert_dir(dir, name).unwrap();
     client_config(&c.ca, c.cert_chain, c.key, &TransportSettings::default()).unwrap()
 }
 
-async fn raw_connect(relay: &Running, config: quinn::ClientConfig) -> Raw {
+pub async fn raw_connect(relay: &Running, config: quinn::ClientConfig) -> Raw {
     let settings = TransportSettings::default();
     let socket = udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
     let endpoint = endpoint(socket, None).unwrap();
@@ -174,12 +174,12 @@ async fn raw_connect(relay: &Running, config: quinn::ClientConfig) -> Raw {
     }
 }
 
-async fn control(conn: &quinn::Connection) -> FrameIo {
+pub async fn control(conn: &quinn::Connection) -> FrameIo {
     let (send, recv) = within(5, "open_bi", conn.open_bi()).await.unwrap();
     FrameIo::new(send, recv, Limits::default())
 }
 
-fn session_open(start: Start, lanes: u8) -> Frame {
+pub fn session_open(start: Start, lanes: u8) -> Frame {
     Frame::SessionOpen(SessionOpen {
         version: PROTOCOL_VERSION,
         start,
@@ -189,7 +189,7 @@ fn session_open(start: Start, lanes: u8) -> Frame {
     })
 }
 
-fn lane_join(session_id: u64, token: [u8; 16], lane: u8) -> Frame {
+pub fn lane_join(session_id: u64, token: [u8; 16], lane: u8) -> Frame {
     Frame::LaneJoin(LaneJoin {
         version: PROTOCOL_VERSION,
         session_id,

@@ -3,5 +3,6 @@
 mod auth;
 mod cli;
 mod e2e;
+mod lanes;
 mod ring;
 mod source;
