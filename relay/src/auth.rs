@@ -241,7 +241,7 @@ impl Auth {
         tls.max_early_data_size = 0;
         let quic = QuicServerConfig::try_from(tls).map_err(|e| AuthError::Tls(e.to_string()))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
-        server.transport_config(Arc::new(transport_config(&self.transport)));
+        server.transport_config(Arc::new(relay_transport(&self.transport)));
         Ok(server)
     }
 
@@ -336,6 +336,21 @@ impl Auth {
     pub fn crl_path(&self) -> &std::path::Path {
         &self.config.crl
     }
+}
+
+/// The relay's side of a lane: what it sends is sized by `settings`; what it lets a peer send
+/// is only ever a control stream of small frames. A subscriber opens no unidirectional stream
+/// and one bidirectional stream per lane, so a hostile peer can make the relay hold at most one
+/// control stream's window per connection, not hundreds of streams' worth.
+pub fn relay_transport(settings: &TransportSettings) -> quinn::TransportConfig {
+    let mut t = transport_config(settings);
+    // Room for the largest control frame (a Resend naming every chunk of a maximal ledger).
+    let control_window = quinn::VarInt::from_u32(256 << 10);
+    t.max_concurrent_uni_streams(0u32.into())
+        .max_concurrent_bidi_streams(1u32.into())
+        .stream_receive_window(control_window)
+        .receive_window(control_window);
+    t
 }
 
 /// How often the CRL file is checked for changes: revocations take effect within this.

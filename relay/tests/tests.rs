@@ -3,6 +3,7 @@
 mod auth;
 mod cli;
 mod e2e;
+mod hostile;
 mod lanes;
 mod ring;
 mod source;

@@ -1,0 +1,235 @@
+//! Hostile peers with valid certificates (issue 7, item 6): malformed frames, oversize lengths,
+//! unknown frame types, out-of-range requests, streams that never end, data streams the relay
+//! never asked for, and many idle connections. Each connection is closed with a typed protocol
+//! error, configured limits are enforced, and an honest subscriber streaming meanwhile is
+//! unaffected.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ledger_relay_subscriber::transport::FrameIo;
+use ledger_relay_wire::frame::{ErrorCode, Frame, Resend, Start};
+use quinn::ConnectionError;
+
+use crate::auth::{control, raw_connect, session_open, tls_client, within, Raw};
+use crate::e2e::{certs, relay_config, sub_config, take, Running};
+
+/// An endless source of small valid ledgers.
+const SYNTHETIC: &str = "synthetic:size=64KiB,ratio=2";
+
+async fn relay(
+    dir: &std::path::Path,
+    tweak: impl FnOnce(&mut ledger_relay::config::RelayConfig),
+) -> Running {
+    let certs = certs(dir);
+    let mut config = relay_config(certs.path(), &dir.join("data"), SYNTHETIC);
+    config.source_options.cadence = Duration::from_millis(20);
+    config.server.handshake_timeout = Duration::from_secs(1);
+    tweak(&mut config);
+    Running::start(config).await
+}
+
+/// Reads the relay's Error frame (if it arrives) and the close code.
+async fn refused(raw: &Raw, io: &mut FrameIo) -> ErrorCode {
+    if let Ok(Ok(Some(Frame::Error(e)))) =
+        tokio::time::timeout(Duration::from_secs(5), io.reader.next()).await
+    {
+        return e.code;
+    }
+    match within(5, "close", raw.conn.closed()).await {
+        ConnectionError::ApplicationClosed(c) => {
+            ErrorCode::from_close_code(c.error_code.into_inner()).expect("a typed close code")
+        }
+        other => panic!("expected a typed close, got {other:?}"),
+    }
+}
+
+/// Sends `bytes` as the start of the control stream and expects a protocol violation.
+async fn violation(relay: &Running, dir: &std::path::Path, bytes: &[u8]) {
+    let raw = raw_connect(relay, tls_client(&dir.join("certs"), "rpc-1")).await;
+    let mut io = control(&raw.conn).await;
+    io.writer.stream_mut().write_all(bytes).await.unwrap();
+    assert_eq!(
+        refused(&raw, &mut io).await,
+        ErrorCode::ProtocolViolation,
+        "{bytes:02x?}"
+    );
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_oversize_unknown_and_unfinished_frames_are_protocol_violations() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = relay(dir.path(), |_| {}).await;
+    relay.wait_for(3).await;
+    // An honest subscriber streams throughout.
+    let honest = sub_config(
+        vec![relay.addr()],
+        &dir.path().join("certs"),
+        "rpc-1",
+        2,
+        Start::Tip,
+    );
+    let honest = tokio::spawn(take(honest, 40, 30));
+    let rss_before = rss_kib();
+
+    // Unknown frame type.
+    violation(&relay, dir.path(), &[0x7f, 0, 0, 0, 0]).await;
+    // A chunk frame claiming 4 GiB: refused from its header, nothing buffered.
+    violation(&relay, dir.path(), &[0x10, 0xff, 0xff, 0xff, 0xff]).await;
+    // A control frame longer than the control limit.
+    violation(&relay, dir.path(), &[0x21, 0x00, 0x10, 0x00, 0x00]).await;
+    // A fixed-size frame with the wrong length.
+    violation(&relay, dir.path(), &[0x01, 0, 0, 0, 3, 0, 1, 0]).await;
+    // A well-formed frame that cannot open a lane.
+    violation(&relay, dir.path(), &Frame::Ack(5).to_vec()).await;
+    // SessionOpen with a bad field (zero lanes).
+    let mut open = session_open(Start::Tip, 1).to_vec();
+    open[12] = 0;
+    violation(&relay, dir.path(), &open).await;
+    // A stream that never finishes its first frame: closed after the handshake timeout.
+    let raw = raw_connect(&relay, tls_client(&dir.path().join("certs"), "rpc-1")).await;
+    let mut io = control(&raw.conn).await;
+    io.writer.stream_mut().write_all(&open[..7]).await.unwrap();
+    assert_eq!(refused(&raw, &mut io).await, ErrorCode::ProtocolViolation);
+
+    // Inside a session: an Ack for a ledger never sent, garbage mid-stream, and resend requests
+    // for chunks that do not exist (ignored, not fatal).
+    for bad in [Frame::Ack(u32::MAX - 1).to_vec(), vec![0x99, 1, 2, 3, 4, 5]] {
+        let raw = raw_connect(&relay, tls_client(&dir.path().join("certs"), "rpc-1")).await;
+        let mut io = control(&raw.conn).await;
+        io.writer.write(&session_open(Start::Tip, 1)).await.unwrap();
+        let Ok(Some(Frame::SessionAccept(a))) = within(5, "accept", io.reader.next()).await else {
+            panic!("no session")
+        };
+        let resend = Frame::Resend(Resend {
+            seq: a.first_seq,
+            whole: false,
+            indices: vec![9_999, 16_000],
+        });
+        io.writer.write(&resend).await.unwrap();
+        io.writer.stream_mut().write_all(&bad).await.unwrap();
+        // Heartbeats may come first; the session must end with a protocol violation.
+        let code = within(5, "violation", async {
+            loop {
+                match io.reader.next().await {
+                    Ok(Some(Frame::Error(e))) => return e.code,
+                    Ok(Some(_)) => continue,
+                    _ => break,
+                }
+            }
+            match raw.conn.closed().await {
+                ConnectionError::ApplicationClosed(c) => {
+                    ErrorCode::from_close_code(c.error_code.into_inner()).unwrap()
+                }
+                other => panic!("{other:?}"),
+            }
+        })
+        .await;
+        assert_eq!(code, ErrorCode::ProtocolViolation);
+    }
+
+    // Data streams the relay never asked for are refused by flow control (no stream credit).
+    let raw = raw_connect(&relay, tls_client(&dir.path().join("certs"), "rpc-1")).await;
+    let uni = tokio::time::timeout(Duration::from_millis(500), raw.conn.open_uni()).await;
+    assert!(uni.is_err(), "the relay grants no unidirectional streams");
+    drop(raw);
+
+    let got = honest.await.unwrap().unwrap();
+    for w in got.windows(2) {
+        assert_eq!(
+            w[1].seq,
+            w[0].seq + 1,
+            "the honest subscriber is unaffected"
+        );
+    }
+    let m = &relay.relay.metrics;
+    assert!(m.protocol_errors_total.load(Ordering::Relaxed) >= 9);
+    let grown = rss_kib().saturating_sub(rss_before);
+    eprintln!("rss growth across the hostile connections: {grown} KiB");
+    assert!(grown < 64 << 10, "memory grew by {grown} KiB");
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_session_and_lane_limits_are_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = relay(dir.path(), |c| {
+        c.server.max_connections = 6;
+        c.server.max_sessions = 2;
+        c.server.max_lanes = 2;
+    })
+    .await;
+    relay.wait_for(3).await;
+    let certs = dir.path().join("certs");
+    // Lanes: 4 asked, 2 granted.
+    let a = raw_connect(&relay, tls_client(&certs, "rpc-1")).await;
+    let mut aio = control(&a.conn).await;
+    aio.writer
+        .write(&session_open(Start::Tip, 4))
+        .await
+        .unwrap();
+    let Ok(Some(Frame::SessionAccept(acc))) = within(5, "accept", aio.reader.next()).await else {
+        panic!("no session")
+    };
+    assert_eq!(acc.lanes, 2, "max_lanes");
+    // Sessions: a second is accepted, a third is Overloaded.
+    let b = raw_connect(&relay, tls_client(&certs, "rpc-1")).await;
+    let mut bio = control(&b.conn).await;
+    bio.writer
+        .write(&session_open(Start::Tip, 1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        within(5, "accept", bio.reader.next()).await,
+        Ok(Some(Frame::SessionAccept(_)))
+    ));
+    let c = raw_connect(&relay, tls_client(&certs, "rpc-1")).await;
+    let mut cio = control(&c.conn).await;
+    cio.writer
+        .write(&session_open(Start::Tip, 1))
+        .await
+        .unwrap();
+    assert_eq!(refused(&c, &mut cio).await, ErrorCode::Overloaded);
+    drop(c);
+    // Connections: idle ones (no stream ever) fill the limit; beyond it, connections are refused
+    // before the handshake; the idle ones are closed after the handshake timeout.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(raw_connect(&relay, tls_client(&certs, "rpc-1")).await);
+    }
+    let settings = ledger_relay_subscriber::transport::TransportSettings::default();
+    let socket =
+        ledger_relay_subscriber::transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings)
+            .unwrap();
+    let ep = ledger_relay_subscriber::transport::endpoint(socket, None).unwrap();
+    let over = ep
+        .connect_with(tls_client(&certs, "rpc-1"), relay.relay.addr, "127.0.0.1")
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), over).await;
+    assert!(
+        matches!(r, Ok(Err(_))),
+        "the 7th connection is refused: {r:?}"
+    );
+    for raw in &idle {
+        let closed = within(5, "idle closed", raw.conn.closed()).await;
+        assert!(
+            matches!(closed, ConnectionError::ApplicationClosed(_)),
+            "{closed:?}"
+        );
+    }
+    assert!(relay.relay.metrics.connections_open.load(Ordering::Relaxed) <= 6);
+    drop((a, b));
+    relay.stop().await;
+}
