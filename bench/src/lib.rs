@@ -1,0 +1,392 @@
+//! `ledger-bench`: what lanes buy and what they cost, on one machine.
+//!
+//! Runs the real `ledger-relay run` and `ledger-subscribe` binaries (found next to this
+//! executable) with an ephemeral CA, over loopback or an emulated cloud network (two network
+//! namespaces, a veth pair in 198.18.0.0/15 and an HTB per-flow cap keyed by each lane's pinned
+//! UDP port, see [`netem`]), reads each subscriber's `--stats` CSV and prints delivery
+//! p50/p90/p99/max (warm-up excluded), inter-arrival, goodput, wire bytes and ratio, relay and
+//! subscriber CPU per ledger, and the model bound of every row with the ratio to it. Baselines
+//! in the same run: one TCP connection and a local pipe ([`baseline`]).
+//!
+//! It does not implement store-and-forward or a streams-per-lane setting: the relay has neither
+//! (see bench/RESULTS.md).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod baseline;
+pub mod netem;
+pub mod proc;
+pub mod report;
+pub mod scenario;
+pub mod stats;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+
+use crate::netem::{Netem, Shape};
+use crate::scenario::{Env, Kind, Payload, Row, Scenario, Settings};
+
+/// `ledger-bench` arguments.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "ledger-bench",
+    version,
+    about = "Single-flow vs multi-flow delivery of Ledger Relay on loopback or an emulated cloud network",
+    long_about = "Runs ledger-relay and ledger-subscribe (built in the same workspace: cargo build \
+--release --workspace) per scenario and prints delivery p50/p90/p99/max, inter-arrival, goodput, \
+compression, CPU per ledger and the model bound. The emulated network (network namespaces, HTB \
+per-flow caps) needs root; without it those rows are skipped with the reason."
+)]
+pub struct Cli {
+    /// Hidden helper subcommands (the TCP baseline's two ends).
+    #[command(subcommand)]
+    pub helper: Option<Helper>,
+    /// Benchmark settings.
+    #[command(flatten)]
+    pub args: Args,
+}
+
+/// Helpers run by the bench itself inside the namespaces.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Helper {
+    /// TCP baseline sender.
+    #[command(hide = true)]
+    TcpSend {
+        /// Receiver address.
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+        /// Pacing.
+        #[command(flatten)]
+        pacing: baseline::Pacing,
+    },
+    /// TCP baseline receiver.
+    #[command(hide = true)]
+    TcpRecv {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Ledgers to receive.
+        #[arg(long)]
+        count: u32,
+        /// Stats CSV.
+        #[arg(long)]
+        stats: PathBuf,
+    },
+}
+
+/// Which network the rows use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Network {
+    /// Loopback rows only.
+    Loopback,
+    /// Emulated rows only.
+    Emulated,
+    /// Both.
+    All,
+}
+
+/// Benchmark settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// A preset that finishes in about a minute: fewer ledgers, a shorter cadence, the core
+    /// rows only.
+    #[arg(long)]
+    pub quick: bool,
+    /// Which rows to run.
+    #[arg(long, value_enum, default_value = "all")]
+    pub network: Network,
+    /// Run only the scenarios with these names (repeatable; see the table for names).
+    #[arg(long = "only", value_name = "NAME")]
+    pub only: Vec<String>,
+    /// Ledgers per subscriber, warm-up included [default: 60, quick 15].
+    #[arg(long)]
+    pub ledgers: Option<u32>,
+    /// Ledgers left out at the start of each subscriber.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// Time between ledgers, ms [default: 600, quick 250].
+    #[arg(long)]
+    pub cadence_ms: Option<f64>,
+    /// Emit window of the source, ms.
+    #[arg(long, default_value_t = 8.0)]
+    pub emit_ms: f64,
+    /// Per-flow cap of the emulated network, Mbit/s.
+    #[arg(long, default_value_t = 200.0)]
+    pub flow_mbit: f64,
+    /// Aggregate cap of the emulated network, Mbit/s [default: 8x the per-flow cap].
+    #[arg(long)]
+    pub aggregate_mbit: Option<f64>,
+    /// The per-flow cap being emulated, Mbit/s (EC2 outside a placement group: 5000); ledger
+    /// and chunk sizes are divided by this over --flow-mbit so wire times keep its proportions.
+    #[arg(long, default_value_t = 5000.0)]
+    pub emulated_flow_mbit: f64,
+    /// Unscaled ledger size in bytes (Phase 3 stress profile: 14.5 MiB).
+    #[arg(long, default_value_t = 15_204_352)]
+    pub ledger_bytes: u64,
+    /// Unscaled relay chunk size in bytes.
+    #[arg(long, default_value_t = 262_144)]
+    pub chunk_bytes: u64,
+    /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
+    #[arg(long, default_value = "../shared/testdata")]
+    pub testdata: PathBuf,
+    /// Write the rows as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write the rows (with every delivery sample) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write delivery-cdf, throughput-vs-lanes and fanout-cost plots (SVG and PNG) here.
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl Args {
+    /// The settings these arguments give.
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        if self.flow_mbit <= 0.0 || self.emulated_flow_mbit <= 0.0 {
+            bail!("--flow-mbit and --emulated-flow-mbit must be positive");
+        }
+        let scale = (self.emulated_flow_mbit / self.flow_mbit).max(1.0);
+        let ledgers = self.ledgers.unwrap_or(if self.quick { 15 } else { 60 });
+        if ledgers <= self.warmup {
+            bail!("--ledgers must exceed --warmup ({})", self.warmup);
+        }
+        let flow_bps = (self.flow_mbit * 1e6) as u64;
+        Ok(Settings {
+            ledgers,
+            warmup: self.warmup,
+            size: ((self.ledger_bytes as f64 / scale) as u64).max(4096),
+            cadence_ms: self
+                .cadence_ms
+                .unwrap_or(if self.quick { 250.0 } else { 600.0 }),
+            emit_ms: self.emit_ms,
+            // The relay refuses chunks under 4 KiB.
+            chunk: ((self.chunk_bytes as f64 / scale) as u64).max(4096),
+            shape: Shape {
+                flow_bps,
+                aggregate_bps: self
+                    .aggregate_mbit
+                    .map(|a| (a * 1e6) as u64)
+                    .unwrap_or(flow_bps * 8),
+            },
+            scale,
+        })
+    }
+}
+
+fn relay(
+    name: &str,
+    emulated: bool,
+    lanes: u8,
+    codec: &str,
+    payload: Payload,
+    subs: u8,
+) -> Scenario {
+    Scenario {
+        name: name.into(),
+        kind: Kind::Relay {
+            lanes,
+            codec: codec.into(),
+            payload,
+            subscribers: subs,
+        },
+        emulated,
+    }
+}
+
+/// The rows of a run, before filtering by network and `--only`.
+pub fn scenarios(args: &Args) -> Vec<Scenario> {
+    let raw = || Payload::Synthetic(1.0);
+    let cal = || Payload::Synthetic(7.6);
+    let file = || {
+        Payload::File(
+            args.testdata
+                .join("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"),
+        )
+    };
+    let mut v = vec![
+        Scenario {
+            name: "tcp-1flow".into(),
+            kind: Kind::Tcp,
+            emulated: true,
+        },
+        relay("raw-l1", true, 1, "none", raw(), 1),
+        relay("raw-l2", true, 2, "none", raw(), 1),
+        relay("raw-l4", true, 4, "none", raw(), 1),
+    ];
+    if !args.quick {
+        v.push(relay("raw-l8", true, 8, "none", raw(), 1));
+    }
+    v.push(relay("x7.6-zstd-l1", true, 1, "zstd", cal(), 1));
+    if !args.quick {
+        v.extend([
+            relay("x7.6-zstd-l4", true, 4, "zstd", cal(), 1),
+            relay("x7.6-lz4-l1", true, 1, "lz4", cal(), 1),
+            relay("raw-zstd-l1", true, 1, "zstd", raw(), 1),
+            relay("file-zstd-l1", true, 1, "zstd", file(), 1),
+            relay("file-none-l4", true, 4, "none", file(), 1),
+        ]);
+    }
+    v.push(relay("fanout-1", true, 4, "zstd", cal(), 1));
+    v.push(relay("fanout-4", true, 4, "zstd", cal(), 4));
+    if !args.quick {
+        v.push(relay("fanout-16", true, 4, "zstd", cal(), 16));
+    }
+    v.push(Scenario {
+        name: "pipe".into(),
+        kind: Kind::Pipe,
+        emulated: false,
+    });
+    v.push(relay("lo-x7.6-zstd-l4", false, 4, "zstd", cal(), 1));
+    if !args.quick {
+        v.push(relay("lo-raw-none-l1", false, 1, "none", raw(), 1));
+        v.push(relay("lo-raw-none-l4", false, 4, "none", raw(), 1));
+    }
+    v
+}
+
+/// Removes the namespaces and stops the children on SIGINT or SIGTERM, then exits 130.
+fn install_signal_handler() {
+    std::thread::spawn(|| {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("\nledger-bench: interrupted: stopping children and removing namespaces");
+            proc::kill_tracked();
+            netem::cleanup_registered();
+            std::process::exit(130);
+        });
+    });
+}
+
+/// Runs the selected rows and returns them (the caller prints and writes them).
+pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
+    let settings = args.settings()?;
+    let mut list: Vec<Scenario> = scenarios(args)
+        .into_iter()
+        .filter(|s| match args.network {
+            Network::All => true,
+            Network::Loopback => !s.emulated,
+            Network::Emulated => s.emulated,
+        })
+        .filter(|s| args.only.is_empty() || args.only.contains(&s.name))
+        .collect();
+    if list.is_empty() {
+        bail!("no scenario selected");
+    }
+    if list.iter().any(|s| s.emulated) {
+        if let Some(reason) = netem::unavailable_reason() {
+            eprintln!("ledger-bench: skipping the emulated-network rows: {reason}");
+            list.retain(|s| !s.emulated);
+        }
+    }
+    install_signal_handler();
+    let tmp = tempfile::Builder::new()
+        .prefix("ledger-bench")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let certs = tmp.path().join("certs");
+    scenario::make_certs(&certs)?;
+    let netem = if list.iter().any(|s| s.emulated) {
+        Some(Netem::create("b", settings.shape)?)
+    } else {
+        None
+    };
+    let mut env = Env {
+        relay_bin: proc::sibling_binary("ledger-relay")?,
+        sub_bin: proc::sibling_binary("ledger-subscribe")?,
+        bench_bin: proc::sibling_binary("ledger-bench")
+            .or_else(|_| std::env::current_exe().context("locating ledger-bench"))?,
+        certs,
+        tmp: tmp.path().to_path_buf(),
+        netem,
+        index: 0,
+    };
+    let bar = if args.no_progress {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(list.len() as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+        ) {
+            b.set_style(style.progress_chars("=> "));
+        }
+        b
+    };
+    let mut rows = Vec::new();
+    for sc in &list {
+        bar.set_message(sc.name.clone());
+        rows.push(scenario::run(&mut env, &settings, sc));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
+        let kept = tmp.keep();
+        eprintln!("ledger-bench: logs kept in {}", kept.display());
+    }
+    Ok(rows)
+}
+
+/// The whole command: runs, prints the table and writes `--csv`, `--json` and `--plots`.
+pub fn main_with(cli: Cli) -> anyhow::Result<()> {
+    match cli.helper {
+        Some(Helper::TcpSend { connect, pacing }) => return baseline::tcp_send(connect, pacing),
+        Some(Helper::TcpRecv {
+            listen,
+            count,
+            stats,
+        }) => return baseline::tcp_recv(listen, count, stats),
+        None => {}
+    }
+    let args = cli.args;
+    let s = args.settings()?;
+    eprintln!(
+        "ledger-bench: {} ledgers/subscriber ({} warm-up) of {:.0} KiB every {} ms, emit {} ms, chunk {} B; emulated: {} Mbit/s per flow, {} Mbit/s aggregate, scale {:.1}",
+        s.ledgers,
+        s.warmup,
+        s.size as f64 / 1024.0,
+        s.cadence_ms,
+        s.emit_ms,
+        s.chunk,
+        s.shape.flow_bps as f64 / 1e6,
+        s.shape.aggregate_bps as f64 / 1e6,
+        s.scale
+    );
+    let rows = run(&args)?;
+    print!("{}", report::table(&rows));
+    if let Some(p) = &args.csv {
+        report::write(p, &report::csv(&rows))?;
+    }
+    if let Some(p) = &args.json {
+        let json = serde_json::json!({ "settings": s, "rows": rows });
+        report::write(p, &serde_json::to_string_pretty(&json)?)?;
+    }
+    if let Some(dir) = &args.plots {
+        match report::plots(&rows, dir) {
+            Ok(files) => eprintln!("ledger-bench: plots: {}", files.join(", ")),
+            Err(e) => eprintln!("ledger-bench: no plots: {e:#}"),
+        }
+    }
+    Ok(())
+}

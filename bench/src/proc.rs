@@ -1,0 +1,129 @@
+//! Child processes: finding the workspace's binaries, CPU time from `/proc/PID/stat`, and
+//! waiting for a child with a deadline without losing its CPU time.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::Pid;
+
+/// Finds `name` next to the running executable (`target/release/` for `ledger-bench`; one
+/// level up for test binaries in `target/release/deps/`).
+pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the ledger-bench executable")?;
+    let mut dir = exe.parent().map(Path::to_path_buf);
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let candidate = d.join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = d.parent().map(Path::to_path_buf);
+    }
+    bail!(
+        "{name} not found next to {}: build it first (cargo build --release --workspace)",
+        exe.display()
+    )
+}
+
+/// Clock ticks per second for `/proc/PID/stat` (USER_HZ, 100 on Linux).
+fn ticks_per_sec() -> f64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as f64,
+        _ => 100.0,
+    }
+}
+
+/// User plus system CPU seconds of process `pid` (threads included), or `None` when it is gone.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces: fields are counted after its last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime 14 and stime 15 (1-based), so 11 and 12 here.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / ticks_per_sec())
+}
+
+/// Waits for `child` to exit, until `deadline`. On exit, reads its CPU time before reaping it
+/// (a zombie's `/proc/PID/stat` still holds its totals). Returns `None` on timeout (the child
+/// is left running).
+pub fn wait_with_cpu(
+    child: &mut Child,
+    deadline: Instant,
+) -> anyhow::Result<Option<(ExitStatus, f64)>> {
+    let pid = Pid::from_raw(child.id() as i32);
+    loop {
+        // WNOWAIT: look without reaping, so /proc/PID/stat stays readable.
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+        match waitid(Id::Pid(pid), flags) {
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => {}
+            Ok(_) => {
+                let cpu = cpu_seconds(child.id()).unwrap_or(f64::NAN);
+                let status = child.wait().context("reaping a child")?;
+                untrack(child.id());
+                return Ok(Some((status, cpu)));
+            }
+            Err(e) => bail!("waiting for pid {pid}: {e}"),
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Sends SIGINT (graceful stop) to `child`, waits up to `grace`, then SIGKILL.
+pub fn stop(child: &mut Child, grace: Duration) -> Option<(ExitStatus, f64)> {
+    let pid = Pid::from_raw(child.id() as i32);
+    let _ = kill(pid, Signal::SIGINT);
+    match wait_with_cpu(child, Instant::now() + grace) {
+        Ok(Some(r)) => Some(r),
+        _ => {
+            let _ = child.kill();
+            let _ = child.wait();
+            untrack(child.id());
+            None
+        }
+    }
+}
+
+/// Kills and reaps every child still running (error paths).
+pub fn kill_all(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        if let Ok(None) = c.try_wait() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        untrack(c.id());
+    }
+}
+
+/// Children still running, for the signal handler.
+static CHILDREN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Records a child so that [`kill_tracked`] stops it on Ctrl-C.
+pub fn track(child: &Child) {
+    if let Ok(mut v) = CHILDREN.lock() {
+        v.push(child.id());
+    }
+}
+
+fn untrack(pid: u32) {
+    if let Ok(mut v) = CHILDREN.lock() {
+        v.retain(|p| *p != pid);
+    }
+}
+
+/// Kills every tracked child (signal handler; they are reaped when we exit).
+pub fn kill_tracked() {
+    if let Ok(v) = CHILDREN.lock() {
+        for pid in v.iter() {
+            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Output: the table on stdout, `--csv`, `--json`, and the plots (SVG and PNG).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+use crate::scenario::{Kind, Row};
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.prec$}"),
+        _ => "-".into(),
+    }
+}
+
+/// `codec` of a row ("-" for the baselines).
+fn codec(r: &Row) -> &str {
+    match &r.scenario.kind {
+        Kind::Relay { codec, .. } => codec,
+        Kind::Tcp => "tcp",
+        Kind::Pipe => "pipe",
+    }
+}
+
+/// The table printed on stdout.
+pub fn table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
+        "scenario", "net", "ln", "codec", "subs", "p50 ms", "p90 ms", "p99 ms", "max ms",
+        "ia ms", "MiB/s", "ratio", "rly cpu", "sub cpu", "bound", "p99/b"
+    );
+    for r in rows {
+        let net = if r.scenario.emulated { "emu" } else { "lo" };
+        if let Some(e) = &r.error {
+            let _ = writeln!(s, "{:<22} {:>4} ERROR: {e}", r.scenario.name, net);
+            continue;
+        }
+        let m = &r.summary;
+        let _ = writeln!(
+            s,
+            "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} {:>8.1} {:>6.2} {:>8} {:>8} {:>8} {:>6}",
+            r.scenario.name,
+            net,
+            r.lanes,
+            codec(r),
+            r.subscribers,
+            m.p50_ms,
+            m.p90_ms,
+            m.p99_ms,
+            m.max_ms,
+            m.inter_p50_ms,
+            m.goodput_mib_s,
+            m.ratio,
+            opt(r.relay_cpu_ms, 2),
+            opt(r.sub_cpu_ms, 2),
+            opt(r.bound_ms, 2),
+            opt(r.p99_over_bound, 2),
+        );
+    }
+    s
+}
+
+/// CSV, one line per row.
+pub fn csv(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "scenario,network,kind,lanes,codec,payload,subscribers,ledgers,p50_ms,p90_ms,p99_ms,max_ms,\
+inter_p50_ms,inter_max_ms,goodput_mib_s,raw_bytes,wire_bytes,ratio,relay_cpu_ms_per_ledger,\
+sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
+    );
+    for r in rows {
+        let m = &r.summary;
+        let (kind, payload) = match &r.scenario.kind {
+            Kind::Relay { payload, .. } => ("relay", payload.label()),
+            Kind::Tcp => ("tcp", "raw".into()),
+            Kind::Pipe => ("pipe", "raw".into()),
+        };
+        let _ = writeln!(
+            s,
+            "{},{},{kind},{},{},{payload},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.0},{:.0},{:.3},{},{},{},{},{:.3},{}",
+            r.scenario.name,
+            if r.scenario.emulated { "emulated" } else { "loopback" },
+            r.lanes,
+            codec(r),
+            r.subscribers,
+            m.ledgers,
+            m.p50_ms,
+            m.p90_ms,
+            m.p99_ms,
+            m.max_ms,
+            m.inter_p50_ms,
+            m.inter_max_ms,
+            m.goodput_mib_s,
+            m.raw_bytes,
+            m.wire_bytes,
+            m.ratio,
+            opt(r.relay_cpu_ms, 3).replace('-', ""),
+            opt(r.sub_cpu_ms, 3).replace('-', ""),
+            opt(r.bound_ms, 3).replace('-', ""),
+            opt(r.p99_over_bound, 3).replace('-', ""),
+            r.wall_s,
+            r.error.as_deref().unwrap_or("").replace([',', '\n'], ";"),
+        );
+    }
+    s
+}
+
+/// Loads a TrueType font for plot text. The `ab_glyph` backend of plotters needs the font's
+/// bytes (no fontconfig); DejaVu Sans is in `fonts-dejavu-core` on Debian and Ubuntu.
+fn register_font() -> anyhow::Result<()> {
+    const CANDIDATES: &[&str] = &[
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    ];
+    let path = CANDIDATES
+        .iter()
+        .find(|p| Path::new(p).is_file())
+        .context("no DejaVuSans.ttf found (apt-get install fonts-dejavu-core)")?;
+    let bytes: &'static [u8] = Box::leak(std::fs::read(path)?.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow::anyhow!("{path} is not a usable font"))?;
+    Ok(())
+}
+
+/// Writes the three plots as SVG and PNG into `dir`. Returns the files written.
+pub fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
+    register_font()?;
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let ok: Vec<&Row> = rows.iter().filter(|r| r.error.is_none()).collect();
+    cdf(&ok, dir, &mut written)?;
+    lanes(&ok, dir, &mut written)?;
+    fanout(&ok, dir, &mut written)?;
+    Ok(written)
+}
+
+macro_rules! both_backends {
+    ($dir:expr, $name:expr, $written:expr, |$root:ident| $body:block) => {{
+        let svg = $dir.join(format!("{}.svg", $name));
+        {
+            let $root = SVGBackend::new(&svg, (1000, 640)).into_drawing_area();
+            $body
+            $root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        let png = $dir.join(format!("{}.png", $name));
+        {
+            let $root = BitMapBackend::new(&png, (1000, 640)).into_drawing_area();
+            $body
+            $root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        $written.push(svg.display().to_string());
+        $written.push(png.display().to_string());
+    }};
+}
+
+fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("plotting: {e}")
+}
+
+fn cdf(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<()> {
+    let max = rows
+        .iter()
+        .filter_map(|r| r.delivery_ms.last().copied())
+        .fold(1.0f64, f64::max);
+    both_backends!(dir, "delivery-cdf", written, |root| {
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Delivery latency CDF (warm-up excluded)",
+                ("sans-serif", 22),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((0.01f64..max * 1.1).log_scale(), 0f64..1f64)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("delivery ms (log)")
+            .y_desc("fraction of ledgers")
+            .draw()
+            .map_err(err)?;
+        for (i, r) in rows.iter().enumerate() {
+            let n = r.delivery_ms.len() as f64;
+            let color = Palette99::pick(i).stroke_width(2);
+            let pts = r
+                .delivery_ms
+                .iter()
+                .enumerate()
+                .map(|(k, d)| (d.max(0.011), (k + 1) as f64 / n));
+            chart
+                .draw_series(LineSeries::new(pts, color))
+                .map_err(err)?
+                .label(format!(
+                    "{} ({})",
+                    r.scenario.name,
+                    if r.scenario.emulated { "emu" } else { "lo" }
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], Palette99::pick(i))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 11))
+            .draw()
+            .map_err(err)?;
+    });
+    Ok(())
+}
+
+fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<()> {
+    // One series per (network, codec, payload) among single-subscriber relay rows.
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows {
+        let Kind::Relay {
+            codec,
+            payload,
+            subscribers: 1,
+            ..
+        } = &r.scenario.kind
+        else {
+            continue;
+        };
+        let key = format!(
+            "{} {} {}",
+            if r.scenario.emulated { "emu" } else { "lo" },
+            codec,
+            payload.label()
+        );
+        let p = (f64::from(r.lanes), r.summary.goodput_mib_s);
+        match series.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(p),
+            None => series.push((key, vec![p])),
+        }
+    }
+    series.retain(|(_, v)| v.len() > 1);
+    for (_, v) in series.iter_mut() {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    let ymax = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|p| p.1))
+        .fold(1.0f64, f64::max);
+    both_backends!(dir, "throughput-vs-lanes", written, |root| {
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Per-ledger goodput against lanes", ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..9f64, 0f64..ymax * 1.15)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("lanes")
+            .y_desc("MiB/s (raw bytes / (delivery + emit))")
+            .draw()
+            .map_err(err)?;
+        for (i, (k, v)) in series.iter().enumerate() {
+            let c = Palette99::pick(i);
+            chart
+                .draw_series(LineSeries::new(v.clone(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(k.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], Palette99::pick(i))
+                });
+            chart
+                .draw_series(v.iter().map(|p| Circle::new(*p, 4, c.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
+    });
+    Ok(())
+}
+
+fn fanout(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<()> {
+    let mut pts: Vec<(f64, f64)> = rows
+        .iter()
+        .filter(|r| r.scenario.name.starts_with("fanout"))
+        .filter_map(|r| Some((f64::from(r.subscribers), r.relay_cpu_ms?)))
+        .collect();
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let ymax = pts.iter().map(|p| p.1).fold(1.0f64, f64::max);
+    both_backends!(dir, "fanout-cost", written, |root| {
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Fan-out cost: relay CPU per ledger", ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..17f64, 0f64..ymax * 1.2)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("subscribers")
+            .y_desc("relay CPU ms per ledger")
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(LineSeries::new(pts.clone(), BLUE.stroke_width(2)))
+            .map_err(err)?;
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))
+            .map_err(err)?;
+    });
+    Ok(())
+}
+
+/// Writes `text` to `path`.
+pub fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}

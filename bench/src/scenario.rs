@@ -1,0 +1,543 @@
+//! Scenarios: what one row of a run is, and how it is run.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::baseline::Pacing;
+use crate::netem::{Netem, Shape, RELAY_ADDR, SUB_ADDR};
+use crate::proc::{cpu_seconds, kill_all, stop, wait_with_cpu};
+use crate::stats::{read_csv, summarize, Record, Summary};
+
+/// Ledger payload.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub enum Payload {
+    /// Synthetic ledgers at this zstd-1 ratio (1 = incompressible).
+    Synthetic(f64),
+    /// A record-marked dump file.
+    File(PathBuf),
+}
+
+impl Payload {
+    /// Short label for tables.
+    pub fn label(&self) -> String {
+        match self {
+            Payload::Synthetic(r) if *r <= 1.0 => "raw".into(),
+            Payload::Synthetic(r) => format!("x{r}"),
+            Payload::File(p) => format!(
+                "file:{}",
+                p.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// What carries the ledgers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub enum Kind {
+    /// `ledger-relay run` and `subscribers` `ledger-subscribe` processes.
+    Relay {
+        /// Lanes per subscriber.
+        lanes: u8,
+        /// Relay codec.
+        codec: String,
+        /// Payload.
+        payload: Payload,
+        /// Subscribers at once.
+        subscribers: u8,
+    },
+    /// One TCP connection carrying ledgers of the same size, uncompressed.
+    Tcp,
+    /// A local pipe read of ledgers of the same size.
+    Pipe,
+}
+
+/// One row.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Scenario {
+    /// Row name.
+    pub name: String,
+    /// What carries the ledgers.
+    pub kind: Kind,
+    /// Over the emulated network (else loopback / in-process).
+    pub emulated: bool,
+}
+
+/// Settings shared by every row of a run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Settings {
+    /// Ledgers per subscriber (warm-up included).
+    pub ledgers: u32,
+    /// Ledgers left out at the start of each subscriber.
+    pub warmup: u32,
+    /// Synthetic ledger size, bytes.
+    pub size: u64,
+    /// Time between ledgers.
+    pub cadence_ms: f64,
+    /// Emit window.
+    pub emit_ms: f64,
+    /// Relay chunk size, bytes.
+    pub chunk: u64,
+    /// Emulated path.
+    pub shape: Shape,
+    /// Scale factor (EC2's 5 Gbit/s over the per-flow cap).
+    pub scale: f64,
+}
+
+/// One measured row.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Lanes (1 for the baselines).
+    pub lanes: u8,
+    /// Subscribers.
+    pub subscribers: u8,
+    /// Delivery and throughput summary.
+    pub summary: Summary,
+    /// Relay CPU per ledger emitted, ms (user + system, all threads), measured after the first
+    /// ledger arrived so start-up and synthetic generation ahead of time are left out.
+    pub relay_cpu_ms: Option<f64>,
+    /// Mean subscriber CPU per ledger, ms (whole process life, handshakes included).
+    pub sub_cpu_ms: Option<f64>,
+    /// Model bound on delivery, ms: wire bytes over usable capacity less the overlap with the
+    /// emit window, at least one chunk's wire time. `None` without a capacity (loopback).
+    pub bound_ms: Option<f64>,
+    /// Delivery p99 over the bound.
+    pub p99_over_bound: Option<f64>,
+    /// First ledger's last source byte to last ledger delivered (first subscriber, after
+    /// warm-up), seconds.
+    pub wall_s: f64,
+    /// Sorted delivery samples after warm-up (for the CDF).
+    pub delivery_ms: Vec<f64>,
+    /// Why the row has no numbers.
+    pub error: Option<String>,
+}
+
+/// Paths and binaries for a run.
+#[derive(Debug)]
+pub struct Env {
+    /// `ledger-relay`.
+    pub relay_bin: PathBuf,
+    /// `ledger-subscribe`.
+    pub sub_bin: PathBuf,
+    /// `ledger-bench` itself (for the TCP baseline subcommands).
+    pub bench_bin: PathBuf,
+    /// Certificate directory (relay + sub-0..sub-15).
+    pub certs: PathBuf,
+    /// Scratch space.
+    pub tmp: PathBuf,
+    /// The emulated network, when used.
+    pub netem: Option<Netem>,
+    /// Rows run so far (ports and directories are per row).
+    pub index: u32,
+}
+
+/// Most subscribers in one row.
+pub const MAX_SUBSCRIBERS: u8 = 16;
+
+/// Creates the ephemeral CA: a relay certificate for loopback and the emulated address, and
+/// one client certificate per possible subscriber.
+pub fn make_certs(dir: &Path) -> anyhow::Result<()> {
+    // Two days for the CA: a one-day leaf issued a second after a one-day CA would outlive it.
+    let certs = ledger_relay_certs::CertDir::init(dir, 2)?;
+    certs.issue_server(
+        "relay",
+        &["localhost".into(), "127.0.0.1".into(), RELAY_ADDR.into()],
+        1,
+    )?;
+    for i in 0..MAX_SUBSCRIBERS {
+        certs.issue_client(&format!("sub-{i}"), 1)?;
+    }
+    Ok(())
+}
+
+fn command(ns: Option<&str>, program: &Path) -> Command {
+    match ns {
+        Some(ns) => Netem::exec_in(ns, program),
+        None => Command::new(program),
+    }
+}
+
+/// Model bound in ms for `wire` bytes per ledger (mean) at `capacity_bps` per subscriber; the
+/// last chunk travels on one lane, at most `flow_bps`.
+pub fn model_bound_ms(
+    wire: f64,
+    chunk_wire: f64,
+    capacity_bps: f64,
+    flow_bps: f64,
+    emit_ms: f64,
+) -> f64 {
+    // Usable: about 3% of each ~1400-byte packet is IP, UDP and QUIC headers.
+    let usable = capacity_bps * 0.97 / 8.0;
+    let whole = wire / usable * 1e3;
+    let last_chunk = chunk_wire / (flow_bps.min(capacity_bps) * 0.97 / 8.0) * 1e3;
+    (whole - emit_ms).max(last_chunk)
+}
+
+fn capacity_bps(s: &Settings, lanes: u8, subscribers: u8) -> f64 {
+    let per_sub = s.shape.aggregate_bps as f64 / f64::from(subscribers.max(1));
+    (f64::from(lanes) * s.shape.flow_bps as f64).min(per_sub)
+}
+
+/// Runs one row; a failure becomes a row with `error` set.
+pub fn run(env: &mut Env, s: &Settings, sc: &Scenario) -> Row {
+    env.index += 1;
+    let (lanes, subs) = match &sc.kind {
+        Kind::Relay {
+            lanes, subscribers, ..
+        } => (*lanes, *subscribers),
+        _ => (1, 1),
+    };
+    let mut row = Row {
+        scenario: sc.clone(),
+        lanes,
+        subscribers: subs,
+        summary: Summary::default(),
+        relay_cpu_ms: None,
+        sub_cpu_ms: None,
+        bound_ms: None,
+        p99_over_bound: None,
+        wall_s: f64::NAN,
+        delivery_ms: Vec::new(),
+        error: None,
+    };
+    let result = match &sc.kind {
+        Kind::Relay { .. } => run_relay(env, s, sc, &mut row),
+        Kind::Tcp => run_tcp(env, s, sc, &mut row),
+        Kind::Pipe => {
+            crate::baseline::pipe(pacing(s)).map(|r| finish(s, &mut row, &[r], s.chunk as f64))
+        }
+    };
+    if let Err(e) = result {
+        row.error = Some(format!("{e:#}"));
+    }
+    row
+}
+
+fn pacing(s: &Settings) -> Pacing {
+    Pacing {
+        size: s.size as usize,
+        count: s.ledgers,
+        cadence_ms: s.cadence_ms,
+        emit_ms: s.emit_ms,
+        piece: s.chunk as usize,
+    }
+}
+
+fn finish(s: &Settings, row: &mut Row, subs: &[Vec<Record>], chunk_wire: f64) {
+    let warm = s.warmup as usize;
+    row.summary = summarize(subs, warm, s.emit_ms);
+    let mut d: Vec<f64> = subs
+        .iter()
+        .flat_map(|v| v.iter().skip(warm).map(|r| r.delivery_ms))
+        .collect();
+    d.sort_by(f64::total_cmp);
+    row.delivery_ms = d;
+    if let Some(first) = subs.first() {
+        let kept: Vec<&Record> = first.iter().skip(warm).collect();
+        if let Some(f) = kept.first() {
+            let ia: f64 = kept.iter().skip(1).filter_map(|r| r.inter_arrival_ms).sum();
+            row.wall_s = (ia + f.delivery_ms) / 1e3;
+        }
+    }
+    if row.scenario.emulated && row.summary.ledgers > 0 {
+        let cap = capacity_bps(s, row.lanes, row.subscribers);
+        let chunk_wire = chunk_wire.min(row.summary.wire_bytes);
+        let b = model_bound_ms(
+            row.summary.wire_bytes,
+            chunk_wire,
+            cap,
+            s.shape.flow_bps as f64,
+            s.emit_ms,
+        );
+        row.bound_ms = Some(b);
+        row.p99_over_bound = Some(row.summary.p99_ms / b);
+    }
+}
+
+fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow::Result<()> {
+    let dir = env.tmp.join(format!("row-{}", env.index));
+    std::fs::create_dir_all(&dir)?;
+    let port = 30_000 + env.index as u16;
+    let (send_ns, recv_ns, addr) = match (&mut env.netem, sc.emulated) {
+        (Some(n), true) => {
+            n.cap_port(port, s.shape.flow_bps)?;
+            (Some(n.relay_ns.clone()), Some(n.sub_ns.clone()), SUB_ADDR)
+        }
+        (None, true) => bail!("emulated network not set up"),
+        _ => (None, None, "127.0.0.1"),
+    };
+    let stats = dir.join("stats-0.csv");
+    let p = pacing(s);
+    let mut children: Vec<Child> = Vec::new();
+    let recv = command(recv_ns.as_deref(), &env.bench_bin)
+        .args(["tcp-recv", "--listen", &format!("{addr}:{port}")])
+        .args(["--count", &s.ledgers.to_string(), "--stats"])
+        .arg(&stats)
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.join("recv.log"))?)
+        .spawn()
+        .context("starting tcp-recv")?;
+    crate::proc::track(&recv);
+    children.push(recv);
+    let send = command(send_ns.as_deref(), &env.bench_bin)
+        .args(["tcp-send", "--connect", &format!("{addr}:{port}")])
+        .args([
+            "--size",
+            &p.size.to_string(),
+            "--count",
+            &p.count.to_string(),
+        ])
+        .args(["--cadence-ms", &p.cadence_ms.to_string()])
+        .args([
+            "--emit-ms",
+            &p.emit_ms.to_string(),
+            "--piece",
+            &p.piece.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.join("send.log"))?)
+        .spawn()
+        .context("starting tcp-send")?;
+    crate::proc::track(&send);
+    children.push(send);
+    let deadline =
+        Instant::now() + Duration::from_secs_f64(f64::from(s.ledgers) * s.cadence_ms / 1e3 + 30.0);
+    let mut cpu = Vec::new();
+    for c in children.iter_mut() {
+        match wait_with_cpu(c, deadline)? {
+            Some((st, t)) if st.success() => cpu.push(t),
+            Some((st, _)) => {
+                kill_all(&mut children);
+                bail!(
+                    "TCP baseline process failed ({st}); logs in {}",
+                    dir.display()
+                );
+            }
+            None => {
+                kill_all(&mut children);
+                bail!("TCP baseline timed out; logs in {}", dir.display());
+            }
+        }
+    }
+    row.sub_cpu_ms = Some(cpu[0] * 1e3 / f64::from(s.ledgers));
+    row.relay_cpu_ms = Some(cpu[1] * 1e3 / f64::from(s.ledgers));
+    let recs = read_csv(&stats)?;
+    finish(s, row, &[recs], s.chunk as f64);
+    Ok(())
+}
+
+fn wait_listening(log: &Path, relay: &mut Child, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        if std::fs::read_to_string(log)
+            .map(|t| t.contains("relay listening"))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = relay.try_wait() {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            bail!("the relay exited ({st}): {}", tail.join(" | "));
+        }
+        if Instant::now() > deadline {
+            bail!("the relay did not start listening within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn rows_in(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count().saturating_sub(1))
+        .unwrap_or(0)
+}
+
+fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow::Result<()> {
+    let Kind::Relay {
+        lanes,
+        codec,
+        payload,
+        subscribers,
+    } = &sc.kind
+    else {
+        bail!("not a relay row");
+    };
+    let (lanes, subscribers) = (*lanes, (*subscribers).clamp(1, MAX_SUBSCRIBERS));
+    let dir = env.tmp.join(format!("row-{}", env.index));
+    std::fs::create_dir_all(&dir)?;
+    let port = 7400 + env.index as u16;
+    let lane_base = 20_000 + (env.index as u16 % 100) * 256;
+    let (relay_ns, sub_ns, addr) = match (&mut env.netem, sc.emulated) {
+        (Some(n), true) => {
+            for k in 0..u16::from(subscribers) * u16::from(lanes) {
+                n.cap_port(lane_base + k, s.shape.flow_bps)?;
+            }
+            (Some(n.relay_ns.clone()), Some(n.sub_ns.clone()), RELAY_ADDR)
+        }
+        (None, true) => bail!("emulated network not set up"),
+        _ => (None, None, "127.0.0.1"),
+    };
+    let (source, start, count) = match payload {
+        Payload::Synthetic(ratio) => (
+            format!(
+                "synthetic:size={},ratio={ratio},count={},start=2",
+                s.size, s.ledgers
+            ),
+            2u32,
+            s.ledgers,
+        ),
+        Payload::File(path) => {
+            let first = first_seq(path)?;
+            (
+                format!("file:{}", path.display()),
+                first.0,
+                s.ledgers.min(first.1),
+            )
+        }
+    };
+    let relay_log = dir.join("relay.log");
+    let mut relay = command(relay_ns.as_deref(), &env.relay_bin)
+        .arg("run")
+        .args(["--listen", &format!("{addr}:{port}"), "--certs"])
+        .arg(&env.certs)
+        .args(["--name", "relay", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--source", &source])
+        .args(["--cadence", &format!("{}ms", s.cadence_ms)])
+        .args(["--emit", &format!("{}ms", s.emit_ms)])
+        .args(["--codec", codec, "--chunk-size", &s.chunk.to_string()])
+        .args(["--retention", "5000"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&relay_log)?)
+        .spawn()
+        .context("starting ledger-relay")?;
+    crate::proc::track(&relay);
+    let relay_pid = relay.id();
+    let mut subs: Vec<Child> = Vec::new();
+    let outcome = (|| -> anyhow::Result<(Option<f64>, Vec<f64>)> {
+        wait_listening(&relay_log, &mut relay, Duration::from_secs(30))?;
+        for i in 0..subscribers {
+            let stats = dir.join(format!("stats-{i}.csv"));
+            let child = command(sub_ns.as_deref(), &env.sub_bin)
+                .args(["--relay", &format!("{addr}:{port}"), "--certs"])
+                .arg(&env.certs)
+                .args(["--name", &format!("sub-{i}")])
+                .args(["--from", &start.to_string(), "--count", &count.to_string()])
+                .args(["--lanes", &lanes.to_string(), "--out", "/dev/null"])
+                .args([
+                    "--lane-ports",
+                    &(lane_base + u16::from(i) * u16::from(lanes)).to_string(),
+                ])
+                .arg("--stats")
+                .arg(&stats)
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(File::create(dir.join(format!("sub-{i}.log")))?)
+                .spawn()
+                .context("starting ledger-subscribe")?;
+            crate::proc::track(&child);
+            subs.push(child);
+        }
+        // Relay CPU is counted from the first delivered ledger after warm-up: calibration,
+        // generation ahead of time and handshakes are left out.
+        let first_stats = dir.join("stats-0.csv");
+        let deadline =
+            Instant::now() + Duration::from_secs_f64(f64::from(count) * s.cadence_ms / 1e3 + 60.0);
+        let mut mark: Option<(f64, usize)> = None;
+        let mut done: Vec<Option<f64>> = vec![None; subs.len()];
+        loop {
+            if mark.is_none() {
+                let n = rows_in(&first_stats);
+                if n > s.warmup as usize {
+                    mark = cpu_seconds(relay_pid).map(|c| (c, n));
+                }
+            }
+            for (i, c) in subs.iter_mut().enumerate() {
+                if done[i].is_some() {
+                    continue;
+                }
+                if let Some((st, cpu)) = wait_with_cpu(c, Instant::now())? {
+                    if !st.success() {
+                        let log = std::fs::read_to_string(dir.join(format!("sub-{i}.log")))
+                            .unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                        bail!("subscriber {i} failed ({st}): {}", tail.join(" | "));
+                    }
+                    done[i] = Some(cpu);
+                }
+            }
+            if done.iter().all(Option::is_some) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("timed out; logs in {}", dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let relay_cpu = match (mark, cpu_seconds(relay_pid)) {
+            (Some((c0, n0)), Some(c1)) => {
+                let n1 = rows_in(&first_stats);
+                (n1 > n0).then(|| (c1 - c0) * 1e3 / (n1 - n0) as f64)
+            }
+            _ => None,
+        };
+        Ok((
+            relay_cpu,
+            done.into_iter().map(|c| c.unwrap_or(f64::NAN)).collect(),
+        ))
+    })();
+    kill_all(&mut subs);
+    stop(&mut relay, Duration::from_secs(5));
+    let (relay_cpu, sub_cpu) = outcome?;
+    row.relay_cpu_ms = relay_cpu;
+    row.sub_cpu_ms =
+        Some(sub_cpu.iter().sum::<f64>() * 1e3 / sub_cpu.len() as f64 / f64::from(count));
+    let mut all = Vec::new();
+    for i in 0..subscribers {
+        all.push(read_csv(&dir.join(format!("stats-{i}.csv")))?);
+    }
+    // The last chunk of a ledger: its raw size over the row's compression ratio.
+    let raw_ratio = {
+        let raw: f64 = all.iter().flatten().map(|r| r.raw_bytes as f64).sum();
+        let wire: f64 = all.iter().flatten().map(|r| r.wire_bytes as f64).sum();
+        raw / wire.max(1.0)
+    };
+    finish(s, row, &all, s.chunk as f64 / raw_ratio.max(1.0));
+    Ok(())
+}
+
+/// First sequence and ledger count of a record-marked dump (reads only the headers).
+pub fn first_seq(path: &Path) -> anyhow::Result<(u32, u32)> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut off = 0usize;
+    let mut first = None;
+    let mut n = 0u32;
+    while off + 4 <= data.len() {
+        let mark = u32::from_be_bytes([data[off], data[off + 1], data[off + 2], data[off + 3]]);
+        let len = (mark & 0x7fff_ffff) as usize;
+        let body = data
+            .get(off + 4..off + 4 + len)
+            .with_context(|| format!("{}: truncated record", path.display()))?;
+        if first.is_none() {
+            let h = ledger_relay_wire::header::peek_header(body)
+                .ok()
+                .flatten()
+                .with_context(|| format!("{}: bad first ledger header", path.display()))?;
+            first = Some(h.ledger_seq);
+        }
+        n += 1;
+        off += 4 + len;
+    }
+    Ok((first.context("empty dump")?, n))
+}

@@ -1,0 +1,3 @@
+//! Integration tests of `ledger-bench` (one binary, as ripgrep does).
+
+mod emulation;
