@@ -180,14 +180,24 @@ pub async fn serve(
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
+            // Read up to the end of the request head: a request may arrive in several
+            // segments, and answering after the first one would reset the connection.
             let mut buf = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
+            let mut n = 0;
+            let read_head = async {
+                while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => n += k,
+                    }
+                }
+            };
+            if tokio::time::timeout(std::time::Duration::from_secs(5), read_head)
+                .await
+                .is_err()
+            {
+                return;
+            }
             let req = String::from_utf8_lossy(&buf[..n]);
             let path = req.split_whitespace().nth(1).unwrap_or("/");
             let (code, ctype, body) = match path {

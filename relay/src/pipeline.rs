@@ -642,8 +642,10 @@ fn ring_writer(
                 newest,
                 seq, "ring does not continue into this ledger: starting a new run"
             );
-            Metrics::add(&metrics.ring_resets_total, 1);
-            r = ring.reset().and_then(|_| ring.append(&ledger.end, &chunks));
+            r = ring.reset().and_then(|_| {
+                Metrics::add(&metrics.ring_resets_total, 1);
+                ring.append(&ledger.end, &chunks)
+            });
         }
         match r {
             Ok(()) => {

@@ -105,6 +105,9 @@ const CACHE_BYTES: u64 = 256 << 20;
 /// this is not about durability.
 const FLUSH_EVERY_MS: u64 = 10;
 
+/// Least time between attempts to open the store again after a failed write.
+pub const REOPEN_EVERY: Duration = Duration::from_secs(1);
+
 /// sled's store file in the ring directory, which sled locks (`flock`) while a `Db` is open.
 const SLED_FILE: &str = "db";
 
@@ -260,6 +263,10 @@ pub enum RingError {
         /// What is wrong.
         detail: String,
     },
+    /// The store is closed after a failed write and not yet opened again (see
+    /// [`Ring::append`]).
+    #[error("ring store closed after a failed write")]
+    Unavailable,
     /// A held ledger failed verification on read: a checksum, a missing or misplaced value, or
     /// chunks that do not tile the ledger. Its bytes are not returned.
     #[error("stored ledger {seq} is corrupt: {detail}")]
@@ -304,13 +311,17 @@ impl State {
 /// serialized internally; reads run concurrently with each other and with an append's flush.
 #[derive(Debug)]
 pub struct Ring {
-    db: sled::Db,
+    /// The store; `None` while it is closed after a failed write (see [`Ring::append`]).
+    db: RwLock<Option<sled::Db>>,
     dir: PathBuf,
     max_ledgers: u32,
     max_bytes: u64,
     network: Option<String>,
     /// Serializes appends and resets (the writer side).
     writer: Mutex<()>,
+    /// When a write last failed or the store was last reopened after one; `None` while
+    /// writes succeed. Used under `writer`.
+    failed: Mutex<Option<Instant>>,
     /// What is held. Readers hold it shared for a whole `get`, so a ledger is never pruned or
     /// reset under a reader; the writer takes it exclusively only to apply a batch and to
     /// publish a flushed ledger.
@@ -559,12 +570,13 @@ impl Ring {
             "ring opened"
         );
         Ok(Ring {
-            db,
+            db: RwLock::new(Some(db)),
             dir: cfg.dir.clone(),
             max_ledgers: cfg.max_ledgers,
             max_bytes: cfg.max_bytes,
             network,
             writer: Mutex::new(()),
+            failed: Mutex::new(None),
             state: RwLock::new(state),
         })
     }
@@ -576,11 +588,24 @@ impl Ring {
     /// It must continue the ring: `end.seq == newest + 1` and `end.previous_hash` equal to the
     /// newest ledger's header hash (an empty ring accepts any ledger but sequence 0). Otherwise
     /// it returns [`RingError::Discontinuity`] and writes nothing; a ledger whose chunks do not
-    /// match its end record is [`RingError::BadRecord`], also writing nothing. If the flush
-    /// itself fails, the ledger stays in the ring (sled retries the write) and the error is
-    /// returned.
+    /// match its end record is [`RingError::BadRecord`], also writing nothing.
+    ///
+    /// If the store fails to write (disk full or read-only), the error is returned and the
+    /// store is closed: sled 0.34 refuses every write after a failed one (its error is global
+    /// to the store and cleared only by opening it again). Later appends (and resets) open it
+    /// again, at most every [`REOPEN_EVERY`] (until then they fail with
+    /// [`RingError::Unavailable`]), which also repairs what the failed write left; the ring
+    /// then holds what the disk kept, so the next ledger usually is a
+    /// [`RingError::Discontinuity`] and the caller starts a new run.
     pub fn append(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reopen_if_failed()?;
+        let r = self.append_locked(end, chunks);
+        self.note_failure(&r);
+        r
+    }
+
+    fn append_locked(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
         validate(end, chunks)?;
 
         {
@@ -662,7 +687,7 @@ impl Ring {
 
         {
             let mut st = self.write_state();
-            self.db.apply_batch(batch)?;
+            self.db()?.apply_batch(batch)?;
             // Pruned ledgers disappear with the batch; the new one appears after the flush.
             for _ in 0..dropped {
                 if let Some(old) = st.held.pop_front() {
@@ -670,7 +695,7 @@ impl Ring {
                 }
             }
         }
-        let flushed = self.db.flush();
+        let flushed = self.db()?.flush();
         {
             let mut st = self.write_state();
             st.held.push_back(Held {
@@ -691,6 +716,13 @@ impl Ring {
     /// must never be spliced onto an old one.
     pub fn reset(&self) -> Result<(), RingError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reopen_if_failed()?;
+        let r = self.reset_locked();
+        self.note_failure(&r);
+        r
+    }
+
+    fn reset_locked(&self) -> Result<(), RingError> {
         {
             let mut st = self.write_state();
             let mut batch = sled::Batch::default();
@@ -705,14 +737,70 @@ impl Ring {
                 META_EPOCH,
                 seal(|b| b.extend_from_slice(&epoch.to_be_bytes())),
             );
-            self.db.apply_batch(batch)?;
+            self.db()?.apply_batch(batch)?;
             info!(epoch, dropped = st.held.len(), "ring reset");
             st.held.clear();
             st.live_bytes = 0;
             st.newest_hash = [0; 32];
             st.epoch = epoch;
         }
-        self.db.flush()?;
+        self.db()?.flush()?;
+        Ok(())
+    }
+
+    /// The store, unless it is closed after a failed write.
+    fn db(&self) -> Result<sled::Db, RingError> {
+        self.db
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or(RingError::Unavailable)
+    }
+
+    /// Remembers a failed write (called under the writer lock).
+    fn note_failure(&self, r: &Result<(), RingError>) {
+        if let Err(RingError::Sled(_) | RingError::Unavailable) = r {
+            *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
+    }
+
+    /// After a failed write, closes the store and opens it again (called under the writer
+    /// lock), at most every [`REOPEN_EVERY`]; see [`Ring::append`].
+    fn reopen_if_failed(&self) -> Result<(), RingError> {
+        let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(at) = *failed else {
+            return Ok(());
+        };
+        if at.elapsed() < REOPEN_EVERY {
+            return Err(RingError::Unavailable);
+        }
+        *failed = Some(Instant::now());
+        // Serve nothing while the store is closed; readers hold `state` for a whole read, so
+        // none is using the old store once this returns.
+        let old = {
+            let mut st = self.write_state();
+            st.held.clear();
+            st.live_bytes = 0;
+            st.newest_hash = [0; 32];
+            self.db
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+        };
+        // sled releases its lock on the store when the last handle goes.
+        drop(old);
+        let Ring { db, state, .. } = Ring::open(&RingConfig {
+            dir: self.dir.clone(),
+            max_ledgers: self.max_ledgers,
+            max_bytes: self.max_bytes,
+            network: self.network.clone(),
+        })?;
+        let mut st = self.write_state();
+        *st = state.into_inner().unwrap_or_else(PoisonError::into_inner);
+        *self.db.write().unwrap_or_else(PoisonError::into_inner) =
+            db.into_inner().unwrap_or_else(PoisonError::into_inner);
+        *failed = None;
+        info!(range = ?st.range(), "ring store reopened after a failed write");
         Ok(())
     }
 
@@ -743,7 +831,8 @@ impl Ring {
             Some((oldest, newest)) if (oldest..=newest).contains(&seq) => {}
             _ => return Ok(None),
         }
-        let got = read_ledger(&self.db, seq, None).map_err(|e| e.into_error(seq))?;
+        let db = self.db()?;
+        let got = read_ledger(&db, seq, None).map_err(|e| e.into_error(seq))?;
         drop(st);
         Ok(Some(got))
     }
@@ -773,7 +862,7 @@ impl Ring {
 
     /// Flushes sled to disk (appends already flush; this is for shutdown paths).
     pub fn flush(&self) -> Result<(), RingError> {
-        self.db.flush()?;
+        self.db()?.flush()?;
         Ok(())
     }
 

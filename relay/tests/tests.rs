@@ -3,6 +3,7 @@
 mod auth;
 mod cli;
 mod e2e;
+mod faults;
 mod hostile;
 mod lanes;
 mod ring;
