@@ -27,5 +27,7 @@ for t in $targets; do
   echo "== $t: ${secs}s"
   RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -print_final_stats=1 2>&1 \
     | grep -E "^(#[0-9]+.*DONE|Done|stat::|==[0-9]+== ERROR|SUMMARY|artifact_prefix|Test unit written)" || true
-  if ls artifacts/"$t"/crash-* >/dev/null 2>&1; then echo "!! $t found a crash"; exit 1; fi
+  if ls artifacts/"$t"/{crash,leak,timeout,oom}-* >/dev/null 2>&1; then
+    echo "!! $t found a failing input:" artifacts/"$t"/*; exit 1
+  fi
 done
