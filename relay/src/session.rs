@@ -163,6 +163,10 @@ pub const CLOSE_LINGER: Duration = Duration::from_millis(500);
 const INITIAL_RATE: f64 = 100e6;
 const RATE_TICK: Duration = Duration::from_millis(50);
 
+/// How long a session that cannot load its next ledger keeps going so that the subscriber
+/// receives the ledgers already sent before it (see `Session::ending`).
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
 impl Lane {
     fn new(conn: Connection, control: Option<(FrameWriter, FrameReader)>) -> Lane {
         Lane {
@@ -340,6 +344,11 @@ pub struct Session {
     retry_rx: mpsc::UnboundedReceiver<SendItem>,
     rr: usize,
     in_flight: InFlight,
+    /// Why the session must end, set when ledger `next` could not be loaded (not held any more,
+    /// or corrupt in the ring), and since when. It ends once the subscriber has acknowledged
+    /// every ledger sent before (or after `DRAIN_LIMIT`): ending at once would cut the ledgers
+    /// still in flight, which the next session would send again only to be cut again.
+    ending: Option<(SessionEnd, Instant)>,
 }
 
 /// Semaphore permits count KiB of wire bytes.
@@ -402,6 +411,7 @@ impl Session {
             retry_rx,
             rr: 0,
             in_flight: Arc::new(Mutex::new(HashSet::new())),
+            ending: None,
             control: send,
             lanes,
             cfg,
@@ -450,6 +460,14 @@ impl Session {
         loop {
             if let Err(end) = self.fill().await {
                 return end;
+            }
+            if let Some((_, since)) = &self.ending {
+                // Woken by acks and at least every heartbeat.
+                if self.acked.wrapping_add(1) == self.next || since.elapsed() >= DRAIN_LIMIT {
+                    if let Some((end, _)) = self.ending.take() {
+                        return end;
+                    }
+                }
             }
             // Per lane: some of the lanes may die; their streams fail and come back here.
             let lane_died = futures::future::select_all(
@@ -612,13 +630,20 @@ impl Session {
     /// the session reaches the ledger in progress.
     async fn fill(&mut self) -> Result<(), SessionEnd> {
         while matches!(self.mode, Mode::CatchUp)
+            && self.ending.is_none()
             && self.window_allows(self.next)
             && self.queue.len() < 64
         {
             // Complete ledgers are in memory (the hub's tip) or, after a restart, in the ring.
             let (_, newest) = held_range(&self.shared);
             if newest != 0 && self.next <= newest {
-                let ledger = self.load(self.next).await?;
+                let ledger = match self.load(self.next).await {
+                    Ok(ledger) => ledger,
+                    Err(end) => {
+                        self.ending = Some((end, Instant::now()));
+                        break;
+                    }
+                };
                 for c in &ledger.chunks {
                     if self.sent.insert(c.header.index) {
                         self.queue.push_back(SendItem::Chunk(c.clone()));

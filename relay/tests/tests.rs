@@ -6,5 +6,6 @@ mod e2e;
 mod faults;
 mod hostile;
 mod lanes;
+mod resume;
 mod ring;
 mod source;

@@ -700,12 +700,19 @@ impl Session<'_> {
             // `read_data` forwards nothing else.
             _ => Ok(()),
         });
-        result.map_err(|source| {
-            Exit::integrity(SubscribeError::Integrity {
-                relay: self.peer.addr,
-                source,
-            })
-        })
+        let Err(source) = result else { return Ok(()) };
+        // The frame that fails a ledger can first complete the one before it (its last chunk
+        // arrived after the failing ledger's): that ledger was complete before the failure, so
+        // verify it and hand it over first. What is delivered before the error then does not
+        // depend on the order the lanes delivered chunks in.
+        while let Some(assembled) = self.reasm.poll_ledger() {
+            let ledger = self.verify(assembled)?;
+            self.pending.push_back(ledger);
+        }
+        Err(Exit::integrity(SubscribeError::Integrity {
+            relay: self.peer.addr,
+            source,
+        }))
     }
 
     async fn on_control(&mut self, event: Ctl) -> Step {

@@ -1,0 +1,938 @@
+//! Resume, failover and fail-closed delivery against the real relay over loopback QUIC
+//! (issue 4, section 6): a relay stopped (gracefully, or with `kill -9`) and restarted on the same
+//! data directory and port mid-stream; failover between two relays fed the same file; a relay
+//! fed another network's ledgers; a tampered ring; and a slow consumer.
+//!
+//! Every test is bounded by timeouts and asserts outcomes that do not depend on timing: which
+//! ledgers were delivered (all of them, or exactly those before a fault), in what order, and
+//! which typed error ended the stream; the slow consumer's memory bound has ample headroom
+//! (about 30-40 MiB measured against 100 MiB), and its subscriber and relay run as processes
+//! of their own so that neither this process nor the tests beside it skew the figure.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use ledger_relay::config::RelayConfig;
+use ledger_relay::metrics::Metrics;
+use ledger_relay::ring::SEGMENT_SIZE;
+use ledger_relay::Relay;
+use ledger_relay_subscriber::{
+    connect, Ledger, RelayAddr, Status, SubscribeConfig, SubscribeError, Subscription, VerifyError,
+};
+use ledger_relay_wire::compress::Codec;
+use ledger_relay_wire::frame::Start;
+use ledger_relay_wire::header::ChainError;
+use ledger_relay_wire::AssemblyError;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::e2e::{
+    assert_identical, certs, relay_config, sub_config, testnet_ledgers, Running, FIRST, LAST,
+    TESTNET,
+};
+
+/// The number of testnet ledgers in the sample.
+const COUNT: usize = (LAST - FIRST + 1) as usize;
+
+/// A UDP port free a moment ago, for a relay that must come back on the same address.
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn local(port: u16) -> RelayAddr {
+    RelayAddr::new("127.0.0.1", port)
+}
+
+/// The testnet sample at 10 ms per ledger: 3.2 s for the whole file, slow enough to stop a
+/// relay in the middle of it.
+fn testnet_relay(certs: &Path, data: &Path) -> RelayConfig {
+    let mut config = relay_config(certs, data, &format!("file:{TESTNET}"));
+    config.source_options.cadence = Duration::from_millis(10);
+    config
+}
+
+/// Starts a relay on 127.0.0.1:`port`, retrying while the port is still held (by the relay
+/// that stopped just before, whose endpoint may take a moment to let go of it).
+async fn start_on(mut config: RelayConfig, port: u16) -> Running {
+    config.listen = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stop = CancellationToken::new();
+        match Relay::start(config.clone(), stop.clone()).await {
+            Ok(relay) => return Running { relay, stop },
+            Err(e) if Instant::now() < deadline && addr_in_use(&e) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("starting a relay on port {port}: {e:#}"),
+        }
+    }
+}
+
+fn addr_in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    })
+}
+
+fn counter(m: &Metrics, f: impl Fn(&Metrics) -> &std::sync::atomic::AtomicU64) -> u64 {
+    f(m).load(Ordering::Relaxed)
+}
+
+/// Waits until `cond` holds, polling every 10 ms; panics with `what` after `secs`.
+async fn until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What a [`Collector`] ends with.
+struct Outcome {
+    /// Every ledger the subscription delivered, in delivery order.
+    got: Vec<Ledger>,
+    /// The subscription, for its status.
+    sub: Subscription,
+    /// The terminal error the stream ended with, if any.
+    error: Option<SubscribeError>,
+    /// Whatever the stream yielded after its terminal error (it must end instead).
+    after_error: Vec<String>,
+}
+
+/// A subscription consumed by a task into a shared Vec, until ledger `last`, a terminal error,
+/// or [`Collector::halt`].
+struct Collector {
+    got: Arc<Mutex<Vec<Ledger>>>,
+    /// The subscription's status, refreshed every 10 ms while the task runs.
+    status: Arc<Mutex<Status>>,
+    halt: Option<oneshot::Sender<()>>,
+    task: JoinHandle<(Subscription, Option<SubscribeError>, Vec<String>)>,
+}
+
+impl Collector {
+    fn start(config: SubscribeConfig, last: u32) -> Collector {
+        let mut sub = connect(config).expect("a valid configuration");
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let out = got.clone();
+        let status = Arc::new(Mutex::new(Status::default()));
+        let shown = status.clone();
+        let (halt, mut halted) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let error = loop {
+                let item = tokio::select! {
+                    item = sub.next() => item,
+                    _ = tick.tick() => {
+                        *shown.lock().unwrap() = sub.status();
+                        continue;
+                    }
+                    _ = &mut halted => break None,
+                };
+                match item {
+                    Some(Ok(ledger)) => {
+                        let done = ledger.seq >= last;
+                        out.lock().unwrap().push(ledger);
+                        if done {
+                            break None;
+                        }
+                    }
+                    Some(Err(e)) => break Some(e),
+                    None => break None,
+                }
+            };
+            // After a terminal error the stream must end, yielding nothing more.
+            let mut after = Vec::new();
+            if error.is_some() {
+                match tokio::time::timeout(Duration::from_secs(5), sub.next()).await {
+                    Ok(None) => {}
+                    Ok(Some(item)) => after.push(format!("{:?}", item.map(|l| l.seq))),
+                    Err(_) => after.push("the stream did not end".into()),
+                }
+            }
+            (sub, error, after)
+        });
+        Collector {
+            got,
+            status,
+            halt: Some(halt),
+            task,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.got.lock().unwrap().len()
+    }
+
+    fn status(&self) -> Status {
+        self.status.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` ledgers were delivered; panics (with the count) after `secs`, or if the
+    /// subscription ended before.
+    async fn wait_for(&self, n: usize, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while self.len() < n {
+            assert!(
+                !self.task.is_finished(),
+                "the subscription ended after {} of {n} ledgers",
+                self.len()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} ledgers within {secs} s",
+                self.len()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits for the subscription to reach its last ledger or a terminal error.
+    async fn finish(self, secs: u64) -> Outcome {
+        let got = self.got.clone();
+        let Ok(joined) = tokio::time::timeout(Duration::from_secs(secs), self.task).await else {
+            panic!(
+                "the subscription neither finished nor failed within {secs} s ({} ledgers)",
+                got.lock().unwrap().len()
+            );
+        };
+        let (sub, error, after_error) = joined.expect("collector task");
+        let got = std::mem::take(&mut *got.lock().unwrap());
+        Outcome {
+            got,
+            sub,
+            error,
+            after_error,
+        }
+    }
+
+    /// Stops consuming (the subscription is stalled, not ended) and returns what it delivered.
+    async fn halt(mut self) -> Outcome {
+        if let Some(h) = self.halt.take() {
+            let _ = h.send(());
+        }
+        self.finish(10).await
+    }
+}
+
+/// A relay run as the real `ledger-relay` binary, killed with SIGKILL when dropped.
+struct RelayProcess {
+    child: tokio::process::Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl RelayProcess {
+    /// `ledger-relay run` listening on `port` with `args` (the source and its pacing) and 50 ms
+    /// heartbeats; returns once it logs that it listens.
+    async fn start(certs: &Path, data: &Path, port: u16, args: &[&str]) -> RelayProcess {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ledger-relay"))
+            .arg("run")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--certs")
+            .arg(certs)
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--emit", "500us", "--heartbeat", "50ms"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("ledger-relay binary");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, ready) = oneshot::channel();
+        let sink = log.clone();
+        tokio::spawn(async move {
+            let mut ready_tx = Some(ready_tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("relay listening") {
+                    if let Some(tx) = ready_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut process = RelayProcess { child, log };
+        if tokio::time::timeout(Duration::from_secs(15), ready)
+            .await
+            .map_or(true, |r| r.is_err())
+        {
+            let status = process.child.try_wait();
+            panic!(
+                "ledger-relay did not start listening ({status:?}):\n{}",
+                process.log()
+            );
+        }
+        process
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// SIGKILL: no shutdown, no session closed, no flush.
+    async fn kill_9(mut self) {
+        self.child.start_kill().unwrap();
+        let status = self.child.wait().await.unwrap();
+        assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stopped_and_restarted_mid_stream_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let want = testnet_ledgers();
+    let data = dir.path().join("data");
+    let port = free_port();
+    let a = start_on(testnet_relay(certs.path(), &data), port).await;
+    let a_metrics = a.relay.metrics.clone();
+    let sub = Collector::start(
+        sub_config(
+            vec![local(port)],
+            certs.path(),
+            "rpc-1",
+            4,
+            Start::Seq(FIRST),
+        ),
+        LAST,
+    );
+    sub.wait_for(100, 30).await;
+    // Graceful: sessions end with ShuttingDown, the ring is flushed.
+    a.stop().await;
+    let a_newest = counter(&a_metrics, |m| &m.source_newest) as u32;
+    assert!(
+        a_newest < LAST,
+        "relay A stopped mid-stream (at {a_newest})"
+    );
+    // Same data directory, same address: the subscriber's reconnect finds the new relay, which
+    // replays the file (the ledgers it holds are dropped as duplicates) and serves the resume
+    // point from its ring, then live.
+    let b = start_on(testnet_relay(certs.path(), &data), port).await;
+    assert_eq!(b.relay.ring.range().map(|r| r.0), Some(FIRST));
+    let out = sub.finish(60).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.len(), COUNT);
+    assert_identical(&out.got, &want, FIRST);
+    assert!(out.sub.status().sessions >= 2, "{:?}", out.sub.status());
+    let b_out = counter(&b.relay.metrics, |m| &m.ledgers_out_total);
+    assert!(
+        b_out >= u64::from(LAST - a_newest),
+        "relay B served the ledgers relay A never had ({b_out} sent)"
+    );
+    out.sub.close().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_with_sigkill_and_restarted_mid_stream_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let want = testnet_ledgers();
+    let data = dir.path().join("data");
+    let port = free_port();
+    let source = format!("file:{TESTNET}");
+    let args = ["--source", &source, "--cadence", "10ms"];
+    let a = RelayProcess::start(certs.path(), &data, port, &args).await;
+    let sub = Collector::start(
+        sub_config(
+            vec![local(port)],
+            certs.path(),
+            "rpc-1",
+            4,
+            Start::Seq(FIRST),
+        ),
+        LAST,
+    );
+    sub.wait_for(100, 30).await;
+    a.kill_9().await;
+    let at_kill = sub.len();
+    // The subscriber notices through its heartbeat watchdog; the new relay repairs the ring if
+    // the kill tore its last ledger, and may hold fewer ledgers than were delivered (the ring
+    // is written behind the live stream): the resume point is then served live.
+    let b = start_on(testnet_relay(certs.path(), &data), port).await;
+    let b_started = ledger_relay::source::now_ns();
+    let out = sub.finish(60).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.len(), COUNT);
+    assert_identical(&out.got, &want, FIRST);
+    assert!(at_kill < COUNT, "killed mid-stream");
+    assert!(out.sub.status().sessions >= 2, "{:?}", out.sub.status());
+    assert!(
+        out.got.last().unwrap().received_ns > b_started,
+        "the last ledger came from the restarted relay"
+    );
+    assert!(counter(&b.relay.metrics, |m| &m.ledgers_out_total) >= 1);
+    out.sub.close().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_between_two_relays_fed_the_same_file_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let want = testnet_ledgers();
+    let a = Running::start(testnet_relay(certs.path(), &dir.path().join("a"))).await;
+    let b = Running::start(testnet_relay(certs.path(), &dir.path().join("b"))).await;
+    let (a_addr, b_addr) = (a.relay.addr, b.relay.addr);
+    let a_metrics = a.relay.metrics.clone();
+    let mut config = sub_config(
+        vec![a.addr(), b.addr()],
+        certs.path(),
+        "rpc-1",
+        4,
+        Start::Seq(FIRST),
+    );
+    // Switches are the test's doing, not a loaded machine's (A's stop is announced at once).
+    config.heartbeat_timeout = Some(Duration::from_secs(3));
+    let sub = Collector::start(config, LAST);
+    sub.wait_for(100, 30).await;
+    a.stop().await;
+    let a_newest = counter(&a_metrics, |m| &m.source_newest) as u32;
+    assert!(
+        a_newest < LAST,
+        "relay A stopped mid-stream (at {a_newest})"
+    );
+    let out = sub.finish(60).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.len(), COUNT);
+    assert_identical(&out.got, &want, FIRST);
+    assert_eq!(out.got[0].relay, a_addr, "the first relay is tried first");
+    assert_eq!(out.got[COUNT - 1].relay, b_addr);
+    // The status is updated just after a ledger is handed over: it may trail the stream.
+    until(5, "the status shows the last ledger", || {
+        out.sub.status().last_delivered == LAST
+    })
+    .await;
+    let status = out.sub.status();
+    assert_eq!(status.relay, Some(b_addr), "{status:?}");
+    out.sub.close().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_fed_another_networks_ledgers_breaks_the_chain_and_nothing_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let want = testnet_ledgers();
+    let a = Running::start(testnet_relay(certs.path(), &dir.path().join("a"))).await;
+    // The same sequences as the testnet sample, but another chain.
+    let mut other = relay_config(
+        certs.path(),
+        &dir.path().join("b"),
+        &format!("synthetic:size=16KiB,ratio=2,start={FIRST},count={COUNT}"),
+    );
+    other.source_options.cadence = Duration::from_millis(10);
+    let b = Running::start(other).await;
+    let (a_addr, b_addr) = (a.relay.addr, b.relay.addr);
+    let mut config = sub_config(
+        vec![a.addr(), b.addr()],
+        certs.path(),
+        "rpc-1",
+        4,
+        Start::Seq(FIRST),
+    );
+    // No early switch to B on a loaded machine: the switch is the test's doing.
+    config.heartbeat_timeout = Some(Duration::from_secs(3));
+    let sub = Collector::start(config, LAST);
+    sub.wait_for(100, 30).await;
+    a.stop().await;
+    let out = sub.finish(30).await;
+    let last = out.got.last().unwrap().seq;
+    match &out.error {
+        Some(SubscribeError::Verify {
+            relay,
+            source: VerifyError::Chain(ChainError::BrokenChain { seq, .. }),
+        }) => {
+            assert_eq!(*relay, b_addr);
+            assert_eq!(*seq, last + 1, "the first ledger after the switch");
+        }
+        other => panic!("expected a broken chain, got {other:?}"),
+    }
+    assert!(out.after_error.is_empty(), "{:?}", out.after_error);
+    assert!(out.got.len() >= 100 && out.got.len() < COUNT);
+    assert_identical(&out.got, &want, FIRST);
+    assert!(
+        out.got.iter().all(|l| l.relay == a_addr),
+        "nothing from the other chain was delivered"
+    );
+    b.stop().await;
+}
+
+/// A second handle on a stopped relay's ring store, for tampering. Retries while the closed
+/// ring's sled threads still hold the store's lock.
+fn sled_handle(dir: &Path) -> sled::Db {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match sled::Config::new()
+            .path(dir)
+            .segment_size(SEGMENT_SIZE)
+            .open()
+        {
+            Ok(db) => return db,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("open sled: {e}"),
+        }
+    }
+}
+
+/// Flips the last byte of the last stored part of ledger `seq` (a payload byte). With `reseal`,
+/// the part's checksum is recomputed, so the ring's own checks pass and only the subscriber's
+/// reassembler (the ledger's checksum in its end record) can catch it.
+fn tamper(data: &Path, seq: u32, reseal: bool) {
+    let db = sled_handle(&data.join("ring"));
+    let mut prefix = b"c".to_vec();
+    prefix.extend_from_slice(&seq.to_be_bytes());
+    let (key, value) = db
+        .scan_prefix(&prefix)
+        .last()
+        .expect("the ledger is stored")
+        .unwrap();
+    let mut value = value.to_vec();
+    let at = value.len() - 1;
+    value[at] ^= 0x5a;
+    if reseal {
+        // `xxh3-64(body) || body` (relay/src/ring.rs).
+        let sum = ledger_relay_wire::checksum(&value[8..]);
+        value[..8].copy_from_slice(&sum.to_be_bytes());
+    }
+    db.insert(key, value).unwrap();
+    db.flush().unwrap();
+}
+
+/// A ring holding the whole testnet sample, written by a relay that then stopped.
+async fn written_ring(certs: &Path, data: &Path, codec: Codec) {
+    let mut config = relay_config(certs, data, &format!("file:{TESTNET}"));
+    config.pipeline.codec = codec;
+    config.server.codec = codec;
+    let writer = Running::start(config).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+}
+
+/// A relay serving only what its ring holds: its source is an empty file.
+async fn ring_only_relay(certs: &Path, data: &Path, dir: &Path, codec: Codec) -> Running {
+    let empty: PathBuf = dir.join("empty.xdr");
+    std::fs::write(&empty, b"").unwrap();
+    let mut config = relay_config(certs, data, &format!("file:{}", empty.display()));
+    config.pipeline.codec = codec;
+    config.server.codec = codec;
+    let relay = Running::start(config).await;
+    assert_eq!(relay.relay.ring.range(), Some((FIRST, LAST)));
+    relay
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_ledger_in_the_ring_is_never_served_and_the_subscriber_stalls_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let want = testnet_ledgers();
+    let data = dir.path().join("data");
+    written_ring(certs.path(), &data, Codec::Zstd).await;
+    let bad = FIRST + 50;
+    tamper(&data, bad, false);
+    let relay = ring_only_relay(certs.path(), &data, dir.path(), Codec::Zstd).await;
+    let metrics = relay.relay.metrics.clone();
+    let sub = Collector::start(
+        sub_config(
+            vec![relay.addr()],
+            certs.path(),
+            "rpc-1",
+            4,
+            Start::Seq(FIRST),
+        ),
+        LAST,
+    );
+    // The ledgers before the damaged one arrive (over one or more sessions: a session the relay
+    // ends may cut the streams of ledgers before it, which the next session sends again).
+    sub.wait_for(50, 30).await;
+    // Then every session is refused the damaged ledger (each at most once: the relay hands over
+    // what it sent before, then ends the session): wait until the subscriber was told so and
+    // the relay refused a second session too.
+    until(
+        20,
+        "the subscriber is refused the damaged ledger again",
+        || {
+            let status = sub.status();
+            status.last_error.is_some_and(|e| e.contains("corrupt"))
+                && status.sessions >= 2
+                && counter(&metrics, |m| &m.ring_corrupt_total) >= 2
+        },
+    )
+    .await;
+    let out = sub.halt().await;
+    assert!(
+        out.error.is_none(),
+        "a relay that cannot serve is retried: {:?}",
+        out.error
+    );
+    assert_eq!(
+        out.got.len(),
+        (bad - FIRST) as usize,
+        "nothing from {bad} on"
+    );
+    assert_identical(&out.got, &want, FIRST);
+    assert_eq!(out.sub.status().last_delivered, bad - 1);
+    out.sub.close().await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_chunk_the_ring_cannot_see_is_caught_by_the_subscriber_and_nothing_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let want = testnet_ledgers();
+    let data = dir.path().join("data");
+    // Uncompressed chunks: the flipped byte is a byte of the ledger itself.
+    written_ring(certs.path(), &data, Codec::None).await;
+    let bad = FIRST + 50;
+    tamper(&data, bad, true);
+    let relay = ring_only_relay(certs.path(), &data, dir.path(), Codec::None).await;
+    let sub = Collector::start(
+        sub_config(
+            vec![relay.addr()],
+            certs.path(),
+            "rpc-1",
+            4,
+            Start::Seq(FIRST),
+        ),
+        LAST,
+    );
+    let out = sub.finish(30).await;
+    match &out.error {
+        Some(SubscribeError::Integrity {
+            source: AssemblyError::ChecksumMismatch { seq, .. },
+            ..
+        }) => assert_eq!(*seq, bad),
+        other => panic!("expected a checksum mismatch on {bad}, got {other:?}"),
+    }
+    assert!(out.after_error.is_empty(), "{:?}", out.after_error);
+    assert_eq!(
+        out.got.len(),
+        (bad - FIRST) as usize,
+        "nothing from {bad} on"
+    );
+    assert_identical(&out.got, &want, FIRST);
+    assert_eq!(
+        counter(&relay.relay.metrics, |m| &m.ring_corrupt_total),
+        0,
+        "the resealed part passed the ring's checks"
+    );
+    relay.stop().await;
+}
+
+/// Makes [`slow_consumer_child`] run: `PORT CERT_DIR FIRST`.
+const SLOW_CHILD_ENV: &str = "LEDGER_RELAY_TEST_SLOW_CONSUMER";
+/// How long the slow consumer takes over each ledger.
+const SLOW_PER_LEDGER: Duration = Duration::from_millis(100);
+/// Ledgers of 1 MiB the slow consumer's relay publishes at most: enough to get `SLOW_BEHIND`
+/// ahead even at a tenth of its speed alone (the test ends long before the source does).
+const SLOW_LEDGERS: u32 = 1000;
+/// The synthetic source's first sequence.
+const SLOW_FIRST: u32 = 2;
+/// Ledgers published but not taken (MiB) before the consumer speeds up: what a subscriber that
+/// buffered instead of pushing back would hold.
+const SLOW_BEHIND: u64 = 200;
+/// Most the subscriber process may grow while that many MiB wait at the relay. It holds at most
+/// its channel (4 ledgers), the verified ledgers not yet handed over and the relay's window (8)
+/// in flight: about 20 MiB of ledgers; about 30-45 MiB of growth was measured.
+const SLOW_RSS_BOUND_MIB: u64 = 100;
+
+/// A field of /proc/self/status in KiB (`VmRSS`: resident now; `VmHWM`: the peak).
+fn vm_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .strip_prefix(':')?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// The next ledger; any error, end or 30 s without one fails the child.
+async fn take_one(sub: &mut Subscription) -> Ledger {
+    match tokio::time::timeout(Duration::from_secs(30), sub.next()).await {
+        Ok(Some(Ok(ledger))) => ledger,
+        other => panic!("{:?}", other.map(|o| o.map(|r| r.map(|l| l.seq)))),
+    }
+}
+
+/// Child of `a_slow_consumer_keeps_memory_bounded_and_misses_nothing`, in its own process so
+/// that its RSS is the subscriber's alone (not the relay's, nor that of tests running
+/// alongside): takes a ledger every `SLOW_PER_LEDGER` until a line `fast LAST` on stdin says to
+/// speed up, reports its memory, then takes every ledger up to LAST as fast as it can, checking
+/// that each follows the one before. Does nothing when run by hand.
+#[test]
+#[ignore = "child process of a_slow_consumer_keeps_memory_bounded_and_misses_nothing"]
+fn slow_consumer_child() {
+    let Ok(args) = std::env::var(SLOW_CHILD_ENV) else {
+        return;
+    };
+    let args: Vec<&str> = args.split(' ').collect();
+    let [port, certs, first] = args[..] else {
+        panic!("{SLOW_CHILD_ENV}={args:?}");
+    };
+    let (port, certs): (u16, PathBuf) = (port.parse().unwrap(), certs.into());
+    let first: u32 = first.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let rss_start = vm_kib("VmRSS");
+        let speed_up = CancellationToken::new();
+        let told = speed_up.clone();
+        let last = Arc::new(Mutex::new(None));
+        let target = last.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            let last = line.trim().strip_prefix("fast ").map(|l| l.parse::<u32>());
+            *target.lock().unwrap() = Some(last.expect("fast LAST").unwrap());
+            told.cancel();
+        });
+        let mut config = sub_config(vec![local(port)], &certs, "rpc-1", 4, Start::Seq(first));
+        // One session throughout, on a loaded machine too (the relay sends 50 ms heartbeats).
+        config.heartbeat_timeout = Some(Duration::from_secs(3));
+        let capacity = config.channel_capacity;
+        let mut sub = connect(config).unwrap();
+        let mut next = first;
+        while !speed_up.is_cancelled() {
+            let ledger = take_one(&mut sub).await;
+            assert_eq!(ledger.seq, next, "in order, no gap, no duplicate");
+            next += 1;
+            tokio::time::sleep(SLOW_PER_LEDGER).await;
+        }
+        let status = sub.status();
+        println!(
+            "\nslow-end taken={} delivered={} last_delivered={} newest={} capacity={capacity} \
+             rss_start_kib={rss_start} rss_kib={} hwm_kib={}",
+            next - first,
+            status.delivered,
+            status.last_delivered,
+            status.newest,
+            vm_kib("VmRSS"),
+            vm_kib("VmHWM"),
+        );
+        let last = last.lock().unwrap().expect("told when to speed up");
+        let fast = Instant::now();
+        while next <= last {
+            let ledger = take_one(&mut sub).await;
+            assert_eq!(ledger.seq, next, "in order, no gap, no duplicate");
+            next += 1;
+        }
+        println!(
+            "\ndone taken={} fast_ms={} hwm_kib={}",
+            next - first,
+            fast.elapsed().as_millis(),
+            vm_kib("VmHWM"),
+        );
+        sub.close().await;
+    });
+}
+
+/// The value of `key=` in a line the child printed.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+/// The relay's metrics: `/metrics` from a relay process, as (name with labels, value).
+async fn scrape(addr: SocketAddr) -> Vec<(String, u64)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    sock.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    sock.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("ledger_relay_"))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A metric by name (for a labelled one, the least value over its series).
+fn metric(metrics: &[(String, u64)], name: &str) -> Option<u64> {
+    metrics
+        .iter()
+        .filter(|(n, _)| n == name || n.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
+        .map(|(_, v)| *v)
+        .min()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    // The relay runs as a process of its own too: its memory (1 MiB ledgers in its hub, ring
+    // cache and send buffers) must not show in this test process, where other tests measure
+    // their own growth.
+    let (port, metrics_addr) = (free_port(), {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    });
+    let source = format!("synthetic:size=1MiB,ratio=4,start={SLOW_FIRST},count={SLOW_LEDGERS}");
+    let metrics_flag = metrics_addr.to_string();
+    // As fast as a debug build on two cores goes (about 100 ledgers/s alone).
+    let args = [
+        "--source",
+        &source,
+        "--cadence",
+        "5ms",
+        "--metrics",
+        &metrics_flag,
+    ];
+    let relay = RelayProcess::start(certs.path(), &dir.path().join("data"), port, &args).await;
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "resume::slow_consumer_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            SLOW_CHILD_ENV,
+            format!("{port} {} {SLOW_FIRST}", certs.path().display()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut s).await;
+        s
+    });
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let stdout = tokio::spawn(async move {
+        let mut out = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            out.push(line);
+        }
+        out
+    });
+
+    // Slow phase: until SLOW_BEHIND MiB of ledgers wait at the relay for this subscriber (the
+    // source is 1 MiB per ledger; the lag is the source's newest minus the subscriber's last
+    // acknowledged) and the relay reads its ledgers from the ring, off the live stream.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let at_switch = loop {
+        let m = scrape(metrics_addr).await;
+        let behind = metric(&m, "ledger_relay_subscriber_lag_ledgers").unwrap_or(0);
+        let catching_up = m.iter().any(|(name, _)| {
+            name.starts_with("ledger_relay_subscriber_lanes{")
+                && name.contains("catching_up=\"true\"")
+        });
+        if behind >= SLOW_BEHIND && catching_up {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not get {SLOW_BEHIND} ledgers ahead of the slow consumer: {m:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Fast phase: everything published so far (and more is published meanwhile).
+    let get = |name: &str| metric(&at_switch, name).unwrap_or(0);
+    let last = get("ledger_relay_source_newest");
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, format!("fast {last}\n").as_bytes())
+        .await
+        .unwrap();
+
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
+    let (out, err) = (stdout.await.unwrap(), stderr.await.unwrap());
+    let out = out.join("\n");
+    let status = status
+        .unwrap_or_else(|_| panic!("the child did not finish in 60 s:\n{out}"))
+        .unwrap();
+    assert!(status.success(), "child failed ({status}):\n{out}\n{err}");
+    let find = |prefix: &str| {
+        out.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line:\n{out}"))
+            .to_owned()
+    };
+    let (slow, done) = (find("slow-end "), find("done "));
+    let (published, behind, lagged) = (
+        get("ledger_relay_bytes_in_total") >> 20,
+        get("ledger_relay_subscriber_lag_ledgers"),
+        get("ledger_relay_lagged_total"),
+    );
+    let end = scrape(metrics_addr).await;
+    eprintln!(
+        "slow consumer: relay published {published} MiB, {behind} MiB not taken, lagged \
+         {lagged}; {slow}; {done}; ring reads {:?}; {:?}",
+        metric(&end, "ledger_relay_ring_reads_total"),
+        started.elapsed()
+    );
+    let rss_start = field(&slow, "rss_start_kib");
+    let grown_slow = field(&slow, "hwm_kib").saturating_sub(rss_start) >> 10;
+    let grown_all = field(&done, "hwm_kib").saturating_sub(rss_start) >> 10;
+    assert!(
+        grown_slow < SLOW_RSS_BOUND_MIB,
+        "the subscriber grew {grown_slow} MiB while {behind} MiB waited at the relay"
+    );
+    assert!(
+        grown_all < SLOW_RSS_BOUND_MIB,
+        "the subscriber grew {grown_all} MiB catching up"
+    );
+    // Verified ledgers handed over but not taken: at most the channel's capacity.
+    let (taken, delivered) = (field(&slow, "taken"), field(&slow, "delivered"));
+    assert!(
+        delivered >= taken && delivered - taken <= field(&slow, "capacity"),
+        "{slow}"
+    );
+    assert_eq!(field(&done, "taken"), last - u64::from(SLOW_FIRST) + 1);
+    // The one session fell behind the live stream and was moved to ring reading. (A session
+    // opened again would start reading from the ring, with no lag to count.)
+    if get("ledger_relay_sessions_total") == 1 {
+        assert!(
+            lagged >= 1,
+            "the relay moved the session off the live stream"
+        );
+    }
+    assert!(
+        metric(&end, "ledger_relay_ring_reads_total").unwrap_or(0) >= 100,
+        "the slow subscriber was served from the ring"
+    );
+    drop(relay);
+}
