@@ -89,6 +89,8 @@ struct CrlState {
     raw: Option<Vec<u8>>,
     ders: Vec<CertificateRevocationListDer<'static>>,
     revoked: HashSet<Vec<u8>>,
+    /// The highest CRL number in the file (big-endian, no leading zeros; empty if none).
+    number: Vec<u8>,
 }
 
 /// What the CRL file held when it was last rejected, so that one bad file is reported once.
@@ -124,6 +126,11 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// Compares two big-endian unsigned numbers without leading zero bytes.
+fn crl_number_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+}
+
 fn strip_zeros(serial: &[u8]) -> Vec<u8> {
     let first = serial.iter().position(|b| *b != 0).unwrap_or(serial.len());
     serial[first..].to_vec()
@@ -153,6 +160,7 @@ impl Auth {
                 raw: None,
                 ders: Vec::new(),
                 revoked: HashSet::new(),
+                number: Vec::new(),
             }),
             rejected: Mutex::new(None),
             config,
@@ -192,6 +200,7 @@ impl Auth {
             return Err(invalid("no CRL in the file".into()));
         }
         let mut revoked = HashSet::new();
+        let mut number: Vec<u8> = Vec::new();
         for der in &ders {
             let (_, crl) = CertificateRevocationList::from_der(der.as_ref())
                 .map_err(|e| invalid(e.to_string()))?;
@@ -206,11 +215,18 @@ impl Auth {
             for r in crl.iter_revoked_certificates() {
                 revoked.insert(strip_zeros(r.raw_serial()));
             }
+            if let Some(n) = crl.crl_number() {
+                let n = strip_zeros(&n.to_bytes_be());
+                if crl_number_cmp(&n, &number).is_gt() {
+                    number = n;
+                }
+            }
         }
         Ok(CrlState {
             raw: Some(raw.to_vec()),
             ders,
             revoked,
+            number,
         })
     }
 
@@ -312,6 +328,20 @@ impl Auth {
             }
         }
         match self.validate_crl(&raw) {
+            Ok(state)
+                if crl_number_cmp(
+                    &state.number,
+                    &self.crl.read().unwrap_or_else(|e| e.into_inner()).number,
+                )
+                .is_lt() =>
+            {
+                // An older CRL (a restored backup, a replayed file) would un-revoke
+                // certificates: ledger-certs only ever raises the number.
+                self.reject(
+                    Rejected::Invalid(raw),
+                    invalid("its CRL number is lower than the one in force".into()),
+                )
+            }
             Ok(state) => {
                 *self.crl.write().unwrap_or_else(|e| e.into_inner()) = state;
                 *self.rejected.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -436,6 +466,26 @@ mod tests {
         certs.revoke("b").unwrap();
         assert!(auth.reload_crl().unwrap(), "a valid new CRL is installed");
         assert!(auth.is_revoked(&a) && auth.is_revoked(&serial(&certs, "b")));
+    }
+
+    #[test]
+    fn an_older_crl_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = CertDir::init(&dir.path().join("ca"), 365).unwrap();
+        certs.issue_client("a", 30).unwrap();
+        certs.issue_client("b", 30).unwrap();
+        certs.revoke("a").unwrap();
+        let older = std::fs::read(certs.crl_path()).unwrap();
+        let auth = auth(&certs).unwrap();
+        certs.revoke("b").unwrap();
+        assert!(auth.reload_crl().unwrap());
+        let b = serial(&certs, "b");
+        assert!(auth.is_revoked(&b));
+        // A restored backup: validly signed, but it would un-revoke b.
+        std::fs::write(certs.crl_path(), &older).unwrap();
+        let err = auth.reload_crl().unwrap_err().to_string();
+        assert!(err.contains("lower than the one in force"), "{err}");
+        assert!(auth.is_revoked(&b), "b stays revoked");
     }
 
     #[test]

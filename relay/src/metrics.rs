@@ -175,7 +175,16 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     loop {
         let (mut sock, _) = tokio::select! {
-            r = listener.accept() => r?,
+            r = listener.accept() => match r {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors or a connection reset while queued: a scraper
+                    // problem, not a reason to stop serving metrics.
+                    tracing::warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
             _ = shutdown.cancelled() => return Ok(()),
         };
         let metrics = metrics.clone();
