@@ -936,3 +936,59 @@ async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
     );
     drop(relay);
 }
+
+/// Issue 7, item 1: the relay is SIGKILLed at random moments while a subscriber streams a file
+/// source, and restarted on the same data directory, `CRASH_ROUNDS` times (default 20; `.ci/run`
+/// runs 3). The subscriber's output equals the source: no gap, no duplicate.
+/// `CRASH_ROUNDS=20 cargo test -p ledger-relay --test tests -- --ignored --exact resume::sigkill_rounds`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a longer tier: run with --ignored (CRASH_ROUNDS rounds, default 20)"]
+async fn sigkill_rounds() {
+    use rand::Rng;
+    let rounds: usize = std::env::var("CRASH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let want = testnet_ledgers();
+    let data = dir.path().join("data");
+    let port = free_port();
+    let source = format!("file:{TESTNET}");
+    // Each restart replays the file from its start; what the ring holds is dropped as
+    // duplicates at 3 ms per ledger before new ledgers flow.
+    let args = ["--source", &source, "--cadence", "3ms"];
+    let mut relay = RelayProcess::start(certs.path(), &data, port, &args).await;
+    let mut config = sub_config(
+        vec![local(port)],
+        certs.path(),
+        "rpc-1",
+        4,
+        Start::Seq(FIRST),
+    );
+    config.heartbeat_timeout = Some(Duration::from_millis(500));
+    let sub = Collector::start(config, LAST);
+    let mut rng = rand::thread_rng();
+    let step = (COUNT - 10) / rounds.max(1);
+    let mut mid_stream = 0;
+    for round in 0..rounds {
+        // Kill points spread over the stream, each at a random ledger within its stretch and a
+        // random moment within that ledger's time.
+        let target = round * step + rng.gen_range(1..=step.max(1));
+        sub.wait_for(target.min(COUNT), 60).await;
+        tokio::time::sleep(Duration::from_micros(rng.gen_range(0..2000))).await;
+        relay.kill_9().await;
+        let at = sub.len();
+        mid_stream += usize::from(at < COUNT);
+        eprintln!("round {round}: killed after {at} ledgers delivered");
+        relay = RelayProcess::start(certs.path(), &data, port, &args).await;
+    }
+    let out = sub.finish(120).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.len(), COUNT, "every ledger, once");
+    assert_identical(&out.got, &want, FIRST);
+    eprintln!("{mid_stream} of {rounds} kills happened while the subscriber was mid-stream");
+    assert!(mid_stream * 4 >= rounds * 3, "most kills land mid-stream");
+    out.sub.close().await;
+    drop(relay);
+}
