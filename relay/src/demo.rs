@@ -82,6 +82,7 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         count: Some(u64::from(args.ledgers)),
         start,
         emit: None,
+        ..SyntheticSpec::default()
     };
     let mut config = RelayConfig::from_args(RunArgs {
         listen: Some("127.0.0.1:0".parse()?),

@@ -64,6 +64,7 @@ async fn a_lane_lost_mid_ledger_costs_nothing() {
         count: Some(60),
         start: 2,
         emit: None,
+        ..SyntheticSpec::default()
     };
     let want: Vec<Bytes> = synthetic_ledgers(&spec).map(Bytes::from).collect();
     let source = "synthetic:size=2MiB,ratio=1,count=60,start=2".to_string();

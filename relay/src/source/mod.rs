@@ -531,6 +531,7 @@ mod tests {
                 count: Some(100),
                 start: 2,
                 emit: Some(Duration::from_millis(8)),
+                ..SyntheticSpec::default()
             })
         );
         let spec: SourceSpec = "synthetic:size=4096,ratio=1,emit=1.5ms,start=7"
@@ -544,6 +545,7 @@ mod tests {
                 count: None,
                 start: 7,
                 emit: Some(Duration::from_micros(1500)),
+                ..SyntheticSpec::default()
             })
         );
         // A path may hold colons and commas; a command anything.

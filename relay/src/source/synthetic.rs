@@ -25,11 +25,14 @@
 //! amounts with zero high bytes, asset codes), picked at random. zstd level 1 stores a random
 //! record as 64 literal bytes and a template as one short match, so the compressed size is
 //! nearly linear in `p`: `1 / ratio(p) ≈ p * a + (1 - p) * c`. Calibration measures the ratio
-//! (zstd level 1 over 256 KiB chunks, as the relay compresses) of a 1 MiB sample and
+//! (zstd level 1 over chunks of `chunk=` bytes, 256 KiB by default, as the relay compresses)
+//! of a sample of 1 MiB (at least four chunks) and
 //! interpolates `p` on `1 / ratio`, keeping a bracket, until it is within 0.5% of the target
-//! (about 3 to 5 samples; results are cached per ratio for the process). `ratio=1` is pure random
-//! bytes; a ratio above what all-template filler reaches (about 14) is clamped to it, with a
-//! warning.
+//! (about 3 to 5 samples; results are cached per ratio and chunk for the process). `ratio=1`
+//! is pure random bytes; a ratio above what all-template filler reaches (about 14) is clamped
+//! to it, with a warning. A compressor sees one chunk at a time and must spell out each
+//! template once per chunk, so chunks smaller than 256 KiB draw on fewer templates (about 16
+//! occurrences of each per chunk, as at 256 KiB), which keeps the calibrated ratio reachable.
 //!
 //! # Generating ahead of emission
 //!
@@ -67,7 +70,7 @@ pub struct SyntheticSpec {
     /// Bytes per ledger (`size=`, with an optional unit B, KiB, MiB, GiB, KB, MB or GB).
     /// Default 14.5 MiB, the Phase 3 stress profile.
     pub size: u64,
-    /// Target zstd level-1 compression ratio over 256 KiB chunks (`ratio=`, at least 1;
+    /// Target zstd level-1 compression ratio over chunks of `chunk` bytes (`ratio=`, at least 1;
     /// 1 is incompressible). Default 7.6, about what real meta gives.
     pub ratio: f64,
     /// Ledgers to emit before `Finished` (`count=`); `None` (the default) is endless.
@@ -77,6 +80,12 @@ pub struct SyntheticSpec {
     pub start: u32,
     /// Emit window, overriding [`SourceOptions::emit`] (`emit=`, such as `8ms` or `250us`).
     pub emit: Option<Duration>,
+    /// Chunk size the ratio is calibrated for (`chunk=`, with an optional unit; 1 KiB to
+    /// 16 MiB). Default 256 KiB, the relay's default chunk size. Set it to the relay's
+    /// `--chunk-size` when that differs: a compressor sees one chunk at a time, so the same
+    /// bytes compress worse in small chunks, and the filler's vocabulary is scaled so that a
+    /// chunk of this size compresses at `ratio`.
+    pub chunk: u64,
 }
 
 impl Default for SyntheticSpec {
@@ -87,6 +96,7 @@ impl Default for SyntheticSpec {
             count: None,
             start: 2,
             emit: None,
+            chunk: DEFAULT_CHUNK as u64,
         }
     }
 }
@@ -137,6 +147,14 @@ impl SyntheticSpec {
                 "emit" => {
                     spec.emit = Some(parse_duration(value).map_err(|r| bad("emit", value, r))?)
                 }
+                "chunk" => {
+                    spec.chunk = parse_size(value)
+                        .ok()
+                        .filter(|c| (MIN_CHUNK..=MAX_CHUNK).contains(c))
+                        .ok_or_else(|| {
+                            bad("chunk", value, "expected a size from 1KiB to 16MiB, e.g. 10KiB")
+                        })?
+                }
                 _ => {
                     return Err(ParseSourceError::UnknownKey {
                         key: key.to_owned(),
@@ -168,6 +186,9 @@ impl fmt::Display for SyntheticSpec {
         write!(f, ",start={}", self.start)?;
         if let Some(emit) = self.emit {
             write!(f, ",emit={}ns", emit.as_nanos())?;
+        }
+        if self.chunk != DEFAULT_CHUNK as u64 {
+            write!(f, ",chunk={}", self.chunk)?;
         }
         Ok(())
     }
@@ -263,11 +284,21 @@ const TEMPLATES: usize = 256;
 /// zstd level the ratio is calibrated for: the relay's chunk codec.
 const ZSTD_LEVEL: i32 = 1;
 
-/// Chunk size the ratio is calibrated for: the relay's chunk size.
-const CHUNK: usize = 256 << 10;
+/// Chunk size the ratio is calibrated for by default: the relay's default chunk size.
+const DEFAULT_CHUNK: usize = 256 << 10;
 
-/// Sample compressed per calibration step: four chunks.
-const SAMPLE_LEN: usize = 4 * CHUNK;
+/// Smallest `chunk=` accepted.
+const MIN_CHUNK: u64 = 1 << 10;
+
+/// Largest `chunk=` accepted.
+const MAX_CHUNK: u64 = 16 << 20;
+
+/// Sample compressed per calibration step: 1 MiB, and at least four chunks.
+const SAMPLE_MIN: usize = 1 << 20;
+
+/// Each template occurs about this many times per chunk (256 templates in 256 KiB chunks):
+/// smaller chunks get fewer templates so that their statistics stay those of a 256 KiB chunk.
+const OCCURRENCES_PER_CHUNK: usize = 16;
 
 /// Seed of everything random here: ledgers are a function of the spec alone.
 const SEED: u64 = 0x4C45_4447_4552_5259;
@@ -310,11 +341,18 @@ impl fmt::Debug for SyntheticLedgers {
 /// release build); each ledger then costs one serialization. A `size` above 2^31 - 1 bytes
 /// (the record mark's limit) is clamped to it.
 pub fn synthetic_ledgers(spec: &SyntheticSpec) -> SyntheticLedgers {
-    let model = FillerModel::new();
+    let chunk = usize::try_from(spec.chunk.clamp(MIN_CHUNK, MAX_CHUNK)).unwrap_or(DEFAULT_CHUNK);
+    let model = FillerModel::new(chunk);
     let (random_fraction, measured_ratio) = calibrated(&model, spec.ratio);
     let threshold = threshold(random_fraction);
+    // The default chunk keeps the tag (and so the chain) of specs written before `chunk=`.
+    let chunk_tag = if chunk == DEFAULT_CHUNK {
+        String::new()
+    } else {
+        format!(" chunk={chunk}")
+    };
     let spec_tag: [u8; 32] = Sha256::digest(format!(
-        "ledger-relay synthetic v1 size={} ratio={}",
+        "ledger-relay synthetic v1 size={} ratio={}{chunk_tag}",
         spec.size, spec.ratio
     ))
     .into();
@@ -476,17 +514,21 @@ fn to_xdr(value: &impl WriteXdr) -> Vec<u8> {
 /// The filler's building blocks.
 struct FillerModel {
     templates: Vec<[u8; RECORD]>,
+    chunk: usize,
 }
 
 impl FillerModel {
-    fn new() -> Self {
+    /// The model for chunks of `chunk` bytes: 256 templates at 256 KiB, fewer in smaller
+    /// chunks (at least 4).
+    fn new(chunk: usize) -> Self {
+        let count = (chunk / RECORD / OCCURRENCES_PER_CHUNK).clamp(4, TEMPLATES);
         let mut rng = SmallRng::seed_from_u64(SEED);
         let mut accounts = [[0u8; 32]; 16];
         for account in &mut accounts {
             rng.fill_bytes(account);
         }
         const ASSETS: [&[u8; 4]; 4] = [b"USDC", b"EURC", b"XLM\0", b"BTC\0"];
-        let templates = (0..TEMPLATES)
+        let templates = (0..count)
             .map(|_| {
                 let r = rng.next_u64();
                 let mut t = [0u8; RECORD];
@@ -503,7 +545,7 @@ impl FillerModel {
                 t
             })
             .collect();
-        Self { templates }
+        Self { templates, chunk }
     }
 
     /// `len` bytes of filler: each record random with probability `threshold / 2^32`, else a
@@ -515,18 +557,19 @@ impl FillerModel {
             if u64::from(rng.next_u32()) < threshold {
                 rng.fill_bytes(record);
             } else {
-                let template = &self.templates[rng.next_u32() as usize % TEMPLATES];
+                let template = &self.templates[rng.next_u32() as usize % self.templates.len()];
                 record.copy_from_slice(&template[..record.len()]);
             }
         }
         out
     }
 
-    /// zstd level-1 ratio over 256 KiB chunks of a filler sample.
+    /// zstd level-1 ratio over the model's chunks of a filler sample.
     fn measure(&self, threshold: u64) -> f64 {
-        let sample = self.fill(threshold, SEED ^ 0xCA11_B8A7E, SAMPLE_LEN);
+        let sample_len = SAMPLE_MIN.max(4 * self.chunk);
+        let sample = self.fill(threshold, SEED ^ 0xCA11_B8A7E, sample_len);
         let compressed: usize = sample
-            .chunks(CHUNK)
+            .chunks(self.chunk)
             .map(|chunk| zstd::bulk::compress(chunk, ZSTD_LEVEL).map_or(chunk.len(), |c| c.len()))
             .sum();
         sample.len() as f64 / compressed.max(1) as f64
@@ -538,13 +581,16 @@ fn threshold(p: f64) -> u64 {
     (p.clamp(0.0, 1.0) * (1u64 << 32) as f64).round() as u64
 }
 
-/// Calibration results per target ratio (bits of the f64): `(random fraction, measured)`.
-static CALIBRATIONS: OnceLock<Mutex<Vec<(u64, f64, f64)>>> = OnceLock::new();
+/// Calibration results per (target ratio bits, chunk): `(random fraction, measured)`.
+type Calibrations = Vec<((u64, usize), f64, f64)>;
+
+/// Calibrations done in this process.
+static CALIBRATIONS: OnceLock<Mutex<Calibrations>> = OnceLock::new();
 
 /// Returns `calibrate(model, target)`, cached for the process.
 fn calibrated(model: &FillerModel, target: f64) -> (f64, f64) {
     let cache = CALIBRATIONS.get_or_init(|| Mutex::new(Vec::new()));
-    let key = target.to_bits();
+    let key = (target.to_bits(), model.chunk);
     if let Ok(cache) = cache.lock() {
         if let Some(&(_, p, measured)) = cache.iter().find(|(k, ..)| *k == key) {
             return (p, measured);
@@ -680,7 +726,8 @@ mod tests {
 
     #[test]
     fn filler_is_deterministic_and_mixed() {
-        let model = FillerModel::new();
+        let model = FillerModel::new(DEFAULT_CHUNK);
+        assert_eq!(model.templates.len(), TEMPLATES);
         let a = model.fill(threshold(0.5), 1, 10_000);
         assert_eq!(a, model.fill(threshold(0.5), 1, 10_000));
         assert_ne!(a, model.fill(threshold(0.5), 2, 10_000));
@@ -718,8 +765,70 @@ mod tests {
             ratio: 1.0,
             count: None,
             start: u32::MAX - 1,
-            emit: None,
+            ..SyntheticSpec::default()
         };
         assert_eq!(synthetic_ledgers(&spec).count(), 2);
+    }
+
+    #[test]
+    fn chunk_setting_parses_and_is_bounded() {
+        let spec = SyntheticSpec::parse_settings("size=594KiB,chunk=10KiB").unwrap();
+        assert_eq!(spec.chunk, 10 << 10);
+        assert_eq!(spec.to_string(), "size=608256,ratio=7.6,start=2,chunk=10240");
+        assert_eq!(SyntheticSpec::parse_settings(&spec.to_string()), Ok(spec));
+        assert!(!SyntheticSpec::default().to_string().contains("chunk"));
+        for bad in ["chunk=512", "chunk=17MiB", "chunk=ten"] {
+            let err = SyntheticSpec::parse_settings(bad).unwrap_err();
+            assert!(err.to_string().contains("chunk"), "{bad}: {err}");
+        }
+        assert_eq!(FillerModel::new(10 << 10).templates.len(), 10);
+        assert_eq!(FillerModel::new(1 << 10).templates.len(), 4);
+        assert_eq!(FillerModel::new(16 << 20).templates.len(), TEMPLATES);
+    }
+
+    /// zstd-1 ratio of `ledger` cut into `chunk`-byte pieces, as the relay compresses it.
+    fn chunked_ratio(ledgers: &[Vec<u8>], chunk: usize) -> f64 {
+        let raw: usize = ledgers.iter().map(Vec::len).sum();
+        let wire: usize = ledgers
+            .iter()
+            .flat_map(|l| l.chunks(chunk))
+            .map(|c| zstd::bulk::compress(c, ZSTD_LEVEL).unwrap().len())
+            .sum();
+        raw as f64 / wire as f64
+    }
+
+    #[test]
+    fn small_chunks_reach_the_target_ratio() {
+        // The bench's scaled profile: 594 KiB ledgers in 10 KiB chunks.
+        for target in [7.6, 3.0] {
+            let spec = SyntheticSpec {
+                size: 594 << 10,
+                ratio: target,
+                count: Some(4),
+                chunk: 10 << 10,
+                ..SyntheticSpec::default()
+            };
+            let ledgers: Vec<Vec<u8>> = synthetic_ledgers(&spec).collect();
+            let measured = chunked_ratio(&ledgers, 10 << 10);
+            assert!(
+                (measured / target - 1.0).abs() < 0.05,
+                "target {target}, measured {measured:.2} over 10 KiB chunks"
+            );
+        }
+        // And the chain differs from the default chunk's, so two specs never share one.
+        let a = synthetic_ledgers(&SyntheticSpec {
+            size: MIN_SIZE,
+            count: Some(1),
+            ..SyntheticSpec::default()
+        })
+        .next();
+        let b = synthetic_ledgers(&SyntheticSpec {
+            size: MIN_SIZE,
+            count: Some(1),
+            chunk: 10 << 10,
+            ..SyntheticSpec::default()
+        })
+        .next();
+        assert_ne!(a, b);
     }
 }
