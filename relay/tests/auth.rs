@@ -8,64 +8,25 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use ledger_relay_certs::CertDir;
-use ledger_relay_subscriber::transport::{
-    client_config, crypto_provider, endpoint, read_single_frame, udp_socket, FrameIo,
-    TransportSettings,
-};
-use ledger_relay_subscriber::{connect, AuthReason, Credentials, SubscribeConfig, SubscribeError};
-use ledger_relay_wire::compress::Codec;
-use ledger_relay_wire::frame::{ErrorCode, ErrorFrame, Frame, LaneJoin, SessionOpen, Start};
-use ledger_relay_wire::{Limits, ALPN, PROTOCOL_VERSION};
+use ledger_relay_subscriber::transport::{crypto_provider, read_single_frame, FrameIo};
+use ledger_relay_subscriber::{connect, AuthReason, SubscribeConfig, SubscribeError};
+use ledger_relay_wire::frame::{ErrorCode, ErrorFrame, Frame, Start};
+use ledger_relay_wire::{Limits, ALPN};
 use quinn::{ConnectionError, TransportErrorCode};
 use tokio::sync::mpsc;
 
-use crate::e2e::{certs, relay_config, sub_config, take, Running, FIRST, LAST, TESTNET};
-
-fn tmp() -> tempfile::TempDir {
-    tempfile::tempdir().unwrap()
-}
-
-fn file_source() -> String {
-    format!("file:{TESTNET}")
-}
-
-/// An endless source of small valid ledgers (from sequence 2), for tests that stream for a while.
-const SYNTHETIC: &str = "synthetic:size=64KiB,ratio=2";
-
-pub async fn within<T>(secs: u64, what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not within {secs} s"))
-}
-
-fn load(m: &AtomicU64) -> u64 {
-    m.load(Ordering::Relaxed)
-}
-
-/// Waits until `cond` holds (polling every 10 ms), or fails after `secs`.
-async fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    within(secs, what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-}
-
-/// Waits until the whole testnet file is in the ring, before a session replays it from
-/// `FIRST`. While the source still runs, a replaying session can ask for a ledger that has left
-/// the hub's small in-memory window but that the ring writer thread has not appended yet, and
-/// the relay then ends it with `BelowRetention` although the ledger is within the range it
-/// announces: a pipeline race outside what these tests are about.
-pub async fn in_the_ring(relay: &Running) {
-    relay.wait_for(LAST).await;
-}
+// hostile.rs and lanes.rs import these from here.
+pub use crate::support::{
+    control, in_the_ring, lane_join, raw_connect, session_open, tls_client, within, Raw,
+};
+use crate::support::{
+    eventually, file_source, load, sub_config, take, Running, TestDir, FIRST, SYNTHETIC,
+};
 
 /// Replaces `path` with `bytes` atomically (as the operator guide says to deploy a CRL), so the
 /// relay never reads half a file.
@@ -146,58 +107,6 @@ async fn ledgers_after(
     .await
 }
 
-/// A raw QUIC connection to the relay, with no subscriber logic.
-pub struct Raw {
-    pub _endpoint: quinn::Endpoint,
-    pub conn: quinn::Connection,
-}
-
-/// The subscriber's own TLS client configuration for certificate `name` of `dir`.
-pub fn tls_client(dir: &Path, name: &str) -> quinn::ClientConfig {
-    let c = Credentials::from_cert_dir(dir, name).unwrap();
-    client_config(&c.ca, c.cert_chain, c.key, &TransportSettings::default()).unwrap()
-}
-
-pub async fn raw_connect(relay: &Running, config: quinn::ClientConfig) -> Raw {
-    let settings = TransportSettings::default();
-    let socket = udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
-    let endpoint = endpoint(socket, None).unwrap();
-    let connecting = endpoint
-        .connect_with(config, relay.relay.addr, "127.0.0.1")
-        .unwrap();
-    let conn = within(5, "handshake", connecting)
-        .await
-        .expect("handshake completes");
-    Raw {
-        _endpoint: endpoint,
-        conn,
-    }
-}
-
-pub async fn control(conn: &quinn::Connection) -> FrameIo {
-    let (send, recv) = within(5, "open_bi", conn.open_bi()).await.unwrap();
-    FrameIo::new(send, recv, Limits::default())
-}
-
-pub fn session_open(start: Start, lanes: u8) -> Frame {
-    Frame::SessionOpen(SessionOpen {
-        version: PROTOCOL_VERSION,
-        start,
-        lanes,
-        codecs: Codec::ALL.iter().fold(0, |m, c| m | c.bit()),
-        window: 8,
-    })
-}
-
-pub fn lane_join(session_id: u64, token: [u8; 16], lane: u8) -> Frame {
-    Frame::LaneJoin(LaneJoin {
-        version: PROTOCOL_VERSION,
-        session_id,
-        token,
-        lane,
-    })
-}
-
 /// Reads the relay's `Error` frame on a control stream.
 async fn error_frame(io: &mut FrameIo) -> ErrorFrame {
     match within(5, "error frame", io.reader.next()).await {
@@ -271,16 +180,10 @@ impl Acker {
 /// closed with the TLS alert `certificate_required` on its first stream operation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_client_certificate_is_refused_with_a_tls_alert() {
-    let dir = tmp();
-    let certs = certs(dir.path());
-    let relay = Running::start(relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        &file_source(),
-    ))
-    .await;
+    let dir = TestDir::new();
+    let relay = dir.start(&file_source()).await;
     let mut roots = rustls::RootCertStore::empty();
-    for ca in ledger_relay_certs::load_certs(&certs.ca_path()).unwrap() {
+    for ca in ledger_relay_certs::load_certs(&dir.certs.ca_path()).unwrap() {
         roots.add(ca).unwrap();
     }
     let mut tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
@@ -331,16 +234,10 @@ async fn no_client_certificate_is_refused_with_a_tls_alert() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_from_another_ca_is_unknown_ca() {
-    let dir = tmp();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     let other = CertDir::init(&dir.path().join("other"), 365).unwrap();
     other.issue_client("rpc-1", 30).unwrap();
-    let relay = Running::start(relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        &file_source(),
-    ))
-    .await;
+    let relay = dir.start(&file_source()).await;
     // Our certificate is from the other CA; we trust the relay's.
     let mut config = sub_config(
         vec![relay.addr()],
@@ -349,7 +246,7 @@ async fn a_client_certificate_from_another_ca_is_unknown_ca() {
         2,
         Start::Seq(FIRST),
     );
-    config.credentials.ca = ledger_relay_certs::load_certs(&certs.ca_path()).unwrap();
+    config.credentials.ca = ledger_relay_certs::load_certs(&dir.certs.ca_path()).unwrap();
     assert_eq!(
         expect_unauthorized(&relay, config).await,
         AuthReason::UnknownCa
@@ -360,29 +257,17 @@ async fn a_client_certificate_from_another_ca_is_unknown_ca() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_client_certificate_is_expired() {
-    let dir = tmp();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     let now = time::OffsetDateTime::now_utc();
-    certs
+    dir.certs
         .issue_client_with_validity(
             "old",
             now - time::Duration::days(10),
             now - time::Duration::days(1),
         )
         .unwrap();
-    let relay = Running::start(relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        &file_source(),
-    ))
-    .await;
-    let config = sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "old",
-        2,
-        Start::Seq(FIRST),
-    );
+    let relay = dir.start(&file_source()).await;
+    let config = dir.sub(&relay, "old", 2, Start::Seq(FIRST));
     assert_eq!(
         expect_unauthorized(&relay, config).await,
         AuthReason::Expired
@@ -395,58 +280,30 @@ async fn an_expired_client_certificate_is_expired() {
 /// connecting (the reloaded CRL is what new connections are checked against).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_client_certificate_is_revoked() {
-    let dir = tmp();
-    let certs = certs(dir.path());
-    certs.issue_client("rpc-2", 30).unwrap();
-    certs.issue_client("rpc-3", 30).unwrap();
-    certs.revoke("rpc-2").unwrap();
-    let relay = Running::start(relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        &file_source(),
-    ))
-    .await;
-    let config = sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "rpc-2",
-        2,
-        Start::Seq(FIRST),
-    );
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    dir.certs.issue_client("rpc-3", 30).unwrap();
+    dir.certs.revoke("rpc-2").unwrap();
+    let relay = dir.start(&file_source()).await;
+    let config = dir.sub(&relay, "rpc-2", 2, Start::Seq(FIRST));
     assert_eq!(
         expect_unauthorized(&relay, config).await,
         AuthReason::Revoked
     );
 
-    certs.revoke("rpc-3").unwrap();
+    dir.certs.revoke("rpc-3").unwrap();
     let m = &relay.relay.metrics;
     eventually(3, "crl reloaded", || load(&m.crl_reloads_total) == 1).await;
-    let config = sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "rpc-3",
-        2,
-        Start::Seq(FIRST),
-    );
+    let config = dir.sub(&relay, "rpc-3", 2, Start::Seq(FIRST));
     assert_eq!(
         expect_unauthorized(&relay, config).await,
         AuthReason::Revoked
     );
     // Others are unaffected.
     in_the_ring(&relay).await;
-    take(
-        sub_config(
-            vec![relay.addr()],
-            certs.path(),
-            "rpc-1",
-            2,
-            Start::Seq(FIRST),
-        ),
-        2,
-        20,
-    )
-    .await
-    .unwrap();
+    take(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)), 2, 20)
+        .await
+        .unwrap();
     assert_eq!(load(&m.sessions_total), 1);
     assert_eq!(load(&m.crl_errors_total), 0);
     relay.stop().await;
@@ -454,19 +311,12 @@ async fn a_revoked_client_certificate_is_revoked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identity_not_on_the_allow_list_is_not_allowed() {
-    let dir = tmp();
-    let certs = certs(dir.path());
-    certs.issue_client("rpc-2", 30).unwrap();
-    let mut config = relay_config(certs.path(), &dir.path().join("data"), &file_source());
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let mut config = dir.relay_config(&file_source());
     config.allow = vec!["rpc-2".into()];
     let relay = Running::start(config).await;
-    let config = sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "rpc-1",
-        2,
-        Start::Seq(FIRST),
-    );
+    let config = dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST));
     assert_eq!(
         expect_unauthorized(&relay, config).await,
         AuthReason::NotAllowed
@@ -477,19 +327,9 @@ async fn an_identity_not_on_the_allow_list_is_not_allowed() {
     assert_eq!(load(&m.sessions_refused_total), 1);
     assert_eq!(load(&m.sessions_total), 0);
     in_the_ring(&relay).await;
-    let got = take(
-        sub_config(
-            vec![relay.addr()],
-            certs.path(),
-            "rpc-2",
-            2,
-            Start::Seq(FIRST),
-        ),
-        3,
-        20,
-    )
-    .await
-    .unwrap();
+    let got = take(dir.sub(&relay, "rpc-2", 2, Start::Seq(FIRST)), 3, 20)
+        .await
+        .unwrap();
     assert_eq!(got[0].seq, FIRST);
     assert_eq!(load(&m.sessions_total), 1);
     relay.stop().await;
@@ -499,21 +339,15 @@ async fn an_identity_not_on_the_allow_list_is_not_allowed() {
 /// with `Unauthorized`, as is a wrong token and an unknown session; the session itself goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_with_a_stolen_token_and_another_identity_is_refused() {
-    let dir = tmp();
-    let certs = certs(dir.path());
-    certs.issue_client("rpc-2", 30).unwrap();
-    let relay = Running::start(relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        &file_source(),
-    ))
-    .await;
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let relay = dir.start(&file_source()).await;
     let m = &relay.relay.metrics;
     // The whole file in the ring before the session replays it (see `in_the_ring`).
     in_the_ring(&relay).await;
 
     // rpc-1 opens a session with two lanes, reads lane 0's data and acknowledges it.
-    let lane0 = raw_connect(&relay, tls_client(certs.path(), "rpc-1")).await;
+    let lane0 = raw_connect(&relay, tls_client(dir.certs.path(), "rpc-1")).await;
     let mut io = control(&lane0.conn).await;
     io.writer
         .write(&session_open(Start::Seq(FIRST), 2))
@@ -533,7 +367,7 @@ async fn a_lane_with_a_stolen_token_and_another_identity_is_refused() {
     acker.until(FIRST + 2, &mut ends, &mut io).await;
 
     // rpc-2 with the stolen id and token.
-    let thief = raw_connect(&relay, tls_client(certs.path(), "rpc-2")).await;
+    let thief = raw_connect(&relay, tls_client(dir.certs.path(), "rpc-2")).await;
     let mut tio = control(&thief.conn).await;
     tio.writer
         .write(&lane_join(accept.session_id, accept.token, 1))
@@ -555,7 +389,7 @@ async fn a_lane_with_a_stolen_token_and_another_identity_is_refused() {
         (accept.session_id, wrong, "wrong session token"),
         (accept.session_id ^ 1, accept.token, "no such session"),
     ] {
-        let lane = raw_connect(&relay, tls_client(certs.path(), "rpc-1")).await;
+        let lane = raw_connect(&relay, tls_client(dir.certs.path(), "rpc-1")).await;
         let mut lio = control(&lane.conn).await;
         lio.writer.write(&lane_join(id, token, 1)).await.unwrap();
         let e = error_frame(&mut lio).await;
@@ -567,7 +401,7 @@ async fn a_lane_with_a_stolen_token_and_another_identity_is_refused() {
 
     // The session is unaffected: lane 1 still joins with the right token and identity, and
     // ledgers keep coming.
-    let lane1 = raw_connect(&relay, tls_client(certs.path(), "rpc-1")).await;
+    let lane1 = raw_connect(&relay, tls_client(dir.certs.path(), "rpc-1")).await;
     let mut lio = control(&lane1.conn).await;
     lio.writer
         .write(&lane_join(accept.session_id, accept.token, 1))
@@ -592,21 +426,9 @@ async fn a_lane_with_a_stolen_token_and_another_identity_is_refused() {
 /// refused at once and not retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_certificate_for_another_name_is_refused() {
-    let dir = tmp();
-    let certs = certs(dir.path());
-    let relay = Running::start(relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        &file_source(),
-    ))
-    .await;
-    let mut config = sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "rpc-1",
-        2,
-        Start::Seq(FIRST),
-    );
+    let dir = TestDir::new();
+    let relay = dir.start(&file_source()).await;
+    let mut config = dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST));
     config.server_name = Some("not-the-relay.example".into());
     assert_eq!(
         expect_unauthorized(&relay, config).await,
@@ -634,32 +456,19 @@ async fn a_relay_certificate_for_another_name_is_refused() {
 /// second; the other keeps receiving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_while_streaming_ends_that_session_within_a_second() {
-    let dir = tmp();
-    let certs = certs(dir.path());
-    certs.issue_client("rpc-2", 30).unwrap();
-    let mut config = relay_config(certs.path(), &dir.path().join("data"), SYNTHETIC);
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let mut config = dir.relay_config(SYNTHETIC);
     config.source_options.cadence = Duration::from_millis(20);
     let relay = Running::start(config).await;
     relay.wait_for(3).await;
-    let mut one = stream(sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "rpc-1",
-        2,
-        Start::Tip,
-    ));
-    let mut two = stream(sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "rpc-2",
-        2,
-        Start::Tip,
-    ));
+    let mut one = stream(dir.sub(&relay, "rpc-1", 2, Start::Tip));
+    let mut two = stream(dir.sub(&relay, "rpc-2", 2, Start::Tip));
     let t = Instant::now();
     ledgers_after(&mut one, 3, t, "rpc-1").await;
     ledgers_after(&mut two, 3, t, "rpc-2").await;
 
-    certs.revoke("rpc-1").unwrap();
+    dir.certs.revoke("rpc-1").unwrap();
     let revoked = Instant::now();
     let ended = within(5, "rpc-1 ends", async {
         loop {
@@ -702,23 +511,17 @@ async fn a_revocation_while_streaming_ends_that_session_within_a_second() {
 /// with `Revoked`, not with the `ShuttingDown` of an interrupted wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_while_waiting_for_the_first_ledger_is_revoked() {
-    let dir = tmp();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     // A source that never sends a ledger: a session from the tip waits.
-    let relay = Running::start(relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        "pipe:sleep 30",
-    ))
-    .await;
-    let raw = raw_connect(&relay, tls_client(certs.path(), "rpc-1")).await;
+    let relay = dir.start("pipe:sleep 30").await;
+    let raw = raw_connect(&relay, tls_client(dir.certs.path(), "rpc-1")).await;
     let mut io = control(&raw.conn).await;
     io.writer.write(&session_open(Start::Tip, 1)).await.unwrap();
     let m = &relay.relay.metrics;
     // The session is registered (and so revocable) once the watcher could see it; give the
     // relay a moment to read SessionOpen.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    certs.revoke("rpc-1").unwrap();
+    dir.certs.revoke("rpc-1").unwrap();
     let e = error_frame(&mut io).await;
     assert_eq!(e.code, ErrorCode::Revoked, "{e:?}");
     closed_with(&raw.conn, ErrorCode::Revoked).await;
@@ -737,23 +540,16 @@ async fn a_revocation_while_waiting_for_the_first_ledger_is_revoked() {
 /// A valid CRL written afterwards is loaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_crl_keeps_the_previous_one_in_force() {
-    let dir = tmp();
-    let certs = certs(dir.path());
-    certs.issue_client("rpc-3", 30).unwrap();
-    certs.issue_client("rpc-4", 30).unwrap();
-    certs.revoke("rpc-3").unwrap();
-    let mut config = relay_config(certs.path(), &dir.path().join("data"), SYNTHETIC);
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-3", 30).unwrap();
+    dir.certs.issue_client("rpc-4", 30).unwrap();
+    dir.certs.revoke("rpc-3").unwrap();
+    let mut config = dir.relay_config(SYNTHETIC);
     config.source_options.cadence = Duration::from_millis(20);
     let relay = Running::start(config).await;
     relay.wait_for(3).await;
     let m = &relay.relay.metrics;
-    let mut one = stream(sub_config(
-        vec![relay.addr()],
-        certs.path(),
-        "rpc-1",
-        2,
-        Start::Tip,
-    ));
+    let mut one = stream(dir.sub(&relay, "rpc-1", 2, Start::Tip));
     ledgers_after(&mut one, 2, Instant::now(), "rpc-1").await;
 
     // A CRL from another CA that revokes nothing of ours: were it accepted, rpc-3 would be let in.
@@ -761,7 +557,7 @@ async fn an_invalid_crl_keeps_the_previous_one_in_force() {
     other.issue_client("x", 30).unwrap();
     other.revoke("x").unwrap();
     let foreign = std::fs::read(other.crl_path()).unwrap();
-    let crl = certs.crl_path();
+    let crl = dir.certs.crl_path();
 
     for (i, bad) in [
         Some(b"not a crl at all\n".to_vec()),
@@ -789,7 +585,7 @@ async fn an_invalid_crl_keeps_the_previous_one_in_force() {
             errors,
             "counted once per bad file"
         );
-        let config = sub_config(vec![relay.addr()], certs.path(), "rpc-3", 1, Start::Tip);
+        let config = dir.sub(&relay, "rpc-3", 1, Start::Tip);
         assert_eq!(
             expect_unauthorized(&relay, config).await,
             AuthReason::Revoked
@@ -799,11 +595,11 @@ async fn an_invalid_crl_keeps_the_previous_one_in_force() {
     assert_eq!(load(&m.revoked_sessions_total), 0);
 
     // A valid CRL again (revoking rpc-4) is loaded; rpc-3 is still revoked.
-    certs.revoke("rpc-4").unwrap();
+    dir.certs.revoke("rpc-4").unwrap();
     eventually(3, "crl reloaded", || load(&m.crl_reloads_total) == 1).await;
     assert_eq!(load(&m.crl_errors_total), 3);
     for name in ["rpc-3", "rpc-4"] {
-        let config = sub_config(vec![relay.addr()], certs.path(), name, 1, Start::Tip);
+        let config = dir.sub(&relay, name, 1, Start::Tip);
         assert_eq!(
             expect_unauthorized(&relay, config).await,
             AuthReason::Revoked,

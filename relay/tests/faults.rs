@@ -1,41 +1,30 @@
 //! Source and disk faults (issue 7, items 3 and 7): a core that hangs mid-ledger, emits garbage,
-//! a gap, a re-emitted ledger or a conflicting one, and a ring directory that fills up. Nothing
-//! partial or wrong reaches a subscriber, each fault shows in the metrics, and live streaming
-//! survives a failing disk. (A core dying mid-ledger is covered in `e2e.rs`.)
+//! a gap, a re-emitted ledger or a conflicting one, and a ring directory that fills up or turns
+//! read-only. Nothing partial or wrong reaches a subscriber, each fault shows in the metrics,
+//! and live streaming survives a failing disk. (A core dying mid-ledger is covered in
+//! `e2e.rs`.) The disk tests need root (they mount filesystems) and skip, saying why, without.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::ffi::OsStr;
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use ledger_relay::metrics::Metrics;
-use ledger_relay::source::{synthetic_ledgers, SyntheticSpec};
-use ledger_relay_subscriber::{connect, Ledger, SubscribeConfig};
+use ledger_relay::source::{now_ns, synthetic_ledgers, SyntheticSpec};
+use ledger_relay_subscriber::{connect, Ledger, SubscribeConfig, SubscribeError};
 use ledger_relay_wire::frame::Start;
 use ledger_relay_wire::record::write_record;
+use tokio::task::JoinHandle;
 
-use crate::e2e::{
-    assert_identical, certs, relay_config, sub_config, take, testnet_ledgers, Running, FIRST,
-    TESTNET,
+use crate::support::{
+    assert_identical, eventually, file_source, http_get, load, take, testnet_ledgers,
+    testnet_records, Running, TestDir, FIRST, LAST,
 };
-
-/// The first `n` testnet records, each with its record mark.
-fn records(n: usize) -> Vec<Vec<u8>> {
-    let bytes = std::fs::read(TESTNET).unwrap();
-    let mut off = 0;
-    (0..n)
-        .map(|_| {
-            let mark = u32::from_be_bytes(bytes[off..off + 4].try_into().unwrap());
-            let len = (mark & 0x7fff_ffff) as usize;
-            let rec = bytes[off..off + 4 + len].to_vec();
-            off += 4 + len;
-            rec
-        })
-        .collect()
-}
 
 /// Deterministic filler bytes (splitmix64).
 fn noise(seed: u64, len: usize) -> Vec<u8> {
@@ -85,35 +74,12 @@ async fn take_then_quiet(config: SubscribeConfig, n: usize, quiet: Duration) -> 
     out
 }
 
-/// Waits (up to 5 s) until `cond` holds on the metrics.
-async fn until(m: &Metrics, what: &str, cond: impl Fn(&Metrics) -> bool) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !cond(m) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for: {what}"));
-}
-
-fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
-}
-
 /// Runs a relay on a `pipe:` source writing `stream`, expects exactly the first `valid` testnet
 /// ledgers and then silence, and returns the relay for further checks.
-async fn run_stream(dir: &Path, stream: &[u8], valid: usize) -> Running {
-    let certs = certs(dir);
-    let config = relay_config(certs.path(), &dir.join("data"), &pipe_source(dir, stream));
-    let relay = Running::start(config).await;
+async fn run_stream(dir: &TestDir, stream: &[u8], valid: usize) -> Running {
+    let relay = dir.start(&pipe_source(dir.path(), stream)).await;
     let got = take_then_quiet(
-        sub_config(
-            vec![relay.addr()],
-            certs.path(),
-            "rpc-1",
-            2,
-            Start::Seq(FIRST),
-        ),
+        dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)),
         valid,
         Duration::from_secs(1),
     )
@@ -123,13 +89,25 @@ async fn run_stream(dir: &Path, stream: &[u8], valid: usize) -> Running {
     relay
 }
 
+/// The source stopped with an error after the first `valid` ledgers: the error is counted
+/// and exactly those ledgers were published and stored.
+async fn expect_source_stopped(relay: &Running, valid: u32) {
+    let m = &relay.relay.metrics;
+    eventually(5, "source_errors_total >= 1", || {
+        load(&m.source_errors_total) >= 1
+    })
+    .await;
+    assert_eq!(load(&m.ledgers_in_total), u64::from(valid));
+    assert_eq!(relay.relay.ring.range(), Some((FIRST, FIRST + valid - 1)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_core_forwards_every_complete_ledger_and_nothing_partial() {
-    let dir = tempfile::tempdir().unwrap();
-    let recs = records(4);
+    let dir = TestDir::new();
+    let recs = testnet_records(4);
     let mut stream = recs[..3].concat();
     stream.extend_from_slice(&recs[3][..recs[3].len() / 2]);
-    let relay = run_stream(dir.path(), &stream, 3).await;
+    let relay = run_stream(&dir, &stream, 3).await;
     let m = &relay.relay.metrics;
     assert_eq!(
         load(&m.ledgers_in_total),
@@ -144,17 +122,11 @@ async fn a_hanging_core_forwards_every_complete_ledger_and_nothing_partial() {
 
 /// Two valid ledgers, `garbage`, then a third valid ledger that must never be delivered.
 async fn garbage_stops_the_source(garbage: &[u8]) {
-    let dir = tempfile::tempdir().unwrap();
-    let recs = records(3);
+    let dir = TestDir::new();
+    let recs = testnet_records(3);
     let stream = [&recs[0][..], &recs[1], garbage, &recs[2]].concat();
-    let relay = run_stream(dir.path(), &stream, 2).await;
-    let m = &relay.relay.metrics;
-    until(m, "source_errors_total >= 1", |m| {
-        load(&m.source_errors_total) >= 1
-    })
-    .await;
-    assert_eq!(load(&m.ledgers_in_total), 2);
-    assert_eq!(relay.relay.ring.range(), Some((FIRST, FIRST + 1)));
+    let relay = run_stream(&dir, &stream, 2).await;
+    expect_source_stopped(&relay, 2).await;
     relay.stop().await;
 }
 
@@ -185,27 +157,24 @@ async fn garbage_record_that_is_not_ledger_close_meta_stops_the_source() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_stops_the_source_after_the_ledgers_before_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let recs = records(4);
+    let dir = TestDir::new();
+    let recs = testnet_records(4);
     let stream = [&recs[0][..], &recs[1], &recs[3]].concat();
-    let relay = run_stream(dir.path(), &stream, 2).await;
-    let m = &relay.relay.metrics;
-    until(m, "source_errors_total >= 1", |m| {
-        load(&m.source_errors_total) >= 1
-    })
-    .await;
-    assert_eq!(load(&m.ledgers_in_total), 2);
-    assert_eq!(load(&m.source_newest), u64::from(FIRST + 1));
-    assert_eq!(relay.relay.ring.range(), Some((FIRST, FIRST + 1)));
+    let relay = run_stream(&dir, &stream, 2).await;
+    expect_source_stopped(&relay, 2).await;
+    assert_eq!(
+        load(&relay.relay.metrics.source_newest),
+        u64::from(FIRST + 1)
+    );
     relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_emitted_ledger_is_delivered_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let recs = records(3);
+    let dir = TestDir::new();
+    let recs = testnet_records(3);
     let stream = [&recs[0][..], &recs[1], &recs[1], &recs[2]].concat();
-    let relay = run_stream(dir.path(), &stream, 3).await;
+    let relay = run_stream(&dir, &stream, 3).await;
     let m = &relay.relay.metrics;
     assert_eq!(load(&m.ledgers_in_total), 3);
     assert_eq!(load(&m.duplicates_dropped_total), 1);
@@ -216,8 +185,8 @@ async fn a_re_emitted_ledger_is_delivered_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_ledger_with_a_published_sequence_stops_the_source() {
-    let dir = tempfile::tempdir().unwrap();
-    let recs = records(3);
+    let dir = TestDir::new();
+    let recs = testnet_records(3);
     // A well-formed ledger (its header hash checks out) with the sequence of the second
     // testnet ledger, but another network's content.
     let other = synthetic_ledgers(&SyntheticSpec {
@@ -232,15 +201,9 @@ async fn another_ledger_with_a_published_sequence_stops_the_source() {
     let mut conflicting = Vec::new();
     write_record(&mut conflicting, &other).unwrap();
     let stream = [&recs[0][..], &recs[1], &conflicting, &recs[2]].concat();
-    let relay = run_stream(dir.path(), &stream, 2).await;
-    let m = &relay.relay.metrics;
-    until(m, "source_errors_total >= 1", |m| {
-        load(&m.source_errors_total) >= 1
-    })
-    .await;
-    assert_eq!(load(&m.ledgers_in_total), 2);
-    assert_eq!(load(&m.duplicates_dropped_total), 0);
-    assert_eq!(relay.relay.ring.range(), Some((FIRST, FIRST + 1)));
+    let relay = run_stream(&dir, &stream, 2).await;
+    expect_source_stopped(&relay, 2).await;
+    assert_eq!(load(&relay.relay.metrics.duplicates_dropped_total), 0);
     relay.stop().await;
 }
 
@@ -252,37 +215,20 @@ struct Tmpfs {
 }
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` at `path`, or says why not (not root, no `mount`) and returns
-    /// `None` for the test to skip.
-    fn mount(path: &Path, size: &str) -> Option<Tmpfs> {
+    /// Mounts a tmpfs with `options` at `path`, or says why not (not root, no `mount`) and
+    /// returns `None` for the test to skip.
+    fn mount(path: &Path, options: &str) -> Option<Tmpfs> {
         if !is_root() {
             eprintln!("skipped: mounting a tmpfs needs root");
             return None;
         }
         std::fs::create_dir_all(path).unwrap();
-        let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0755"),
-                "tmpfs",
-            ])
-            .arg(path)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Tmpfs {
-                path: path.to_path_buf(),
-            }),
-            Ok(o) => {
-                eprintln!(
-                    "skipped: mount -t tmpfs failed: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
+        let path = path.canonicalize().unwrap();
+        let args = ["-t", "tmpfs", "-o", options, "tmpfs"].map(OsStr::new);
+        match run("mount", &[&args[..], &[path.as_os_str()]].concat()) {
+            Ok(_) => Some(Tmpfs { path }),
             Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
+                eprintln!("skipped: {e}");
                 None
             }
         }
@@ -291,15 +237,39 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.path)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            // Something (sled's closing threads) still holds a file: detach it now, the kernel
-            // frees it when the last file closes.
-            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        if mounts_at(&self.path) > 0 {
+            unmount(&self.path);
         }
+    }
+}
+
+/// Unmounts what is mounted on top at `path`. If something (sled's closing threads, or a relay
+/// left running by a failed test) still holds a file there, detaches it now: the kernel frees
+/// it when the last file closes.
+fn unmount(path: &Path) {
+    if run("umount", &[path.as_os_str()]).is_err() {
+        let _ = run("umount", &["-l".as_ref(), path.as_os_str()]);
+    }
+}
+
+/// How many filesystems are mounted at `path` (a canonical path), one over the other.
+fn mounts_at(path: &Path) -> usize {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter(|l| l.split(' ').nth(4) == Some(path.to_string_lossy().as_ref()))
+        .count()
+}
+
+/// Runs `program` with `args`: its stdout, or what went wrong (its stderr).
+fn run(program: &str, args: &[&OsStr]) -> Result<String, String> {
+    match Command::new(program).args(args).output() {
+        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).into_owned()),
+        Ok(o) => Err(format!(
+            "{program} failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run {program}: {e}")),
     }
 }
 
@@ -328,131 +298,313 @@ fn fill(dir: &Path) -> PathBuf {
     path
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    // One write: the request must not reach the server in pieces.
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+/// A relay with metrics on the testnet file at one ledger every `cadence`, and a subscriber
+/// taking every ledger from the first in the background, for the disk fault tests.
+struct Streaming {
+    relay: Running,
+    metrics: Arc<Metrics>,
+    metrics_addr: SocketAddr,
+    sub: JoinHandle<Result<Vec<Ledger>, SubscribeError>>,
 }
 
-async fn get(addr: SocketAddr, path: &'static str) -> String {
-    tokio::task::spawn_blocking(move || http_get(addr, path))
-        .await
-        .unwrap()
+impl Streaming {
+    /// Starts them with the data directory in `dir`, and returns once the ring holds 30
+    /// ledgers and reports healthy. The subscriber has `secs` for the whole file.
+    async fn start(dir: &TestDir, cadence: Duration, secs: u64) -> Streaming {
+        let mut config = dir.relay_config(&file_source());
+        config.source_options.cadence = cadence;
+        config.metrics = Some("127.0.0.1:0".parse().unwrap());
+        let relay = Running::start(config).await;
+        let sub = tokio::spawn(take(
+            dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)),
+            (LAST - FIRST + 1) as usize,
+            secs,
+        ));
+        relay.wait_for(FIRST + 30).await;
+        let s = Streaming {
+            metrics: relay.relay.metrics.clone(),
+            metrics_addr: relay.relay.metrics_addr.unwrap(),
+            relay,
+            sub,
+        };
+        let health = http_get(s.metrics_addr, "/healthz").await;
+        assert!(health.contains("\"ring\":\"ok\""), "{health}");
+        s
+    }
+
+    /// After a disk fault: waits until the ring reports degraded (the flag, `/healthz`,
+    /// `/metrics`, a write error counted), then until 10 more ledgers are published live while
+    /// it stays degraded. Returns the newest ledger published.
+    async fn expect_degraded(&self) -> u32 {
+        let m = &self.metrics;
+        eventually(5, "ring_degraded", || {
+            m.ring_degraded.load(Ordering::Relaxed)
+        })
+        .await;
+        let health = http_get(self.metrics_addr, "/healthz").await;
+        assert!(health.contains("\"status\":\"degraded\""), "{health}");
+        assert!(health.contains("\"ring\":\"degraded\""), "{health}");
+        let text = http_get(self.metrics_addr, "/metrics").await;
+        assert!(text.contains("\nledger_relay_ring_degraded 1\n"), "{text}");
+        assert!(load(&m.ring_write_errors_total) >= 1);
+        // Live ledgers keep coming while the ring cannot write.
+        let at = load(&m.source_newest);
+        eventually(5, "live ledgers while degraded", || {
+            load(&m.source_newest) >= at + 10
+        })
+        .await;
+        assert!(m.ring_degraded.load(Ordering::Relaxed), "still degraded");
+        load(&m.source_newest) as u32
+    }
+
+    /// Once the disk is writable again: waits until the ring has started a new run and
+    /// written past ledger `after`, and reports healthy (`/healthz`, `/metrics`).
+    async fn expect_recovered(&self, after: u32) {
+        let m = &self.metrics;
+        eventually(5, "the ring writes again", || {
+            !m.ring_degraded.load(Ordering::Relaxed)
+                && load(&m.ring_resets_total) >= 1
+                && load(&m.ring_newest) > u64::from(after)
+        })
+        .await;
+        let health = http_get(self.metrics_addr, "/healthz").await;
+        assert!(health.contains("\"status\":\"ok\""), "{health}");
+        assert!(health.contains("\"ring\":\"ok\""), "{health}");
+        let text = http_get(self.metrics_addr, "/metrics").await;
+        assert!(text.contains("\nledger_relay_ring_degraded 0\n"), "{text}");
+    }
+
+    /// What the subscriber got: every ledger of the file, in order, byte for byte.
+    async fn delivered(&mut self) -> Vec<Ledger> {
+        let got = (&mut self.sub).await.unwrap().unwrap();
+        let want = testnet_ledgers();
+        assert_eq!(got.len(), want.len());
+        assert_identical(&got, &want, FIRST);
+        got
+    }
 }
 
-/// The data directory cannot be written mid-run (it fills up: a read-only remount is refused
-/// by the kernel while the ring holds its store open for writing, for root too, so filling is
-/// how a test makes writes fail), then can again.
+/// The data directory cannot be written mid-run (it fills up), then can again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritable_data_directory_degrades_the_ring_and_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let Some(_mount) = Tmpfs::mount(&data, "16m") else {
+    let dir = TestDir::new();
+    let data = dir.data();
+    let Some(_mount) = Tmpfs::mount(&data, "size=16m,mode=0755") else {
         return;
     };
-    let certs = certs(dir.path());
-    let want = testnet_ledgers();
-    let mut config = relay_config(certs.path(), &data, &format!("file:{TESTNET}"));
-    config.source_options.cadence = Duration::from_millis(15);
-    config.metrics = Some("127.0.0.1:0".parse().unwrap());
-    let relay = Running::start(config).await;
-    let maddr = relay.relay.metrics_addr.unwrap();
-    let sub = tokio::spawn(take(
-        sub_config(
-            vec![relay.addr()],
-            certs.path(),
-            "rpc-1",
-            2,
-            Start::Seq(FIRST),
-        ),
-        want.len(),
-        30,
-    ));
-    relay.wait_for(FIRST + 30).await;
-    let m = relay.relay.metrics.clone();
-    assert!(get(maddr, "/healthz").await.contains("\"ring\":\"ok\""));
-
+    let mut s = Streaming::start(&dir, Duration::from_millis(15), 30).await;
     let filler = fill(&data);
-    until(&m, "ring_degraded", |m| {
-        m.ring_degraded.load(Ordering::Relaxed)
-    })
-    .await;
-    let health = get(maddr, "/healthz").await;
-    assert!(health.contains("\"status\":\"degraded\""), "{health}");
-    assert!(health.contains("\"ring\":\"degraded\""), "{health}");
-    let text = get(maddr, "/metrics").await;
-    assert!(text.contains("\nledger_relay_ring_degraded 1\n"), "{text}");
-    assert!(load(&m.ring_write_errors_total) >= 1);
-    // Live ledgers keep coming while the ring cannot write.
-    let at = load(&m.source_newest);
-    until(&m, "live ledgers while degraded", |m| {
-        load(&m.source_newest) >= at + 10
-    })
-    .await;
-
+    let degraded_until = s.expect_degraded().await;
     std::fs::remove_file(filler).unwrap();
-    until(&m, "the ring writes again", |m| {
-        !m.ring_degraded.load(Ordering::Relaxed)
-            && load(&m.ring_resets_total) >= 1
-            && load(&m.ring_newest) > at + 10
-    })
-    .await;
-    let health = get(maddr, "/healthz").await;
-    assert!(health.contains("\"ring\":\"ok\""), "{health}");
-    let text = get(maddr, "/metrics").await;
-    assert!(text.contains("\nledger_relay_ring_degraded 0\n"), "{text}");
-
-    // Every ledger reached the subscriber, in order, byte for byte.
-    let got = sub.await.unwrap().unwrap();
-    assert_eq!(got.len(), want.len());
-    assert_identical(&got, &want, FIRST);
+    s.expect_recovered(degraded_until).await;
+    s.delivered().await;
     // The ring holds a new run that starts after the gap and continues to the end.
-    let (oldest, newest) = relay.relay.ring.range().unwrap();
+    let (oldest, newest) = s.relay.relay.ring.range().unwrap();
     assert!(oldest > FIRST + 30, "a new run: {oldest}..{newest}");
-    relay.stop().await;
+    s.relay.stop().await;
 }
 
 /// A data directory too small for the ring: every ledger is still delivered live, and the ring
 /// reports degraded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_degrades_the_ring_and_streaming_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let Some(_mount) = Tmpfs::mount(&data, "8m") else {
+    let dir = TestDir::new();
+    let data = dir.data();
+    let Some(_mount) = Tmpfs::mount(&data, "size=8m,mode=0755") else {
         return;
     };
-    let certs = certs(dir.path());
-    let mut config = relay_config(certs.path(), &data, "synthetic:size=1MiB,ratio=1,count=40");
+    let mut config = dir.relay_config("synthetic:size=1MiB,ratio=1,count=40");
     config.source_options.cadence = Duration::from_millis(50);
     config.metrics = Some("127.0.0.1:0".parse().unwrap());
     let relay = Running::start(config).await;
     let maddr = relay.relay.metrics_addr.unwrap();
-    let got = take(
-        sub_config(vec![relay.addr()], certs.path(), "rpc-1", 2, Start::Seq(2)),
-        40,
-        20,
-    )
-    .await
-    .unwrap();
+    let got = take(dir.sub(&relay, "rpc-1", 2, Start::Seq(2)), 40, 20)
+        .await
+        .unwrap();
     for (i, l) in got.iter().enumerate() {
         assert_eq!(l.seq, 2 + i as u32, "order");
         assert_eq!(l.data.len(), 1 << 20);
     }
     let m = relay.relay.metrics.clone();
-    until(&m, "ring_degraded", |m| {
+    eventually(5, "ring_degraded", || {
         m.ring_degraded.load(Ordering::Relaxed)
     })
     .await;
     assert!(load(&m.ring_write_errors_total) >= 1);
     assert_eq!(load(&m.ledgers_in_total), 40);
-    let health = get(maddr, "/healthz").await;
+    let health = http_get(maddr, "/healthz").await;
     assert!(health.contains("\"ring\":\"degraded\""), "{health}");
     tokio::time::timeout(Duration::from_secs(15), relay.stop())
         .await
         .expect("the relay stops with a full disk");
+}
+
+/// The mount options of an ext4 data directory: an error takes it read-only.
+const EXT4_OPTIONS: &str = "errors=remount-ro";
+
+/// An ext4 filesystem without a journal in a file-backed loop device, mounted at `path` with
+/// `errors=remount-ro` over a read-only tmpfs, the guard: while the ext4 is unmounted for its
+/// repair, `path` is a read-only directory (not a writable one of the test's, where the relay
+/// would start a new store). Everything is unmounted and the loop device detached on drop.
+struct Ext4Disk {
+    path: PathBuf,
+    device: String,
+    /// Dropped after the ext4 is unmounted.
+    _guard: Tmpfs,
+}
+
+impl Ext4Disk {
+    /// Makes a 64 MiB ext4 in `dir` and mounts it at `path`, or says why not (not root, no
+    /// loop device, no `mkfs.ext4` or `e2fsck`, a kernel without the ext4 error trigger) and
+    /// returns `None` for the test to skip.
+    fn mount(dir: &Path, path: &Path) -> Option<Ext4Disk> {
+        if !is_root() {
+            eprintln!("skipped: a loop device and mounts need root");
+            return None;
+        }
+        let guard = Tmpfs::mount(path, "ro,size=64k")?;
+        let skip = |e: String| eprintln!("skipped: {e}");
+        run("e2fsck", &["-V".as_ref()]).map_err(skip).ok()?;
+        let image = dir.join("disk.img");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(64 << 20))
+            .unwrap();
+        let mkfs = ["-q", "-F", "-O", "^has_journal"].map(OsStr::new);
+        run("mkfs.ext4", &[&mkfs[..], &[image.as_os_str()]].concat())
+            .map_err(skip)
+            .ok()?;
+        let found = ["--find".as_ref(), "--show".as_ref(), image.as_os_str()];
+        let device = run("losetup", &found).map_err(skip).ok()?;
+        // From here on, drop undoes what was done.
+        let disk = Ext4Disk {
+            path: guard.path.clone(),
+            device: device.trim().to_owned(),
+            _guard: guard,
+        };
+        mount_ext4(&disk.device, &disk.path).map_err(skip).ok()?;
+        if !disk.trigger().exists() {
+            skip(format!("no {}", disk.trigger().display()));
+            return None;
+        }
+        Some(disk)
+    }
+
+    /// The kernel's switch that reports a filesystem error, as a failing disk would.
+    fn trigger(&self) -> PathBuf {
+        let name = Path::new(&self.device).file_name().unwrap();
+        Path::new("/sys/fs/ext4")
+            .join(name)
+            .join("trigger_fs_error")
+    }
+
+    /// Takes the filesystem read-only as after an error (`errors=remount-ro`): from now on
+    /// every write fails with EROFS, through files already open for writing too.
+    fn fail(&self) {
+        std::fs::write(self.trigger(), "1\n").unwrap();
+    }
+
+    /// Makes the filesystem writable again as an operator would: unmount it (retrying while
+    /// the relay still holds its store open: it closes it at its first attempt to open it
+    /// again, a second after the failed write), check it with `e2fsck` and mount it again.
+    /// Recent kernels (6.18 here) keep an ext4 that went read-only after an error read-only
+    /// until it is unmounted: `mount -o remount,rw` succeeds, but writes still fail.
+    async fn repair(&self) {
+        let (path, device) = (self.path.clone(), self.device.clone());
+        tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while let Err(e) = run("umount", &[path.as_os_str()]) {
+                assert!(
+                    Instant::now() < deadline,
+                    "unmounting the data directory: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // 0: clean; 1: errors corrected (the error the trigger recorded).
+            let fsck = Command::new("e2fsck")
+                .args(["-f", "-y", &device])
+                .output()
+                .expect("e2fsck");
+            assert!(
+                matches!(fsck.status.code(), Some(0 | 1)),
+                "e2fsck {device}: {}\n{}",
+                fsck.status,
+                String::from_utf8_lossy(&fsck.stdout)
+            );
+            mount_ext4(&device, &path).unwrap();
+        })
+        .await
+        .unwrap();
+    }
+}
+
+fn mount_ext4(device: &str, path: &Path) -> Result<String, String> {
+    let args = ["-t", "ext4", "-o", EXT4_OPTIONS, device].map(OsStr::new);
+    run("mount", &[&args[..], &[path.as_os_str()]].concat())
+}
+
+impl Drop for Ext4Disk {
+    fn drop(&mut self) {
+        // The ext4, if mounted over the guard.
+        if mounts_at(&self.path) > 1 {
+            unmount(&self.path);
+        }
+        // Detached at once, or (still in use) as soon as the last user lets go.
+        let _ = run("losetup", &["-d", &self.device].map(OsStr::new));
+    }
+}
+
+/// Issue 7, item 7: the data directory turns read-only mid-stream (the kernel takes the
+/// filesystem read-only after an error, with the ring's store open for writing), then is
+/// repaired. Live ledgers keep reaching a subscriber byte for byte, `/healthz` and the metrics
+/// say the ring is degraded, and once the disk is writable the ring reopens, reports healthy,
+/// stores a new run and serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_turned_read_only_degrades_the_ring_and_recovers() {
+    let dir = TestDir::new();
+    let data = dir.data();
+    let Some(disk) = Ext4Disk::mount(dir.path(), &data) else {
+        return;
+    };
+    // 8 s for the file: room for the fault, the repair and a new run after it.
+    let mut s = Streaming::start(&dir, Duration::from_millis(25), 40).await;
+    disk.fail();
+    let failed_ns = now_ns();
+    let probe = std::fs::write(data.join("probe"), b"x").unwrap_err();
+    assert_eq!(probe.raw_os_error(), Some(30), "EROFS: {probe}");
+    let degraded_until = s.expect_degraded().await;
+    let repair_ns = now_ns();
+    disk.repair().await;
+    s.expect_recovered(degraded_until).await;
+
+    // The ledgers published while the disk was read-only arrived live, during that time.
+    let got = s.delivered().await;
+    let during = got
+        .iter()
+        .filter(|l| l.received_ns > failed_ns && l.received_ns < repair_ns)
+        .count();
+    assert!(during >= 10, "{during} ledgers arrived while read-only");
+
+    // The ring holds a new run, written after the repair, to the end of the file; a subscriber
+    // starting at its first ledger is served it from the ring, byte for byte.
+    let relay = &s.relay;
+    relay.wait_for(LAST).await;
+    let (oldest, newest) = relay.relay.ring.range().unwrap();
+    assert!(oldest > degraded_until, "a new run: {oldest}..{newest}");
+    assert_eq!(newest, LAST);
+    let reads = load(&s.metrics.ring_reads_total);
+    let count = LAST - oldest + 1;
+    let replay = take(
+        dir.sub(relay, "rpc-1", 2, Start::Seq(oldest)),
+        count as usize,
+        20,
+    )
+    .await
+    .unwrap();
+    assert_identical(&replay, &testnet_ledgers(), oldest);
+    // All but the few newest (kept in memory too) came from the ring.
+    assert!(
+        load(&s.metrics.ring_reads_total) - reads + 4 >= u64::from(count),
+        "read from the ring"
+    );
+    s.relay.stop().await;
 }

@@ -13,13 +13,12 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::StreamExt;
 use ledger_relay::config::RelayConfig;
-use ledger_relay::metrics::Metrics;
 use ledger_relay::ring::SEGMENT_SIZE;
 use ledger_relay::Relay;
 use ledger_relay_subscriber::{
@@ -34,9 +33,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::e2e::{
-    assert_identical, certs, relay_config, sub_config, testnet_ledgers, Running, FIRST, LAST,
-    TESTNET,
+use crate::support::{
+    assert_identical, eventually, file_source, http_get, load, relay_config, sub_config,
+    testnet_ledgers, Running, TestDir, FIRST, LAST,
 };
 
 /// The number of testnet ledgers in the sample.
@@ -55,10 +54,15 @@ fn local(port: u16) -> RelayAddr {
     RelayAddr::new("127.0.0.1", port)
 }
 
+/// A subscription as `rpc-1` on four lanes from the first testnet ledger, to `relays` in turn.
+fn from_first(dir: &TestDir, relays: Vec<RelayAddr>) -> SubscribeConfig {
+    sub_config(relays, dir.certs.path(), "rpc-1", 4, Start::Seq(FIRST))
+}
+
 /// The testnet sample at 10 ms per ledger: 3.2 s for the whole file, slow enough to stop a
 /// relay in the middle of it.
 fn testnet_relay(certs: &Path, data: &Path) -> RelayConfig {
-    let mut config = relay_config(certs, data, &format!("file:{TESTNET}"));
+    let mut config = relay_config(certs, data, &file_source());
     config.source_options.cadence = Duration::from_millis(10);
     config
 }
@@ -87,22 +91,6 @@ fn addr_in_use(e: &anyhow::Error) -> bool {
     })
 }
 
-fn counter(m: &Metrics, f: impl Fn(&Metrics) -> &std::sync::atomic::AtomicU64) -> u64 {
-    f(m).load(Ordering::Relaxed)
-}
-
-/// Waits until `cond` holds, polling every 10 ms; panics with `what` after `secs`.
-async fn until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {secs} s: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// What a [`Collector`] ends with.
 struct Outcome {
     /// Every ledger the subscription delivered, in delivery order.
@@ -113,6 +101,26 @@ struct Outcome {
     error: Option<SubscribeError>,
     /// Whatever the stream yielded after its terminal error (it must end instead).
     after_error: Vec<String>,
+}
+
+impl Outcome {
+    /// Asserts that the subscription delivered every ledger of `want` (the testnet sample)
+    /// once, in order, byte for byte, and ended without an error.
+    fn assert_complete(&self, want: &[Bytes]) {
+        assert!(self.error.is_none(), "{:?}", self.error);
+        assert_eq!(self.got.len(), COUNT, "every ledger, once");
+        assert_identical(&self.got, want, FIRST);
+    }
+
+    /// Asserts that exactly the testnet ledgers before `bad` were delivered, byte for byte.
+    fn assert_stopped_before(&self, bad: u32) {
+        assert_eq!(
+            self.got.len(),
+            (bad - FIRST) as usize,
+            "nothing from {bad} on"
+        );
+        assert_identical(&self.got, &testnet_ledgers(), FIRST);
+    }
 }
 
 /// A subscription consumed by a task into a shared Vec, until ledger `last`, a terminal error,
@@ -300,27 +308,17 @@ impl RelayProcess {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_stopped_and_restarted_mid_stream_loses_and_repeats_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     let want = testnet_ledgers();
-    let data = dir.path().join("data");
+    let data = dir.data();
     let port = free_port();
-    let a = start_on(testnet_relay(certs.path(), &data), port).await;
+    let a = start_on(testnet_relay(dir.certs.path(), &data), port).await;
     let a_metrics = a.relay.metrics.clone();
-    let sub = Collector::start(
-        sub_config(
-            vec![local(port)],
-            certs.path(),
-            "rpc-1",
-            4,
-            Start::Seq(FIRST),
-        ),
-        LAST,
-    );
+    let sub = Collector::start(from_first(&dir, vec![local(port)]), LAST);
     sub.wait_for(100, 30).await;
     // Graceful: sessions end with ShuttingDown, the ring is flushed.
     a.stop().await;
-    let a_newest = counter(&a_metrics, |m| &m.source_newest) as u32;
+    let a_newest = load(&a_metrics.source_newest) as u32;
     assert!(
         a_newest < LAST,
         "relay A stopped mid-stream (at {a_newest})"
@@ -328,14 +326,12 @@ async fn a_relay_stopped_and_restarted_mid_stream_loses_and_repeats_nothing() {
     // Same data directory, same address: the subscriber's reconnect finds the new relay, which
     // replays the file (the ledgers it holds are dropped as duplicates) and serves the resume
     // point from its ring, then live.
-    let b = start_on(testnet_relay(certs.path(), &data), port).await;
+    let b = start_on(testnet_relay(dir.certs.path(), &data), port).await;
     assert_eq!(b.relay.ring.range().map(|r| r.0), Some(FIRST));
     let out = sub.finish(60).await;
-    assert!(out.error.is_none(), "{:?}", out.error);
-    assert_eq!(out.got.len(), COUNT);
-    assert_identical(&out.got, &want, FIRST);
+    out.assert_complete(&want);
     assert!(out.sub.status().sessions >= 2, "{:?}", out.sub.status());
-    let b_out = counter(&b.relay.metrics, |m| &m.ledgers_out_total);
+    let b_out = load(&b.relay.metrics.ledgers_out_total);
     assert!(
         b_out >= u64::from(LAST - a_newest),
         "relay B served the ledgers relay A never had ({b_out} sent)"
@@ -346,81 +342,67 @@ async fn a_relay_stopped_and_restarted_mid_stream_loses_and_repeats_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_killed_with_sigkill_and_restarted_mid_stream_loses_and_repeats_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     let want = testnet_ledgers();
-    let data = dir.path().join("data");
+    let data = dir.data();
     let port = free_port();
-    let source = format!("file:{TESTNET}");
+    let source = file_source();
     let args = ["--source", &source, "--cadence", "10ms"];
-    let a = RelayProcess::start(certs.path(), &data, port, &args).await;
-    let sub = Collector::start(
-        sub_config(
-            vec![local(port)],
-            certs.path(),
-            "rpc-1",
-            4,
-            Start::Seq(FIRST),
-        ),
-        LAST,
-    );
+    let a = RelayProcess::start(dir.certs.path(), &data, port, &args).await;
+    let sub = Collector::start(from_first(&dir, vec![local(port)]), LAST);
     sub.wait_for(100, 30).await;
     a.kill_9().await;
     let at_kill = sub.len();
     // The subscriber notices through its heartbeat watchdog; the new relay repairs the ring if
     // the kill tore its last ledger, and may hold fewer ledgers than were delivered (the ring
     // is written behind the live stream): the resume point is then served live.
-    let b = start_on(testnet_relay(certs.path(), &data), port).await;
+    let b = start_on(testnet_relay(dir.certs.path(), &data), port).await;
     let b_started = ledger_relay::source::now_ns();
     let out = sub.finish(60).await;
-    assert!(out.error.is_none(), "{:?}", out.error);
-    assert_eq!(out.got.len(), COUNT);
-    assert_identical(&out.got, &want, FIRST);
+    out.assert_complete(&want);
     assert!(at_kill < COUNT, "killed mid-stream");
     assert!(out.sub.status().sessions >= 2, "{:?}", out.sub.status());
     assert!(
         out.got.last().unwrap().received_ns > b_started,
         "the last ledger came from the restarted relay"
     );
-    assert!(counter(&b.relay.metrics, |m| &m.ledgers_out_total) >= 1);
+    assert!(load(&b.relay.metrics.ledgers_out_total) >= 1);
     out.sub.close().await;
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_between_two_relays_fed_the_same_file_loses_and_repeats_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
-    let want = testnet_ledgers();
-    let a = Running::start(testnet_relay(certs.path(), &dir.path().join("a"))).await;
-    let b = Running::start(testnet_relay(certs.path(), &dir.path().join("b"))).await;
-    let (a_addr, b_addr) = (a.relay.addr, b.relay.addr);
-    let a_metrics = a.relay.metrics.clone();
-    let mut config = sub_config(
-        vec![a.addr(), b.addr()],
-        certs.path(),
-        "rpc-1",
-        4,
-        Start::Seq(FIRST),
-    );
+/// A subscription from the first ledger to relay `a`, then `b`; returns once 100 ledgers
+/// arrived (from `a`, which the caller then stops).
+async fn a_then_b(dir: &TestDir, a: &Running, b: &Running) -> Collector {
+    let mut config = from_first(dir, vec![a.addr(), b.addr()]);
     // Switches are the test's doing, not a loaded machine's (A's stop is announced at once).
     config.heartbeat_timeout = Some(Duration::from_secs(3));
     let sub = Collector::start(config, LAST);
     sub.wait_for(100, 30).await;
+    sub
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_between_two_relays_fed_the_same_file_loses_and_repeats_nothing() {
+    let dir = TestDir::new();
+    let want = testnet_ledgers();
+    let a = Running::start(testnet_relay(dir.certs.path(), &dir.path().join("a"))).await;
+    let b = Running::start(testnet_relay(dir.certs.path(), &dir.path().join("b"))).await;
+    let (a_addr, b_addr) = (a.relay.addr, b.relay.addr);
+    let a_metrics = a.relay.metrics.clone();
+    let sub = a_then_b(&dir, &a, &b).await;
     a.stop().await;
-    let a_newest = counter(&a_metrics, |m| &m.source_newest) as u32;
+    let a_newest = load(&a_metrics.source_newest) as u32;
     assert!(
         a_newest < LAST,
         "relay A stopped mid-stream (at {a_newest})"
     );
     let out = sub.finish(60).await;
-    assert!(out.error.is_none(), "{:?}", out.error);
-    assert_eq!(out.got.len(), COUNT);
-    assert_identical(&out.got, &want, FIRST);
+    out.assert_complete(&want);
     assert_eq!(out.got[0].relay, a_addr, "the first relay is tried first");
     assert_eq!(out.got[COUNT - 1].relay, b_addr);
     // The status is updated just after a ledger is handed over: it may trail the stream.
-    until(5, "the status shows the last ledger", || {
+    eventually(5, "the status shows the last ledger", || {
         out.sub.status().last_delivered == LAST
     })
     .await;
@@ -432,30 +414,19 @@ async fn failover_between_two_relays_fed_the_same_file_loses_and_repeats_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_fed_another_networks_ledgers_breaks_the_chain_and_nothing_follows() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     let want = testnet_ledgers();
-    let a = Running::start(testnet_relay(certs.path(), &dir.path().join("a"))).await;
+    let a = Running::start(testnet_relay(dir.certs.path(), &dir.path().join("a"))).await;
     // The same sequences as the testnet sample, but another chain.
     let mut other = relay_config(
-        certs.path(),
+        dir.certs.path(),
         &dir.path().join("b"),
         &format!("synthetic:size=16KiB,ratio=2,start={FIRST},count={COUNT}"),
     );
     other.source_options.cadence = Duration::from_millis(10);
     let b = Running::start(other).await;
     let (a_addr, b_addr) = (a.relay.addr, b.relay.addr);
-    let mut config = sub_config(
-        vec![a.addr(), b.addr()],
-        certs.path(),
-        "rpc-1",
-        4,
-        Start::Seq(FIRST),
-    );
-    // No early switch to B on a loaded machine: the switch is the test's doing.
-    config.heartbeat_timeout = Some(Duration::from_secs(3));
-    let sub = Collector::start(config, LAST);
-    sub.wait_for(100, 30).await;
+    let sub = a_then_b(&dir, &a, &b).await;
     a.stop().await;
     let out = sub.finish(30).await;
     let last = out.got.last().unwrap().seq;
@@ -520,63 +491,51 @@ fn tamper(data: &Path, seq: u32, reseal: bool) {
     db.flush().unwrap();
 }
 
-/// A ring holding the whole testnet sample, written by a relay that then stopped.
-async fn written_ring(certs: &Path, data: &Path, codec: Codec) {
-    let mut config = relay_config(certs, data, &format!("file:{TESTNET}"));
+/// A relay on `source` that compresses (and stores) with `codec`.
+async fn relay_with_codec(dir: &TestDir, source: &str, codec: Codec) -> Running {
+    let mut config = dir.relay_config(source);
     config.pipeline.codec = codec;
     config.server.codec = codec;
-    let writer = Running::start(config).await;
-    writer.wait_for(LAST).await;
-    writer.stop().await;
+    Running::start(config).await
 }
 
-/// A relay serving only what its ring holds: its source is an empty file.
-async fn ring_only_relay(certs: &Path, data: &Path, dir: &Path, codec: Codec) -> Running {
-    let empty: PathBuf = dir.join("empty.xdr");
+/// The whole testnet sample stored with `codec` by a relay that then stopped, ledger
+/// `FIRST + 50` tampered with (see [`tamper`]), then a relay serving only what its ring holds
+/// (its source is an empty file) and a subscription from the first ledger. Returns them and
+/// the tampered sequence.
+async fn serve_tampered(dir: &TestDir, codec: Codec, reseal: bool) -> (Running, Collector, u32) {
+    let writer = relay_with_codec(dir, &file_source(), codec).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+    let bad = FIRST + 50;
+    tamper(&dir.data(), bad, reseal);
+    let empty: PathBuf = dir.path().join("empty.xdr");
     std::fs::write(&empty, b"").unwrap();
-    let mut config = relay_config(certs, data, &format!("file:{}", empty.display()));
-    config.pipeline.codec = codec;
-    config.server.codec = codec;
-    let relay = Running::start(config).await;
+    let relay = relay_with_codec(dir, &format!("file:{}", empty.display()), codec).await;
     assert_eq!(relay.relay.ring.range(), Some((FIRST, LAST)));
-    relay
+    let sub = Collector::start(dir.sub(&relay, "rpc-1", 4, Start::Seq(FIRST)), LAST);
+    (relay, sub, bad)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_ledger_in_the_ring_is_never_served_and_the_subscriber_stalls_before_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
-    let want = testnet_ledgers();
-    let data = dir.path().join("data");
-    written_ring(certs.path(), &data, Codec::Zstd).await;
-    let bad = FIRST + 50;
-    tamper(&data, bad, false);
-    let relay = ring_only_relay(certs.path(), &data, dir.path(), Codec::Zstd).await;
+    let dir = TestDir::new();
+    let (relay, sub, bad) = serve_tampered(&dir, Codec::Zstd, false).await;
     let metrics = relay.relay.metrics.clone();
-    let sub = Collector::start(
-        sub_config(
-            vec![relay.addr()],
-            certs.path(),
-            "rpc-1",
-            4,
-            Start::Seq(FIRST),
-        ),
-        LAST,
-    );
     // The ledgers before the damaged one arrive (over one or more sessions: a session the relay
     // ends may cut the streams of ledgers before it, which the next session sends again).
     sub.wait_for(50, 30).await;
     // Then every session is refused the damaged ledger (each at most once: the relay hands over
     // what it sent before, then ends the session): wait until the subscriber was told so and
     // the relay refused a second session too.
-    until(
+    eventually(
         20,
         "the subscriber is refused the damaged ledger again",
         || {
             let status = sub.status();
             status.last_error.is_some_and(|e| e.contains("corrupt"))
                 && status.sessions >= 2
-                && counter(&metrics, |m| &m.ring_corrupt_total) >= 2
+                && load(&metrics.ring_corrupt_total) >= 2
         },
     )
     .await;
@@ -586,12 +545,7 @@ async fn a_damaged_ledger_in_the_ring_is_never_served_and_the_subscriber_stalls_
         "a relay that cannot serve is retried: {:?}",
         out.error
     );
-    assert_eq!(
-        out.got.len(),
-        (bad - FIRST) as usize,
-        "nothing from {bad} on"
-    );
-    assert_identical(&out.got, &want, FIRST);
+    out.assert_stopped_before(bad);
     assert_eq!(out.sub.status().last_delivered, bad - 1);
     out.sub.close().await;
     relay.stop().await;
@@ -599,25 +553,9 @@ async fn a_damaged_ledger_in_the_ring_is_never_served_and_the_subscriber_stalls_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_chunk_the_ring_cannot_see_is_caught_by_the_subscriber_and_nothing_follows() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
-    let want = testnet_ledgers();
-    let data = dir.path().join("data");
+    let dir = TestDir::new();
     // Uncompressed chunks: the flipped byte is a byte of the ledger itself.
-    written_ring(certs.path(), &data, Codec::None).await;
-    let bad = FIRST + 50;
-    tamper(&data, bad, true);
-    let relay = ring_only_relay(certs.path(), &data, dir.path(), Codec::None).await;
-    let sub = Collector::start(
-        sub_config(
-            vec![relay.addr()],
-            certs.path(),
-            "rpc-1",
-            4,
-            Start::Seq(FIRST),
-        ),
-        LAST,
-    );
+    let (relay, sub, bad) = serve_tampered(&dir, Codec::None, true).await;
     let out = sub.finish(30).await;
     match &out.error {
         Some(SubscribeError::Integrity {
@@ -627,14 +565,9 @@ async fn a_tampered_chunk_the_ring_cannot_see_is_caught_by_the_subscriber_and_no
         other => panic!("expected a checksum mismatch on {bad}, got {other:?}"),
     }
     assert!(out.after_error.is_empty(), "{:?}", out.after_error);
+    out.assert_stopped_before(bad);
     assert_eq!(
-        out.got.len(),
-        (bad - FIRST) as usize,
-        "nothing from {bad} on"
-    );
-    assert_identical(&out.got, &want, FIRST);
-    assert_eq!(
-        counter(&relay.relay.metrics, |m| &m.ring_corrupt_total),
+        load(&relay.relay.metrics.ring_corrupt_total),
         0,
         "the resealed part passed the ring's checks"
     );
@@ -768,13 +701,7 @@ fn field(line: &str, key: &str) -> u64 {
 
 /// The relay's metrics: `/metrics` from a relay process, as (name with labels, value).
 async fn scrape(addr: SocketAddr) -> Vec<(String, u64)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-    sock.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    sock.read_to_string(&mut text).await.unwrap();
+    let text = http_get(addr, "/metrics").await;
     text.lines()
         .filter(|l| l.starts_with("ledger_relay_"))
         .filter_map(|l| {
@@ -795,8 +722,7 @@ fn metric(metrics: &[(String, u64)], name: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     // The relay runs as a process of its own too: its memory (1 MiB ledgers in its hub, ring
     // cache and send buffers) must not show in this test process, where other tests measure
     // their own growth.
@@ -815,7 +741,7 @@ async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
         "--metrics",
         &metrics_flag,
     ];
-    let relay = RelayProcess::start(certs.path(), &dir.path().join("data"), port, &args).await;
+    let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
     let started = Instant::now();
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
@@ -827,7 +753,7 @@ async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
         ])
         .env(
             SLOW_CHILD_ENV,
-            format!("{port} {} {SLOW_FIRST}", certs.path().display()),
+            format!("{port} {} {SLOW_FIRST}", dir.certs.path().display()),
         )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -949,23 +875,16 @@ async fn sigkill_rounds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certs(dir.path());
+    let dir = TestDir::new();
     let want = testnet_ledgers();
-    let data = dir.path().join("data");
+    let data = dir.data();
     let port = free_port();
-    let source = format!("file:{TESTNET}");
+    let source = file_source();
     // Each restart replays the file from its start; what the ring holds is dropped as
     // duplicates at 3 ms per ledger before new ledgers flow.
     let args = ["--source", &source, "--cadence", "3ms"];
-    let mut relay = RelayProcess::start(certs.path(), &data, port, &args).await;
-    let mut config = sub_config(
-        vec![local(port)],
-        certs.path(),
-        "rpc-1",
-        4,
-        Start::Seq(FIRST),
-    );
+    let mut relay = RelayProcess::start(dir.certs.path(), &data, port, &args).await;
+    let mut config = from_first(&dir, vec![local(port)]);
     config.heartbeat_timeout = Some(Duration::from_millis(500));
     let sub = Collector::start(config, LAST);
     let mut rng = rand::thread_rng();
@@ -981,12 +900,10 @@ async fn sigkill_rounds() {
         let at = sub.len();
         mid_stream += usize::from(at < COUNT);
         eprintln!("round {round}: killed after {at} ledgers delivered");
-        relay = RelayProcess::start(certs.path(), &data, port, &args).await;
+        relay = RelayProcess::start(dir.certs.path(), &data, port, &args).await;
     }
     let out = sub.finish(120).await;
-    assert!(out.error.is_none(), "{:?}", out.error);
-    assert_eq!(out.got.len(), COUNT, "every ledger, once");
-    assert_identical(&out.got, &want, FIRST);
+    out.assert_complete(&want);
     eprintln!("{mid_stream} of {rounds} kills happened while the subscriber was mid-stream");
     assert!(mid_stream * 4 >= rounds * 3, "most kills land mid-stream");
     out.sub.close().await;

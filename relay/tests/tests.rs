@@ -9,3 +9,4 @@ mod lanes;
 mod resume;
 mod ring;
 mod source;
+mod support;
