@@ -89,6 +89,15 @@ pub struct RunArgs {
     /// Most lanes per session [default: 16].
     #[arg(long = "max-lanes")]
     pub max_lanes: Option<u8>,
+    /// Send a ledger to subscribers only once the source has written all of it, instead of
+    /// streaming its chunks while the source still writes (catch-up from the ring is the same
+    /// either way).
+    #[arg(long = "store-and-forward")]
+    pub store_and_forward: bool,
+    /// Most chunk streams open at once on one lane, 1..=1024; a stream counts from its opening
+    /// until the subscriber has acknowledged all of it [default: unlimited].
+    #[arg(long = "streams-per-lane", value_name = "N")]
+    pub streams_per_lane: Option<u32>,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -117,6 +126,8 @@ struct FileConfig {
     max_connections: Option<usize>,
     max_sessions: Option<usize>,
     max_lanes: Option<u8>,
+    store_and_forward: Option<bool>,
+    streams_per_lane: Option<u32>,
     transport: Option<TransportSettings>,
 }
 
@@ -155,6 +166,10 @@ pub struct RelayConfig {
     /// that has not read them is moved to ring reading.
     pub live_capacity: usize,
 }
+
+/// The most `--streams-per-lane` accepts: far above what helps (quinn's default is 100
+/// concurrent streams per connection), low enough to catch a typo.
+pub const MAX_STREAMS_PER_LANE: u32 = 1024;
 
 /// Parses a duration such as `600ms`, `2s` or `1m`.
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
@@ -275,6 +290,13 @@ impl RelayConfig {
         if heartbeat < Duration::from_millis(10) {
             bail!("--heartbeat must be at least 10ms");
         }
+        pipeline.store_and_forward =
+            args.store_and_forward || file.store_and_forward.unwrap_or(false);
+        let streams_per_lane = match pick!(streams_per_lane) {
+            Some(n) if (1..=MAX_STREAMS_PER_LANE).contains(&n) => Some(n),
+            Some(n) => bail!("--streams-per-lane {n}: expected 1..={MAX_STREAMS_PER_LANE}"),
+            None => None,
+        };
         let transport = file.transport.clone().unwrap_or_default();
         let server = ServerConfig {
             session: SessionConfig {
@@ -283,6 +305,7 @@ impl RelayConfig {
                 window,
                 heartbeat,
                 lane_budget: transport.send_window,
+                streams_per_lane,
                 start_wait: None,
             },
             max_connections: pick!(max_connections).unwrap_or(1024),
@@ -360,6 +383,35 @@ mod tests {
         let mut a = base();
         a.window = Some(0);
         assert!(RelayConfig::from_args(a).is_err());
+    }
+
+    #[test]
+    fn delivery_modes_default_off_and_parse() {
+        let c = RelayConfig::from_args(base()).unwrap();
+        assert!(!c.pipeline.store_and_forward);
+        assert_eq!(c.server.session.streams_per_lane, None, "unlimited");
+        let mut a = base();
+        a.store_and_forward = true;
+        a.streams_per_lane = Some(1);
+        let c = RelayConfig::from_args(a).unwrap();
+        assert!(c.pipeline.store_and_forward);
+        assert_eq!(c.server.session.streams_per_lane, Some(1));
+        let mut a = base();
+        a.streams_per_lane = Some(MAX_STREAMS_PER_LANE);
+        assert_eq!(
+            RelayConfig::from_args(a)
+                .unwrap()
+                .server
+                .session
+                .streams_per_lane,
+            Some(1024)
+        );
+        for bad in [0, MAX_STREAMS_PER_LANE + 1, u32::MAX] {
+            let mut a = base();
+            a.streams_per_lane = Some(bad);
+            let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+            assert_eq!(e, format!("--streams-per-lane {bad}: expected 1..=1024"));
+        }
     }
 
     #[test]

@@ -68,7 +68,9 @@ impl CompleteLedger {
 pub enum Item {
     /// A chunk of the ledger being published.
     Chunk(Arc<ChunkItem>),
-    /// The end record of a ledger: all its chunks were published before it.
+    /// The end record of a ledger, with all its chunks. They were published before it, one by
+    /// one, unless the relay stores and forwards (`--store-and-forward`): then this is the
+    /// first a session hears of them, and it sends them from here.
     End(Arc<CompleteLedger>),
     /// The ledger `seq` was cut off by its source; its published chunks are void.
     Abort(u32),
@@ -172,7 +174,8 @@ impl Hub {
         self.tip.send_modify(|t| t.current = seq);
     }
 
-    /// Publishes a ledger's end record; all its chunks were published before.
+    /// Publishes a ledger's end record, which carries all its chunks: the ones not published
+    /// before (all of them, in store-and-forward mode) reach sessions with it.
     pub fn complete(&self, ledger: Arc<CompleteLedger>) {
         let mut st = self.lock();
         let seq = ledger.end.seq;

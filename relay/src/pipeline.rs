@@ -11,6 +11,10 @@
 //! Nothing upstream waits on anything downstream: the source's channel is unbounded, a full
 //! compression queue makes the cutter send the chunk raw (counted), and the ring writer has its
 //! own thread and queue, so a slow disk never delays the source or the live stream.
+//!
+//! With `--store-and-forward` ([`PipelineConfig::store_and_forward`]) the publisher hands the
+//! hub no chunk of a ledger until the source has written all of it; the end record then carries
+//! them all.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
@@ -45,6 +49,12 @@ pub struct PipelineConfig {
     pub compress_threads: usize,
     /// Chunks that may wait for a compression worker before the cutter sends them raw.
     pub compress_queue: usize,
+    /// Store-and-forward: publish a ledger only once the source has written all of it (its
+    /// chunks travel in its end record, [`crate::hub::Item::End`]), instead of publishing each
+    /// chunk as soon as it is cut and compressed. The publisher holds the chunks of the ledger
+    /// in progress in either mode (for the end record and the ring), so this costs no memory:
+    /// a ledger is bounded by the source's longest record (`SourceOptions::max_record_len`).
+    pub store_and_forward: bool,
 }
 
 impl Default for PipelineConfig {
@@ -56,6 +66,7 @@ impl Default for PipelineConfig {
             compress_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             // 64 chunks of 256 KiB: a whole 14.5 MiB ledger may queue.
             compress_queue: 64,
+            store_and_forward: false,
         }
     }
 }
@@ -125,10 +136,15 @@ pub fn spawn(
     let ring_tx = ring.is_some().then_some(ring_tx);
     {
         let hub = hub.clone();
+        let live = if config.store_and_forward {
+            Publish::WholeLedgers
+        } else {
+            Publish::Chunks
+        };
         threads.push(
             std::thread::Builder::new()
                 .name("publisher".into())
-                .spawn(move || publisher(pub_rx, hub, ring_tx))?,
+                .spawn(move || publisher(pub_rx, hub, ring_tx, live))?,
         );
     }
     let cutter_ring = ring.clone();
@@ -537,13 +553,28 @@ impl Pending {
     }
 }
 
+/// When the hub learns of a ledger's chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publish {
+    /// Each chunk as soon as it is compressed, while the source still writes the ledger.
+    Chunks,
+    /// All of them at once, in the end record, once the source has written the whole ledger
+    /// (store-and-forward).
+    WholeLedgers,
+}
+
 /// Publishes ledgers strictly one after another: the cutter may already cut ledger N+1 while
 /// the pool still compresses the end of ledger N, and N+1's chunks wait here until N is
 /// complete, so the hub (and every session) sees one ledger in progress at a time.
+///
+/// With [`Publish::WholeLedgers`] the head's chunks wait here too, until its end record: a
+/// ledger's `Done` is sent by the cutter only after the source's `End`, so no chunk reaches a
+/// session before the source's last byte of that ledger was read.
 fn publisher(
     rx: Receiver<ToPublisher>,
     hub: Arc<Hub>,
     ring: Option<mpsc::Sender<Arc<CompleteLedger>>>,
+    live: Publish,
 ) {
     let mut queue: std::collections::VecDeque<Pending> = std::collections::VecDeque::new();
     while let Ok(msg) = rx.recv() {
@@ -564,7 +595,7 @@ fn publisher(
                 let head = queue.front().map(|p| p.emission);
                 if let Some(p) = queue.iter_mut().find(|p| p.emission == emission) {
                     p.chunks.insert(item.header.index, item.clone());
-                    if head == Some(emission) {
+                    if head == Some(emission) && live == Publish::Chunks {
                         hub.publish_chunk(item);
                     }
                 }
@@ -579,7 +610,7 @@ fn publisher(
                     queue.remove(i);
                     if i == 0 {
                         hub.abort(seq);
-                        start_head(&queue, &hub);
+                        start_head(&queue, &hub, live);
                     }
                 }
             }
@@ -592,6 +623,7 @@ fn publisher(
             chunks.sort_by_key(|c| c.header.index);
             debug_assert_eq!(p.seq, end.seq);
             let ledger = Arc::new(CompleteLedger { end, chunks });
+            // Store-and-forward: the end record carries every chunk, published here at once.
             hub.complete(ledger.clone());
             match &ring {
                 Some(ring) => {
@@ -599,15 +631,19 @@ fn publisher(
                 }
                 None => hub.persisted(end.seq),
             }
-            start_head(&queue, &hub);
+            start_head(&queue, &hub, live);
         }
     }
 }
 
-/// Starts publishing the new head of the queue: its sequence and the chunks it buffered.
-fn start_head(queue: &std::collections::VecDeque<Pending>, hub: &Hub) {
+/// Starts publishing the new head of the queue: its sequence and (unless store-and-forward)
+/// the chunks it buffered.
+fn start_head(queue: &std::collections::VecDeque<Pending>, hub: &Hub, live: Publish) {
     if let Some(next) = queue.front() {
         hub.begin(next.seq);
+        if live == Publish::WholeLedgers {
+            return;
+        }
         let mut buffered: Vec<&Arc<ChunkItem>> = next.chunks.values().collect();
         buffered.sort_by_key(|c| c.header.index);
         for c in buffered {
@@ -675,4 +711,144 @@ pub fn update_ring_metrics(ring: &Ring, metrics: &Metrics) {
     Metrics::set(&metrics.ring_ledgers, stats.ledgers);
     Metrics::set(&metrics.ring_bytes, stats.live_bytes);
     Metrics::set(&metrics.ring_disk_bytes, stats.disk_bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ledger_relay_wire::compress::decompress;
+    use ledger_relay_wire::Limits;
+    use tokio::sync::broadcast::error::TryRecvError;
+
+    use super::*;
+    use crate::hub::Item;
+    use crate::source::{now_ns, synthetic_ledgers, SyntheticSpec};
+
+    /// Three 600 KiB ledgers: ten 64 KiB chunks each.
+    fn ledgers() -> Vec<Bytes> {
+        let spec = SyntheticSpec {
+            size: 600 << 10,
+            ratio: 2.0,
+            count: Some(3),
+            start: 2,
+            emit: None,
+            ..SyntheticSpec::default()
+        };
+        synthetic_ledgers(&spec).map(Bytes::from).collect()
+    }
+
+    fn start(
+        store_and_forward: bool,
+    ) -> (
+        tokio::sync::mpsc::UnboundedSender<SourceEvent>,
+        Arc<Hub>,
+        PipelineHandle,
+    ) {
+        let config = PipelineConfig {
+            chunk_size: 64 << 10,
+            compress_threads: 2,
+            store_and_forward,
+            ..PipelineConfig::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let hub = Arc::new(Hub::new(512, 4));
+        let handle = spawn(
+            config,
+            rx,
+            hub.clone(),
+            None,
+            StartState::default(),
+            Metrics::new(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        (tx, hub, handle)
+    }
+
+    /// Sends everything of `ledger` but its end, in 100 KiB pieces.
+    fn send_body(tx: &tokio::sync::mpsc::UnboundedSender<SourceEvent>, ledger: &Bytes) {
+        tx.send(SourceEvent::Begin {
+            len: ledger.len() as u32,
+            at_ns: now_ns(),
+        })
+        .unwrap();
+        for piece in ledger.chunks(100 << 10) {
+            tx.send(SourceEvent::Data(Bytes::copy_from_slice(piece)))
+                .unwrap();
+        }
+    }
+
+    /// The next broadcast item, waiting up to 5 s.
+    fn next_item(rx: &mut tokio::sync::broadcast::Receiver<Item>) -> Item {
+        for _ in 0..500 {
+            match rx.try_recv() {
+                Ok(item) => return item,
+                Err(TryRecvError::Empty) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => panic!("broadcast: {e}"),
+            }
+        }
+        panic!("no item within 5 s")
+    }
+
+    fn raw(ledger: &CompleteLedger) -> Vec<u8> {
+        let mut out = Vec::new();
+        for c in &ledger.chunks {
+            let h = &c.header;
+            out.extend(decompress(h.codec, &c.payload, h.raw_len, &Limits::default()).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn store_and_forward_publishes_nothing_of_a_ledger_before_its_end() {
+        let want = ledgers();
+        let (tx, hub, handle) = start(true);
+        let mut rx = hub.join().rx;
+        for ledger in &want {
+            send_body(&tx, ledger);
+            // Far longer than compressing ten chunks takes: in chunked mode they are out by now
+            // (see the test below).
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                matches!(rx.try_recv(), Err(TryRecvError::Empty)),
+                "nothing is published before the source's end"
+            );
+            let before = now_ns();
+            tx.send(SourceEvent::End { at_ns: before }).unwrap();
+            let Item::End(got) = next_item(&mut rx) else {
+                panic!("store-and-forward publishes the ledger whole, in its end record")
+            };
+            assert_eq!(got.end.last_byte_ns, before);
+            assert_eq!(got.chunks.len(), 10);
+            assert_eq!(got.end.chunk_count, 10);
+            assert!(raw(&got) == ledger[..], "ledger {} intact", got.end.seq);
+            assert!(hub.join().current.is_none_or(|c| c.chunks.is_empty()));
+        }
+        drop(tx);
+        handle.join();
+    }
+
+    #[test]
+    fn chunked_mode_publishes_chunks_before_the_end() {
+        let want = ledgers();
+        let (tx, hub, handle) = start(false);
+        let mut rx = hub.join().rx;
+        send_body(&tx, &want[0]);
+        // Nine full chunks are cut before the end (the tenth is the remainder).
+        for i in 0..9 {
+            match next_item(&mut rx) {
+                Item::Chunk(c) => assert_eq!(c.header.seq, 2, "chunk {i}"),
+                other => panic!("expected a chunk before the end, got {other:?}"),
+            }
+        }
+        tx.send(SourceEvent::End { at_ns: now_ns() }).unwrap();
+        assert!(matches!(next_item(&mut rx), Item::Chunk(_)));
+        let Item::End(got) = next_item(&mut rx) else {
+            panic!("end record last")
+        };
+        assert!(raw(&got) == want[0][..]);
+        drop(tx);
+        handle.join();
+    }
 }

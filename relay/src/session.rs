@@ -8,8 +8,15 @@
 //! complete ledgers from memory or the ring at its own pace, and back to live when it catches
 //! up. A chunk whose lane dies before the subscriber acknowledged its stream is sent again on
 //! another lane.
+//!
+//! With `--streams-per-lane N`, each lane has N stream permits: a stream holds one from its
+//! opening until the subscriber has acknowledged all of it, and the items dispatched to the
+//! lane wait for a permit in dispatch order (in the lane's gate, counted in its outstanding
+//! bytes, so striping sees them). Without it every dispatched item opens its stream at once,
+//! bounded only by the session's byte budget.
 
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,6 +50,9 @@ pub struct SessionConfig {
     pub heartbeat: Duration,
     /// Most bytes in flight (sent, not yet acknowledged by the peer's QUIC stack) per lane.
     pub lane_budget: u64,
+    /// Most streams open at once per lane (`--streams-per-lane`); a stream counts from its
+    /// opening until the peer has acknowledged all of it. `None`: no limit.
+    pub streams_per_lane: Option<u32>,
     /// How long a session waits for its first ledger (start above the tip) before giving up;
     /// `None` waits until shutdown.
     pub start_wait: Option<Duration>,
@@ -151,8 +161,89 @@ struct Lane {
     /// Bytes per second, exponentially averaged over intervals with data in flight.
     rate: f64,
     acked_seen: u64,
+    /// With a streams-per-lane limit: where dispatched items wait for a stream permit (see
+    /// [`gate`]); unbounded, as each item holds its bytes of the session's budget. Dropping the
+    /// lane drops the sender, and the gate fails what still waits.
+    gate: Option<mpsc::UnboundedSender<Outgoing>>,
     /// Kept open so the peer's control stream stays up.
     _control: Option<(FrameWriter, FrameReader)>,
+}
+
+/// One item dispatched to a lane, with everything its stream's task accounts for when it ends.
+struct Outgoing {
+    item: SendItem,
+    size: u64,
+    /// The session's byte budget it holds until it ends.
+    budget: OwnedSemaphorePermit,
+    stats: Arc<LaneStats>,
+    retry: mpsc::UnboundedSender<SendItem>,
+    metrics: Arc<Metrics>,
+    in_flight: InFlight,
+}
+
+impl Outgoing {
+    /// Sends the item on its own stream of `conn`, holding `stream` (a lane's stream permit, if
+    /// the lane has a limit) until the stream has ended.
+    async fn run(self, conn: Connection, stream: Option<OwnedSemaphorePermit>) {
+        let r = send_stream(&conn, &self.item).await;
+        drop(stream);
+        self.done(r.is_ok());
+    }
+
+    /// Releases what the item held; a failed item goes back to the session to be sent again
+    /// (the lane died under it, or before it was opened).
+    fn done(self, sent: bool) {
+        self.stats
+            .outstanding
+            .fetch_sub(self.size, Ordering::Relaxed);
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.item.key());
+        drop(self.budget);
+        if sent {
+            self.stats.acked.fetch_add(self.size, Ordering::Relaxed);
+            if let SendItem::Chunk(c) = &self.item {
+                Metrics::add(&self.metrics.chunks_out_total, 1);
+                Metrics::add(&self.metrics.bytes_out_total, c.payload.len() as u64);
+            }
+        } else {
+            let _ = self.retry.send(self.item);
+        }
+    }
+}
+
+/// A lane's stream limit: starts the items of `rx` in the order they came, each once one of
+/// `streams`' permits is free (the permit goes with it to `start`). Once `closed` resolves (the
+/// lane's connection is gone), every item still waiting and every later one goes to `fail`, so
+/// a dead lane never holds items back. Returns when `rx`'s senders are gone and it is empty.
+async fn gate<T>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+    streams: Arc<Semaphore>,
+    closed: impl Future<Output = ()>,
+    mut start: impl FnMut(T, OwnedSemaphorePermit),
+    mut fail: impl FnMut(T),
+) {
+    let mut closed = std::pin::pin!(closed);
+    let mut is_closed = false;
+    while let Some(t) = rx.recv().await {
+        let permit = if is_closed {
+            None
+        } else {
+            tokio::select! {
+                biased;
+                () = &mut closed => {
+                    is_closed = true;
+                    None
+                }
+                p = streams.clone().acquire_owned() => p.ok(),
+            }
+        };
+        match permit {
+            Some(p) => start(t, p),
+            None => fail(t),
+        }
+    }
 }
 
 /// How long an ending session waits for its `Error` frame to be acknowledged.
@@ -168,7 +259,33 @@ const RATE_TICK: Duration = Duration::from_millis(50);
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 impl Lane {
-    fn new(conn: Connection, control: Option<(FrameWriter, FrameReader)>) -> Lane {
+    /// A lane on `conn`; with `streams` (`--streams-per-lane`), its gate task starts too.
+    fn new(
+        conn: Connection,
+        control: Option<(FrameWriter, FrameReader)>,
+        streams: Option<u32>,
+    ) -> Lane {
+        let gate = streams.map(|n| {
+            let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
+            let permits = Arc::new(Semaphore::new(n as usize));
+            let closed = {
+                let conn = conn.clone();
+                async move {
+                    conn.closed().await;
+                }
+            };
+            let opener = conn.clone();
+            tokio::spawn(gate(
+                rx,
+                permits,
+                closed,
+                move |out, permit| {
+                    tokio::spawn(out.run(opener.clone(), Some(permit)));
+                },
+                |out| out.done(false),
+            ));
+            tx
+        });
         Lane {
             conn,
             stats: Arc::new(LaneStats {
@@ -177,6 +294,7 @@ impl Lane {
             }),
             rate: INITIAL_RATE,
             acked_seen: 0,
+            gate,
             _control: control,
         }
     }
@@ -398,7 +516,7 @@ impl Session {
             kib(cfg.lane_budget) as usize * usize::from(handle.lanes.max(1)),
         ));
         let mut lanes: Vec<Option<Lane>> = (0..handle.lanes).map(|_| None).collect();
-        lanes[0] = Some(Lane::new(conn.clone(), None));
+        lanes[0] = Some(Lane::new(conn.clone(), None, cfg.streams_per_lane));
         let mut s = Session {
             acked: first.wrapping_sub(1),
             next: first,
@@ -828,7 +946,11 @@ impl Session {
             Metrics::add(&self.shared.metrics.lanes_open, 1);
         }
         info!(session = self.handle.id, lane, "lane joined");
-        self.lanes[lane] = Some(Lane::new(req.conn, Some((req.send, req.recv))));
+        self.lanes[lane] = Some(Lane::new(
+            req.conn,
+            Some((req.send, req.recv)),
+            self.cfg.streams_per_lane,
+        ));
         self.publish_info();
     }
 
@@ -853,39 +975,32 @@ impl Session {
         };
         self.rr = i;
         let Some(lane) = &self.lanes[i] else { return };
-        let conn = lane.conn.clone();
-        let stats = lane.stats.clone();
-        let retry = self.retry_tx.clone();
-        let metrics = self.shared.metrics.clone();
-        let in_flight = self.in_flight.clone();
-        let key = item.key();
-        in_flight
+        self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key);
-        stats.outstanding.fetch_add(size, Ordering::Relaxed);
-        tokio::spawn(async move {
-            let r = send_stream(&conn, &item).await;
-            stats.outstanding.fetch_sub(size, Ordering::Relaxed);
-            in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&key);
-            drop(permit);
-            match r {
-                Ok(()) => {
-                    stats.acked.fetch_add(size, Ordering::Relaxed);
-                    if let SendItem::Chunk(c) = &item {
-                        Metrics::add(&metrics.chunks_out_total, 1);
-                        Metrics::add(&metrics.bytes_out_total, c.payload.len() as u64);
-                    }
-                }
-                Err(_) => {
-                    // The lane died under it: the session sends it again on another lane.
-                    let _ = retry.send(item);
+            .insert(item.key());
+        // Counted from now, also while it waits in the lane's gate: striping sees it.
+        lane.stats.outstanding.fetch_add(size, Ordering::Relaxed);
+        let out = Outgoing {
+            item,
+            size,
+            budget: permit,
+            stats: lane.stats.clone(),
+            retry: self.retry_tx.clone(),
+            metrics: self.shared.metrics.clone(),
+            in_flight: self.in_flight.clone(),
+        };
+        match &lane.gate {
+            Some(gate) => {
+                if let Err(mpsc::error::SendError(out)) = gate.send(out) {
+                    // The gate ends only once the lane is dropped; fail safe all the same.
+                    out.done(false);
                 }
             }
-        });
+            None => {
+                tokio::spawn(out.run(lane.conn.clone(), None));
+            }
+        }
     }
 
     async fn finish(&mut self, end: &SessionEnd) {
@@ -943,5 +1058,116 @@ async fn send_stream(conn: &Connection, item: &SendItem) -> Result<(), String> {
         Ok(None) => Ok(()),
         Ok(Some(code)) => Err(format!("stream stopped by peer: {code}")),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Runs a gate of `n` permits over `items`, each "stream" lasting 20 ms; returns the order
+    /// they started in and the most open at once.
+    async fn run_gate(n: u32, items: u32) -> (Vec<u32>, usize) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let open = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        let task = {
+            let (open, peak, started) = (open.clone(), peak.clone(), started.clone());
+            tokio::spawn(gate(
+                rx,
+                Arc::new(Semaphore::new(n as usize)),
+                std::future::pending(),
+                move |i: u32, permit| {
+                    started.lock().unwrap().push(i);
+                    let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    let (open, done) = (open.clone(), done_tx.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        open.fetch_sub(1, Ordering::SeqCst);
+                        drop(permit);
+                        let _ = done.send(i);
+                    });
+                },
+                |i| panic!("item {i} failed on a live lane"),
+            ))
+        };
+        for i in 0..items {
+            tx.send(i).unwrap();
+        }
+        drop(tx);
+        for _ in 0..items {
+            tokio::time::timeout(Duration::from_secs(10), done_rx.recv())
+                .await
+                .expect("every item ends")
+                .unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the gate ends with its sender")
+            .unwrap();
+        let order = started.lock().unwrap().clone();
+        (order, peak.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gate_opens_at_most_n_streams_in_dispatch_order() {
+        for n in [1, 3] {
+            let (order, peak) = run_gate(n, 12).await;
+            assert_eq!(order, (0..12).collect::<Vec<_>>(), "dispatch order");
+            assert_eq!(peak, n as usize, "at most {n} at once, and that many used");
+        }
+        let (_, peak) = run_gate(64, 12).await;
+        assert_eq!(peak, 12, "a large limit does not serialize");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_closed_lane_fails_everything_waiting_and_after() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let failed = Arc::new(Mutex::new(Vec::new()));
+        let streams = Arc::new(Semaphore::new(1));
+        let task = {
+            let (held, failed) = (held.clone(), failed.clone());
+            tokio::spawn(gate(
+                rx,
+                streams.clone(),
+                async move {
+                    let _ = close_rx.await;
+                },
+                // A stream that never ends: its permit stays taken.
+                move |i: u32, permit| held.lock().unwrap().push((i, permit)),
+                move |i| failed.lock().unwrap().push(i),
+            ))
+        };
+        for i in 0..4 {
+            tx.send(i).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            held.lock().unwrap().len(),
+            1,
+            "one stream open, three waiting"
+        );
+        assert!(failed.lock().unwrap().is_empty());
+        close_tx.send(()).unwrap();
+        tx.send(4).unwrap();
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the gate ends")
+            .unwrap();
+        assert_eq!(*failed.lock().unwrap(), vec![1, 2, 3, 4]);
+        held.lock().unwrap().clear();
+        assert_eq!(
+            streams.available_permits(),
+            1,
+            "the open stream's permit returns"
+        );
     }
 }

@@ -6,6 +6,7 @@ mod e2e;
 mod faults;
 mod hostile;
 mod lanes;
+mod modes;
 mod resume;
 mod ring;
 mod source;

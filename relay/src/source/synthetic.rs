@@ -152,7 +152,11 @@ impl SyntheticSpec {
                         .ok()
                         .filter(|c| (MIN_CHUNK..=MAX_CHUNK).contains(c))
                         .ok_or_else(|| {
-                            bad("chunk", value, "expected a size from 1KiB to 16MiB, e.g. 10KiB")
+                            bad(
+                                "chunk",
+                                value,
+                                "expected a size from 1KiB to 16MiB, e.g. 10KiB",
+                            )
                         })?
                 }
                 _ => {
@@ -774,7 +778,10 @@ mod tests {
     fn chunk_setting_parses_and_is_bounded() {
         let spec = SyntheticSpec::parse_settings("size=594KiB,chunk=10KiB").unwrap();
         assert_eq!(spec.chunk, 10 << 10);
-        assert_eq!(spec.to_string(), "size=608256,ratio=7.6,start=2,chunk=10240");
+        assert_eq!(
+            spec.to_string(),
+            "size=608256,ratio=7.6,start=2,chunk=10240"
+        );
         assert_eq!(SyntheticSpec::parse_settings(&spec.to_string()), Ok(spec));
         assert!(!SyntheticSpec::default().to_string().contains("chunk"));
         for bad in ["chunk=512", "chunk=17MiB", "chunk=ten"] {
