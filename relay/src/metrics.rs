@@ -75,6 +75,8 @@ counters! {
     crl_reloads_total: "Times the CRL was reloaded.",
     crl_errors_total: "CRL reloads that failed (the previous CRL stays in force).",
     protocol_errors_total: "Connections closed for protocol violations.",
+    handshakes_failed_total: "QUIC/TLS handshakes that failed (no client certificate, another CA, expired, revoked at the handshake, or a broken handshake).",
+    handshakes_timed_out_total: "QUIC/TLS handshakes not finished within the handshake timeout.",
 }
 
 /// What the metrics show of one session.

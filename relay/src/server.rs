@@ -159,7 +159,7 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
             .cloned()
             .collect();
         for h in handles {
-            if ctx.auth.is_revoked(&h.client.serial) {
+            if h.any_revoked(|s| ctx.auth.is_revoked(s)) {
                 info!(session = h.id, client = %h.client.name, "certificate revoked: closing session");
                 Metrics::add(&ctx.shared.metrics.revoked_sessions_total, 1);
                 h.end(
@@ -199,10 +199,12 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
     let conn = match tokio::time::timeout(timeout, incoming).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
+            Metrics::add(&ctx.shared.metrics.handshakes_failed_total, 1);
             debug!(%remote, error = %e, "handshake failed");
             return;
         }
         Err(_) => {
+            Metrics::add(&ctx.shared.metrics.handshakes_timed_out_total, 1);
             debug!(%remote, "handshake timed out");
             return;
         }
@@ -284,6 +286,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                 id,
                 token,
                 client: client.clone(),
+                lane_serials: Arc::default(),
                 lanes,
                 lanes_tx,
                 close: Arc::new(Mutex::new(None)),
@@ -389,6 +392,20 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                 return;
             }
             if let Some(h) = handle {
+                if client.serial != h.client.serial {
+                    h.lane_serials
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(client.serial.clone());
+                    // As at session open: the CRL watcher may have scanned the session before
+                    // this serial was on it.
+                    if ctx.auth.is_revoked(&client.serial) {
+                        Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+                        let msg = format!("certificate of {} revoked", client.name);
+                        refuse(&conn, &mut send, error(ErrorCode::Revoked, msg)).await;
+                        return;
+                    }
+                }
                 let req = LaneRequest {
                     lane: join.lane,
                     conn: conn.clone(),

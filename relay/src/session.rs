@@ -80,6 +80,9 @@ pub struct SessionHandle {
     pub token: [u8; TOKEN_LEN],
     /// Identity of lane 0's certificate.
     pub client: ClientId,
+    /// Serials of the certificates the other lanes joined with, where they differ from lane
+    /// 0's (same name, another certificate): revoking any of them ends the session.
+    pub lane_serials: Arc<Mutex<Vec<Vec<u8>>>>,
     /// Lanes granted.
     pub lanes: u8,
     /// Where lane joins go.
@@ -91,6 +94,17 @@ pub struct SessionHandle {
 }
 
 impl SessionHandle {
+    /// Whether lane 0's certificate or any lane's is revoked according to `revoked`.
+    pub fn any_revoked(&self, revoked: impl Fn(&[u8]) -> bool) -> bool {
+        revoked(&self.client.serial)
+            || self
+                .lane_serials
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .any(|s| revoked(s))
+    }
+
     /// Ends the session with `code`.
     pub fn end(&self, code: ErrorCode, message: impl Into<String>) {
         let mut c = self.close.lock().unwrap_or_else(|e| e.into_inner());

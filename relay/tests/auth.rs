@@ -229,6 +229,10 @@ async fn no_client_certificate_is_refused_with_a_tls_alert() {
     let m = &relay.relay.metrics;
     assert_eq!(load(&m.sessions_total), 0);
     assert_eq!(load(&m.sessions_open), 0);
+    eventually(3, "the failed handshake counted", || {
+        load(&m.handshakes_failed_total) == 1
+    })
+    .await;
     relay.stop().await;
 }
 
@@ -252,6 +256,11 @@ async fn a_client_certificate_from_another_ca_is_unknown_ca() {
         AuthReason::UnknownCa
     );
     assert_eq!(load(&relay.relay.metrics.sessions_total), 0);
+    let m = &relay.relay.metrics;
+    eventually(3, "the failed handshake counted", || {
+        load(&m.handshakes_failed_total) >= 1
+    })
+    .await;
     relay.stop().await;
 }
 
@@ -273,6 +282,11 @@ async fn an_expired_client_certificate_is_expired() {
         AuthReason::Expired
     );
     assert_eq!(load(&relay.relay.metrics.sessions_total), 0);
+    let m = &relay.relay.metrics;
+    eventually(3, "the failed handshake counted", || {
+        load(&m.handshakes_failed_total) >= 1
+    })
+    .await;
     relay.stop().await;
 }
 
@@ -419,6 +433,84 @@ async fn a_lane_with_a_stolen_token_and_another_identity_is_refused() {
     assert!(lane0.conn.close_reason().is_none(), "lane 0 still open");
     lane0.conn.close(0u32.into(), b"done");
     lane1.conn.close(0u32.into(), b"done");
+    relay.stop().await;
+}
+
+/// A lane may join with another certificate of the session's name (an operator's own CA can
+/// issue two at once); revoking that certificate, not lane 0's, ends the session with
+/// `Revoked`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_the_certificate_of_a_later_lane_ends_the_session() {
+    let dir = TestDir::new();
+    // rpc-2's first certificate (A), kept aside with the CA; the CRL before and after A is
+    // revoked; then a second certificate of the same name (B), as a renewal would give.
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let old = dir.path().join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    for (from, to) in [
+        (dir.certs.ca_path(), old.join("ca.pem")),
+        (dir.certs.cert_path("rpc-2"), old.join("rpc-2.pem")),
+        (dir.certs.key_path("rpc-2"), old.join("rpc-2.key")),
+    ] {
+        std::fs::copy(from, to).unwrap();
+    }
+    let crl_without_a = std::fs::read(dir.certs.crl_path()).unwrap();
+    dir.certs.revoke("rpc-2").unwrap();
+    let crl_with_a = std::fs::read(dir.certs.crl_path()).unwrap();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    replace_file(&dir.certs.crl_path(), &crl_without_a);
+    let relay = dir.start(&file_source()).await;
+    let m = &relay.relay.metrics;
+    in_the_ring(&relay).await;
+
+    // Lane 0 with B, lane 1 with A.
+    let lane0 = raw_connect(&relay, tls_client(dir.certs.path(), "rpc-2")).await;
+    let mut io = control(&lane0.conn).await;
+    io.writer
+        .write(&session_open(Start::Seq(FIRST), 2))
+        .await
+        .unwrap();
+    let accept = match within(10, "session accept", io.reader.next()).await {
+        Ok(Some(Frame::SessionAccept(a))) => a,
+        other => panic!("expected SessionAccept, got {other:?}"),
+    };
+    let (ends_tx, mut ends) = mpsc::unbounded_channel();
+    drain_lane(lane0.conn.clone(), ends_tx.clone());
+    let lane1 = raw_connect(&relay, tls_client(&old, "rpc-2")).await;
+    let mut lio = control(&lane1.conn).await;
+    lio.writer
+        .write(&lane_join(accept.session_id, accept.token, 1))
+        .await
+        .unwrap();
+    match within(5, "lane accept", lio.reader.next()).await {
+        Ok(Some(Frame::LaneAccept(1))) => {}
+        other => panic!("expected LaneAccept(1) for A, got {other:?}"),
+    }
+    drain_lane(lane1.conn.clone(), ends_tx);
+    let mut acker = Acker {
+        got: BTreeSet::new(),
+        acked: FIRST - 1,
+    };
+    acker.until(FIRST + 4, &mut ends, &mut io).await;
+    assert_eq!(load(&m.lanes_open), 2);
+
+    // Revoke A only: the session ends with Revoked on lane 0's control stream.
+    replace_file(&dir.certs.crl_path(), &crl_with_a);
+    eventually(3, "crl reloaded", || load(&m.crl_reloads_total) == 1).await;
+    let e = within(5, "the session's Error frame", async {
+        loop {
+            match io.reader.next().await {
+                Ok(Some(Frame::Error(e))) => break e,
+                Ok(Some(_)) => continue,
+                other => panic!("expected an Error frame, got {other:?}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(e.code, ErrorCode::Revoked, "{e:?}");
+    assert!(e.message.contains("rpc-2"), "{}", e.message);
+    assert_eq!(load(&m.revoked_sessions_total), 1);
+    eventually(5, "session closed", || load(&m.sessions_open) == 0).await;
     relay.stop().await;
 }
 
