@@ -20,12 +20,9 @@ use ledger_relay_wire::{Limits, ALPN};
 use quinn::{ConnectionError, TransportErrorCode};
 use tokio::sync::mpsc;
 
-// hostile.rs and lanes.rs import these from here.
-pub use crate::support::{
-    control, in_the_ring, lane_join, raw_connect, session_open, tls_client, within, Raw,
-};
 use crate::support::{
-    eventually, file_source, load, sub_config, take, Running, TestDir, FIRST, SYNTHETIC,
+    control, eventually, file_source, in_the_ring, lane_join, load, raw_connect, session_open,
+    sub_config, take, tls_client, within, Running, TestDir, FIRST, SYNTHETIC,
 };
 
 /// Replaces `path` with `bytes` atomically (as the operator guide says to deploy a CRL), so the

@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::e2e::{certs, relay_config, Running, FIRST, TESTNET};
+use crate::support::{certs, relay_config, Running, FIRST, TESTNET};
 
 fn relay_bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ledger-relay"))

@@ -8,10 +8,9 @@ use std::time::Duration;
 use ledger_relay_subscriber::SubscribeError;
 use ledger_relay_wire::frame::Start;
 
-// cli.rs, hostile.rs and lanes.rs import these from here.
-use crate::support::{assert_identical, file_source, testnet_records, TestDir, LAST};
-pub use crate::support::{
-    certs, relay_config, sub_config, take, testnet_ledgers, Running, FIRST, TESTNET,
+use crate::support::{
+    assert_identical, file_source, take, testnet_ledgers, testnet_records, Running, TestDir, FIRST,
+    LAST,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,8 +11,10 @@ use ledger_relay_subscriber::transport::FrameIo;
 use ledger_relay_wire::frame::{ErrorCode, Frame, Resend, Start};
 use quinn::ConnectionError;
 
-use crate::auth::{control, raw_connect, session_open, tls_client, within, Raw};
-use crate::e2e::{certs, relay_config, sub_config, take, Running};
+use crate::support::{
+    certs, control, eventually, raw_connect, relay_config, session_open, sub_config, take,
+    tls_client, within, Raw, Running,
+};
 
 /// An endless source of small valid ledgers.
 const SYNTHETIC: &str = "synthetic:size=64KiB,ratio=2";
@@ -211,6 +213,12 @@ async fn connection_session_and_lane_limits_are_enforced() {
         .unwrap();
     assert_eq!(refused(&c, &mut cio).await, ErrorCode::Overloaded);
     drop(c);
+    // The refused connection counts until the relay has finished closing it.
+    let open = &relay.relay.metrics.connections_open;
+    eventually(5, "the refused connection closed", || {
+        open.load(Ordering::Relaxed) == 2
+    })
+    .await;
     // Connections: idle ones (no stream ever) fill the limit; beyond it, connections are refused
     // before the handshake; the idle ones are closed after the handshake timeout.
     let mut idle = Vec::new();

@@ -11,10 +11,10 @@ use ledger_relay_wire::frame::{Frame, Resend, Start};
 use ledger_relay_wire::{Limits, Reassembler};
 use tokio::sync::mpsc;
 
-use crate::auth::{
-    control, in_the_ring, lane_join, raw_connect, session_open, tls_client, within, Raw,
+use crate::support::{
+    certs, control, in_the_ring, lane_join, raw_connect, relay_config, session_open,
+    testnet_ledgers, tls_client, within, Raw, Running, FIRST, TESTNET,
 };
-use crate::e2e::{certs, relay_config, testnet_ledgers, Running, FIRST, TESTNET};
 use ledger_relay::source::{synthetic_ledgers, SyntheticSpec};
 
 /// Reads every data stream of a lane and forwards its frame, tagged with the lane.
