@@ -147,12 +147,13 @@ pub enum SubscribeError {
     /// The requested start is older than the oldest ledger the relay holds; not retried (CLI
     /// exit 4).
     #[error(
-        "start {requested} is below the retention of relay {relay}: oldest ledger held is {oldest}, newest {newest}"
+        "ledger {requested} is below the retention of relay {relay}: oldest ledger held is {oldest}, newest {newest}"
     )]
     BelowRetention {
         /// The relay, as configured.
         relay: String,
-        /// The start asked for (the last delivered + 1 on a resume).
+        /// The ledger needed: the start asked for, or the one after the last delivered when
+        /// the relay ends a session that fell behind its retention.
         requested: u32,
         /// The oldest ledger the relay holds (0 if only the close code was received).
         oldest: u32,
@@ -662,7 +663,7 @@ mod tests {
                 assert!(e.is_below_retention());
                 let text = e.to_string();
                 assert!(text.contains("oldest ledger held is 100"), "{text}");
-                assert!(text.contains("start 50"), "{text}");
+                assert!(text.contains("ledger 50"), "{text}");
             }
             other => panic!("{other:?}"),
         }

@@ -118,7 +118,8 @@ struct Peer {
     server_name: String,
     /// The resolved address.
     addr: SocketAddr,
-    /// The start asked for (0 for the tip), for `BelowRetention`.
+    /// The ledger needed next, for `BelowRetention`: the start asked for (0 for the tip), then
+    /// the ledger after the last one delivered.
     requested: u32,
 }
 
@@ -675,6 +676,9 @@ impl Session<'_> {
         let seq = ledger.seq;
         permit.send(Ok(ledger));
         self.delivered += 1;
+        // From now on a below-retention end is about the ledger after this one, not the
+        // session's start.
+        self.peer.requested = seq.saturating_add(1);
         self.last_progress = Instant::now();
         {
             let mut status = self.peer.shared.status();

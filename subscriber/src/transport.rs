@@ -465,18 +465,22 @@ pub async fn write_single_frame(
 
 /// Ends a session or lane the way `docs/protocol.md` section 2 (Closing) says: writes `error`
 /// on the control stream `send`, finishes it, waits up to `linger` for the peer to acknowledge
-/// it, then closes `conn` with the application code `0x100 + code`.
+/// it and then to close the connection itself (it does once it has read the frame), then
+/// closes `conn` with the application code `0x100 + code`.
 ///
-/// The wait matters: closing a QUIC connection discards stream data not yet sent, so without
-/// it the peer usually sees only the close code and loses the frame's details (the bounds of
-/// `BelowRetention`, the message). A peer that is gone costs at most `linger`.
+/// The wait matters: closing a QUIC connection discards stream data not yet sent, and data the
+/// peer's QUIC stack has acknowledged but its application has not read yet, so without it the
+/// peer often sees only the close code and loses the frame's details (the bounds of
+/// `BelowRetention`, the message). A peer that is gone or does not close costs at most
+/// `linger`.
 pub async fn close_with_error(
     conn: &quinn::Connection,
     send: &mut quinn::SendStream,
     error: &frame::ErrorFrame,
     linger: Duration,
 ) {
-    let sent = tokio::time::timeout(linger, async {
+    let deadline = tokio::time::Instant::now() + linger;
+    let sent = tokio::time::timeout_at(deadline, async {
         send.write_all(&Frame::Error(error.clone()).to_vec())
             .await?;
         // Finishing twice is harmless; the stream is ours.
@@ -485,8 +489,12 @@ pub async fn close_with_error(
         Ok::<(), quinn::WriteError>(())
     })
     .await;
-    if let Ok(Err(e)) = sent {
-        tracing::debug!(error = %e, "error frame not sent");
+    match sent {
+        Ok(Ok(())) => {
+            let _ = tokio::time::timeout_at(deadline, conn.closed()).await;
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "error frame not sent"),
+        Err(_) => {}
     }
     let reason = frame::truncate_utf8(&error.message, 200);
     conn.close(VarInt::from_u32(error.code.close_code()), reason.as_bytes());

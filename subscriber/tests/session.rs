@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use ledger_relay_subscriber::frame::Start;
+use ledger_relay_subscriber::frame::{ErrorCode, Start};
 use ledger_relay_subscriber::{connect, Ledger, SubscribeError, VerifyError};
 use ledger_relay_wire::header::ChainError;
 use ledger_relay_wire::AssemblyError;
@@ -318,6 +318,37 @@ async fn below_retention_is_typed_and_not_retried() {
     }
     assert!(within(5, sub.next()).await.is_none());
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(relay.record().opens.len(), 1);
+}
+
+/// A session that falls behind the relay's retention mid-stream ends with BelowRetention for
+/// the ledger it needed next (not its start), with the bounds of the relay's Error frame.
+#[tokio::test]
+async fn below_retention_mid_session_names_the_ledger_needed() {
+    let pki = Pki::new();
+    let mut plan = Plan::new(testnet_ledgers(8));
+    plan.close_after = Some(3);
+    plan.close_with = (ErrorCode::BelowRetention, FIRST_SEQ + 5, FIRST_SEQ + 7);
+    let relay = FakeRelay::start(plan, pki.path(), pki.path());
+    let config = subscriber_config(&[relay.addr], &pki, Start::Seq(FIRST_SEQ), 2);
+    let mut sub = connect(config).unwrap();
+    for k in 0..3 {
+        let l = within(10, sub.next()).await.unwrap().unwrap();
+        assert_eq!(l.seq, FIRST_SEQ + k);
+    }
+    match within(10, sub.next()).await {
+        Some(Err(SubscribeError::BelowRetention {
+            requested,
+            oldest,
+            newest,
+            ..
+        })) => {
+            assert_eq!(requested, FIRST_SEQ + 3);
+            assert_eq!((oldest, newest), (FIRST_SEQ + 5, FIRST_SEQ + 7));
+        }
+        other => panic!("expected BelowRetention, got {other:?}"),
+    }
+    assert!(within(5, sub.next()).await.is_none());
     assert_eq!(relay.record().opens.len(), 1);
 }
 

@@ -36,9 +36,11 @@ pub struct Plan {
     pub zstd: bool,
     /// Answer every SessionOpen with Error BelowRetention.
     pub below_retention: bool,
-    /// First session only: after this many ledgers are acknowledged, send Error ShuttingDown
-    /// and close.
+    /// First session only: after this many ledgers are acknowledged, send this Error (code,
+    /// oldest, newest; by default ShuttingDown) and close.
     pub close_after: Option<usize>,
+    /// The Error `close_after` sends.
+    pub close_with: (ErrorCode, u32, u32),
     /// First session only: after this many ledgers are sent, close lane 1's connection.
     pub kill_lane1_after: Option<usize>,
     /// Chunks (seq, index) not sent the first time (only a Resend brings them).
@@ -60,6 +62,7 @@ impl Plan {
             zstd: true,
             below_retention: false,
             close_after: None,
+            close_with: (ErrorCode::ShuttingDown, 0, 0),
             kill_lane1_after: None,
             drop_chunks: Vec::new(),
             tamper: None,
@@ -469,10 +472,11 @@ async fn serve(
                 while *acked_rx.borrow() < p.seq {
                     acked_rx.changed().await?;
                 }
+                let (code, oldest, newest) = plan.close_with;
                 let error = ErrorFrame {
-                    code: ErrorCode::ShuttingDown,
-                    oldest: 0,
-                    newest: 0,
+                    code,
+                    oldest,
+                    newest,
                     message: "test relay stopping".into(),
                 };
                 let mut writer = writer.lock().await;
