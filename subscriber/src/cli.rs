@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::client::{connect, Ledger, Status};
 use crate::config::{parse_start, Credentials, RelayAddr, SubscribeConfig};
 use crate::error::SubscribeError;
+use crate::transport::parse_duration;
 
 /// Command-line arguments of `ledger-subscribe` (see CONTRACT.md).
 #[derive(Debug, Clone, clap::Parser)]
@@ -66,6 +67,12 @@ pub struct Args {
     /// Bind lane k to local UDP port BASE+k (default: ephemeral ports).
     #[arg(long, value_name = "BASE")]
     pub lane_ports: Option<u16>,
+    /// Wait this long after writing each ledger before taking the next, e.g. `2.5s` or
+    /// `250ms`: stands for a consumer that ingests slowly (tests and benchmarks of a slow
+    /// subscriber). The subscription then reads no faster than this, and the relay holds it
+    /// back by its window. Cut short when the run stops (--count reached, SIGINT or SIGTERM).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub consume_delay: Option<Duration>,
 }
 
 /// Where ledgers are written.
@@ -90,6 +97,8 @@ pub struct CliConfig {
     pub stats: Option<PathBuf>,
     /// How often the status line is printed on stderr (default 2 s).
     pub status_interval: Duration,
+    /// Pause after writing each ledger (`--consume-delay`; zero: none).
+    pub consume_delay: Duration,
 }
 
 impl Args {
@@ -120,6 +129,7 @@ impl Args {
             out,
             stats: self.stats,
             status_interval: Duration::from_secs(2),
+            consume_delay: self.consume_delay.unwrap_or(Duration::ZERO),
         })
     }
 }
@@ -190,9 +200,10 @@ pub async fn run(
     let (write_tx, write_rx) = mpsc::channel::<Ledger>(2);
     let out = config.out.clone();
     let stats = config.stats.clone();
+    let delay = config.consume_delay;
     let writer = std::thread::Builder::new()
         .name("ledger-writer".into())
-        .spawn(move || write_ledgers(out, stats, write_rx))
+        .spawn(move || write_ledgers(out, stats, delay, write_rx))
         .map_err(|source| RunError::Output {
             target: "writer thread".into(),
             source,
@@ -214,12 +225,21 @@ pub async fn run(
                 item = sub.next() => match item {
                     Some(Ok(ledger)) => {
                         meter.add(&ledger);
-                        summary.ledgers += 1;
-                        summary.last_seq = ledger.seq;
-                        if write_tx.send(ledger).await.is_err() {
-                            // The writer stopped: its error is collected below.
-                            break;
+                        let seq = ledger.seq;
+                        // A slow writer (a FIFO's reader, --consume-delay) holds the send up:
+                        // a stop request must not wait for it.
+                        tokio::select! {
+                            sent = write_tx.send(ledger) => if sent.is_err() {
+                                // The writer stopped: its error is collected below.
+                                break;
+                            },
+                            _ = &mut shutdown => {
+                                summary.interrupted = true;
+                                break;
+                            }
                         }
+                        summary.ledgers += 1;
+                        summary.last_seq = seq;
                         if config.count.is_some_and(|n| summary.ledgers >= n) {
                             break;
                         }
@@ -260,10 +280,12 @@ pub async fn run(
     }
 }
 
-/// The writer thread: record-marked ledgers to `out`, flushed after each, and the stats CSV.
+/// The writer thread: record-marked ledgers to `out`, flushed after each, and the stats CSV;
+/// waits `delay` after each ledger (see [`consume_pause`]).
 fn write_ledgers(
     out: Output,
     stats: Option<PathBuf>,
+    delay: Duration,
     mut rx: mpsc::Receiver<Ledger>,
 ) -> Result<(), RunError> {
     let target = match &out {
@@ -310,8 +332,24 @@ fn write_ledgers(
                 })?;
         }
         previous_ns = Some(ledger.received_ns);
+        consume_pause(delay, &rx);
     }
     Ok(())
+}
+
+/// The `--consume-delay` pause: sleeps `delay` in steps of at most 50 ms, and stops early
+/// once the sending side is gone (the run is ending), so the ledgers still queued are written
+/// at once and the process exits promptly.
+fn consume_pause<T>(delay: Duration, rx: &mpsc::Receiver<T>) {
+    const STEP: Duration = Duration::from_millis(50);
+    let until = Instant::now() + delay;
+    while !rx.is_closed() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(STEP));
+    }
 }
 
 /// One CSV row: `seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms` (the last empty for
@@ -454,6 +492,7 @@ mod tests {
         assert_eq!(args.from, Start::Seq(1_410_048));
         assert_eq!(args.count, Some(10));
         assert_eq!(args.out, "-");
+        assert_eq!(args.consume_delay, None);
         let defaults = Args::try_parse_from([
             "ledger-subscribe",
             "--relay",
@@ -472,10 +511,68 @@ mod tests {
                 "--relay", "r:1", "--certs", "d", "--name", "n", "--from", "0",
             ],
             vec!["--relay", "r:1", "--certs", "d"],
+            vec![
+                "--relay",
+                "r:1",
+                "--certs",
+                "d",
+                "--name",
+                "n",
+                "--consume-delay",
+                "10",
+            ],
+            vec![
+                "--relay",
+                "r:1",
+                "--certs",
+                "d",
+                "--name",
+                "n",
+                "--consume-delay",
+                "-1s",
+            ],
         ] {
             let argv = std::iter::once("ledger-subscribe").chain(bad.iter().copied());
             assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn consume_delay_parses_like_other_durations() {
+        let parse = |v: &str| {
+            Args::try_parse_from([
+                "ledger-subscribe",
+                "--relay",
+                "r:1",
+                "--certs",
+                "d",
+                "--name",
+                "n",
+                "--consume-delay",
+                v,
+            ])
+            .map(|a| a.consume_delay)
+        };
+        assert_eq!(parse("2.5s").unwrap(), Some(Duration::from_millis(2500)));
+        assert_eq!(parse("250ms").unwrap(), Some(Duration::from_millis(250)));
+        assert_eq!(parse("0ms").unwrap(), Some(Duration::ZERO));
+        assert!(parse("fast").is_err());
+    }
+
+    #[test]
+    fn consume_pause_waits_and_stops_when_the_sender_goes() {
+        let (tx, rx) = mpsc::channel::<()>(1);
+        let t = Instant::now();
+        consume_pause(Duration::from_millis(120), &rx);
+        assert!(
+            t.elapsed() >= Duration::from_millis(120),
+            "{:?}",
+            t.elapsed()
+        );
+        drop(tx);
+        let t = Instant::now();
+        consume_pause(Duration::from_secs(30), &rx);
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod support;
 
 mod auth;
 mod cli;
+mod consume_delay;
 mod session;
 mod transport;
 mod verify;
