@@ -167,14 +167,73 @@ type InFlight = Arc<Mutex<HashSet<(u32, u32)>>>;
 struct LaneStats {
     outstanding: AtomicU64,
     acked: AtomicU64,
+    /// Time the lane has had bytes outstanding: the rate is measured over it.
+    busy: Mutex<BusyClock>,
+}
+
+/// Accumulated time with bytes outstanding on a lane.
+#[derive(Debug, Default)]
+struct BusyClock {
+    total: Duration,
+    since: Option<Instant>,
+}
+
+impl LaneStats {
+    fn new() -> LaneStats {
+        LaneStats {
+            outstanding: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            busy: Mutex::new(BusyClock::default()),
+        }
+    }
+
+    /// Adds `n` outstanding bytes.
+    fn add(&self, n: u64) {
+        self.outstanding.fetch_add(n, Ordering::Relaxed);
+        self.sync_busy(Instant::now());
+    }
+
+    /// Takes `n` outstanding bytes away (sent, or failed).
+    fn remove(&self, n: u64) {
+        self.outstanding.fetch_sub(n, Ordering::Relaxed);
+        self.sync_busy(Instant::now());
+    }
+
+    /// Starts or stops the busy clock after a change of the outstanding bytes. The check of
+    /// the counter is under the clock's lock, so the last change decides, whatever the order
+    /// in which concurrent changes reach the lock.
+    fn sync_busy(&self, now: Instant) {
+        let mut b = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let busy = self.outstanding.load(Ordering::Relaxed) > 0;
+        match (busy, b.since) {
+            (true, None) => b.since = Some(now),
+            (false, Some(since)) => {
+                b.total += now.saturating_duration_since(since);
+                b.since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Busy time up to `now`.
+    fn busy_until(&self, now: Instant) -> Duration {
+        let b = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        b.total
+            + b.since
+                .map_or(Duration::ZERO, |s| now.saturating_duration_since(s))
+    }
 }
 
 struct Lane {
     conn: Connection,
     stats: Arc<LaneStats>,
-    /// Bytes per second, exponentially averaged over intervals with data in flight.
+    /// Bytes per second, exponentially averaged over intervals with data in flight: bytes
+    /// acknowledged over the time the lane had bytes outstanding, not over wall time, so a
+    /// lane that was given less to send does not look slower (which would give it still less:
+    /// striping would collapse onto fewer lanes).
     rate: f64,
     acked_seen: u64,
+    busy_seen: Duration,
     /// With a streams-per-lane limit: where dispatched items wait for a stream permit (see
     /// [`gate`]); unbounded, as each item holds its bytes of the session's budget. Dropping the
     /// lane drops the sender, and the gate fails what still waits.
@@ -207,9 +266,7 @@ impl Outgoing {
     /// Releases what the item held; a failed item goes back to the session to be sent again
     /// (the lane died under it, or before it was opened).
     fn done(self, sent: bool) {
-        self.stats
-            .outstanding
-            .fetch_sub(self.size, Ordering::Relaxed);
+        self.stats.remove(self.size);
         self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -267,6 +324,8 @@ pub const CLOSE_LINGER: Duration = Duration::from_millis(500);
 /// within a few ticks.
 const INITIAL_RATE: f64 = 100e6;
 const RATE_TICK: Duration = Duration::from_millis(50);
+/// Least busy time a rate sample is taken over.
+const MIN_RATE_SAMPLE: Duration = Duration::from_millis(2);
 
 /// How long a session that cannot load its next ledger keeps going so that the subscriber
 /// receives the ledgers already sent before it (see `Session::ending`).
@@ -302,12 +361,10 @@ impl Lane {
         });
         Lane {
             conn,
-            stats: Arc::new(LaneStats {
-                outstanding: AtomicU64::new(0),
-                acked: AtomicU64::new(0),
-            }),
+            stats: Arc::new(LaneStats::new()),
             rate: INITIAL_RATE,
             acked_seen: 0,
+            busy_seen: Duration::ZERO,
             gate,
             _control: control,
         }
@@ -318,15 +375,18 @@ impl Lane {
         (self.stats.outstanding.load(Ordering::Relaxed) + extra) as f64 / self.rate
     }
 
-    fn tick(&mut self, dt: Duration) {
+    fn tick(&mut self, now: Instant) {
         let acked = self.stats.acked.load(Ordering::Relaxed);
-        let delta = acked - self.acked_seen;
-        self.acked_seen = acked;
-        let busy = self.stats.outstanding.load(Ordering::Relaxed) > 0 || delta > 0;
-        if busy && delta > 0 {
-            let sample = delta as f64 / dt.as_secs_f64();
-            self.rate = 0.7 * self.rate + 0.3 * sample;
+        let busy = self.stats.busy_until(now);
+        let (delta, busy_dt) = (acked - self.acked_seen, busy.saturating_sub(self.busy_seen));
+        // Too little busy time says nothing of the rate: keep accumulating.
+        if delta == 0 || busy_dt < MIN_RATE_SAMPLE {
+            return;
         }
+        self.acked_seen = acked;
+        self.busy_seen = busy;
+        let sample = delta as f64 / busy_dt.as_secs_f64();
+        self.rate = 0.7 * self.rate + 0.3 * sample;
     }
 }
 
@@ -587,7 +647,6 @@ impl Session {
         let mut heartbeat = tokio::time::interval(self.cfg.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rate_tick = tokio::time::interval(RATE_TICK);
-        let mut last_tick = Instant::now();
         let cancel = self.handle.cancel.clone();
         loop {
             if let Err(end) = self.fill().await {
@@ -663,10 +722,8 @@ impl Session {
                 }
                 _ = rate_tick.tick() => {
                     let now = Instant::now();
-                    let dt = now - last_tick;
-                    last_tick = now;
                     for lane in self.lanes.iter_mut().flatten() {
-                        lane.tick(dt);
+                        lane.tick(now);
                     }
                 }
                 permit = budget.acquire_many_owned(kib(next_len)), if have_item => {
@@ -994,7 +1051,7 @@ impl Session {
             .unwrap_or_else(|e| e.into_inner())
             .insert(item.key());
         // Counted from now, also while it waits in the lane's gate: striping sees it.
-        lane.stats.outstanding.fetch_add(size, Ordering::Relaxed);
+        lane.stats.add(size);
         let out = Outgoing {
             item,
             size,
@@ -1080,6 +1137,41 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+
+    /// The rate is measured over the time a lane had bytes outstanding: a lane that sent
+    /// 100 KB in 10 ms and then idled 40 ms ran at 10 MB/s, not 2 MB/s; concurrent changes
+    /// leave the clock as the last one says.
+    #[test]
+    fn the_busy_clock_counts_only_time_with_bytes_outstanding() {
+        let stats = LaneStats::new();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        stats.outstanding.fetch_add(60_000, Ordering::Relaxed);
+        stats.sync_busy(t0);
+        stats.outstanding.fetch_add(40_000, Ordering::Relaxed);
+        stats.sync_busy(t0 + ms(1));
+        assert_eq!(stats.busy_until(t0 + ms(4)), ms(4));
+        stats.outstanding.fetch_sub(60_000, Ordering::Relaxed);
+        stats.sync_busy(t0 + ms(6));
+        stats.outstanding.fetch_sub(40_000, Ordering::Relaxed);
+        stats.sync_busy(t0 + ms(10));
+        assert_eq!(stats.busy_until(t0 + ms(50)), ms(10));
+        let rate = 100_000.0 / stats.busy_until(t0 + ms(50)).as_secs_f64();
+        assert!((rate - 10e6).abs() < 1.0, "{rate}");
+        // An add and a remove whose syncs arrive in the other order: the counter read under
+        // the lock decides, so the lane is busy again.
+        stats.outstanding.fetch_sub(0, Ordering::Relaxed);
+        stats.outstanding.fetch_add(5_000, Ordering::Relaxed);
+        stats.sync_busy(t0 + ms(60));
+        stats.sync_busy(t0 + ms(61));
+        assert_eq!(stats.busy_until(t0 + ms(70)), ms(20));
+        // add/remove keep the counter and the clock together.
+        stats.remove(5_000);
+        let idle = stats.busy_until(Instant::now() + ms(100));
+        assert_eq!(stats.busy_until(Instant::now() + ms(200)), idle);
+        stats.add(1);
+        assert!(stats.busy_until(Instant::now() + ms(100)) >= idle + ms(100));
+    }
 
     /// Runs a gate of `n` permits over `items`, each "stream" lasting 20 ms; returns the order
     /// they started in and the most open at once.
