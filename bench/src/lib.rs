@@ -8,17 +8,21 @@
 //! subscriber CPU per ledger, and the model bound of every row with the ratio to it. Baselines
 //! in the same run: one TCP connection and a local pipe ([`baseline`]).
 //!
-//! It does not implement store-and-forward or a streams-per-lane setting: the relay has neither
-//! (see bench/RESULTS.md).
+//! Rows also compare the relay's delivery modes (`--store-and-forward`, `--streams-per-lane`)
+//! and measure sustained goodput with subscribers catching up from the ring (`bulk-*` rows);
+//! after the table, the issue's targets are computed from the rows of the run.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod baseline;
+pub mod harness;
+pub mod load;
 pub mod netem;
 pub mod proc;
 pub mod report;
 pub mod scenario;
+pub mod slow;
 pub mod stats;
 
 use std::path::PathBuf;
@@ -27,7 +31,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 use crate::netem::{Netem, Shape};
-use crate::scenario::{Env, Kind, Payload, Row, Scenario, Settings};
+use crate::scenario::{Env, Kind, Mode, Payload, Row, Scenario, Settings};
 
 /// `ledger-bench` arguments.
 #[derive(Debug, Clone, Parser)]
@@ -41,7 +45,8 @@ compression, CPU per ledger and the model bound. The emulated network (network n
 per-flow caps) needs root; without it those rows are skipped with the reason."
 )]
 pub struct Cli {
-    /// Hidden helper subcommands (the TCP baseline's two ends).
+    /// The reliability modes (`slow-subscriber`, `load`), and hidden helper subcommands (the
+    /// TCP baseline's two ends); without one, the scenario table runs.
     #[command(subcommand)]
     pub helper: Option<Helper>,
     /// Benchmark settings.
@@ -49,9 +54,18 @@ pub struct Cli {
     pub args: Args,
 }
 
-/// Helpers run by the bench itself inside the namespaces.
+/// Subcommands: the reliability modes, and helpers the bench runs itself inside the
+/// namespaces.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Helper {
+    /// One subscriber consuming at a tenth of the rate next to normal ones: their delivery
+    /// p99 with and without it, its outcome (ring reading, catch-up or below retention) and
+    /// the relay's memory against a bound (issue 7).
+    SlowSubscriber(slow::SlowArgs),
+    /// Many subscribers with mixed starts, some reconnecting in a loop, for minutes: no
+    /// failure, contiguous delivery across restarts, and the relay's memory over time
+    /// (issue 7).
+    Load(load::LoadArgs),
     /// TCP baseline sender.
     #[command(hide = true)]
     TcpSend {
@@ -195,9 +209,18 @@ fn relay(
             codec: codec.into(),
             payload,
             subscribers: subs,
+            mode: Mode::default(),
         },
         emulated,
     }
+}
+
+/// `sc` with the relay delivering in `mode`.
+fn with_mode(mut sc: Scenario, new: Mode) -> Scenario {
+    if let Kind::Relay { mode, .. } = &mut sc.kind {
+        *mode = new;
+    }
+    sc
 }
 
 /// The rows of a run, before filtering by network and `--only`.
@@ -222,6 +245,44 @@ pub fn scenarios(args: &Args) -> Vec<Scenario> {
     ];
     if !args.quick {
         v.push(relay("raw-l8", true, 8, "none", raw(), 1));
+        // Streams alone do not beat a flow cap: one lane, one stream at a time vs four.
+        let streams = |n| Mode {
+            streams_per_lane: Some(n),
+            ..Mode::default()
+        };
+        v.push(with_mode(
+            relay("raw-l1-s1", true, 1, "none", raw(), 1),
+            streams(1),
+        ));
+        v.push(with_mode(
+            relay("raw-l1-s4", true, 1, "none", raw(), 1),
+            streams(4),
+        ));
+        // The prototype's first design: a ledger is sent only once it is complete.
+        let saf = Mode {
+            store_and_forward: true,
+            ..Mode::default()
+        };
+        v.push(with_mode(
+            relay("saf-raw-l1", true, 1, "none", raw(), 1),
+            saf,
+        ));
+        v.push(with_mode(
+            relay("saf-raw-l4", true, 4, "none", raw(), 1),
+            saf,
+        ));
+        v.push(with_mode(
+            relay("saf-x7.6-zstd-l4", true, 4, "zstd", cal(), 1),
+            saf,
+        ));
+    }
+    // Sustained goodput: ledgers back to back from the ring, not bounded by the source.
+    let bulk = Mode {
+        catch_up: true,
+        ..Mode::default()
+    };
+    for (name, lanes) in [("bulk-raw-l1", 1), ("bulk-raw-l2", 2), ("bulk-raw-l4", 4)] {
+        v.push(with_mode(relay(name, true, lanes, "none", raw(), 1), bulk));
     }
     v.push(relay("x7.6-zstd-l1", true, 1, "zstd", cal(), 1));
     if !args.quick {
@@ -357,6 +418,14 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
             count,
             stats,
         }) => return baseline::tcp_recv(listen, count, stats),
+        Some(Helper::SlowSubscriber(a)) => {
+            install_signal_handler();
+            return slow::main(&a);
+        }
+        Some(Helper::Load(a)) => {
+            install_signal_handler();
+            return load::main(&a);
+        }
         None => {}
     }
     let args = cli.args;
@@ -375,6 +444,10 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
     );
     let rows = run(&args)?;
     print!("{}", report::table(&rows));
+    let targets = report::targets(&rows);
+    if !targets.is_empty() {
+        print!("\ntargets (issue 6), from this run's rows:\n{targets}");
+    }
     if let Some(p) = &args.csv {
         report::write(p, &report::csv(&rows))?;
     }

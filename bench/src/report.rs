@@ -6,7 +6,15 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::scenario::{Kind, Row};
+use crate::scenario::{Kind, Mode, Row};
+
+/// The row's delivery mode (default for the baselines).
+fn mode(r: &Row) -> Mode {
+    match &r.scenario.kind {
+        Kind::Relay { mode, .. } => *mode,
+        _ => Mode::default(),
+    }
+}
 
 fn opt(v: Option<f64>, prec: usize) -> String {
     match v {
@@ -29,9 +37,9 @@ pub fn table(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
+        "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
         "scenario", "net", "ln", "codec", "subs", "p50 ms", "p90 ms", "p99 ms", "max ms",
-        "ia ms", "MiB/s", "ratio", "rly cpu", "sub cpu", "bound", "p99/b"
+        "ia ms", "gput", "tput", "ratio", "rly cpu", "sub cpu", "bound", "p99/b"
     );
     for r in rows {
         let net = if r.scenario.emulated { "emu" } else { "lo" };
@@ -42,7 +50,7 @@ pub fn table(rows: &[Row]) -> String {
         let m = &r.summary;
         let _ = writeln!(
             s,
-            "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} {:>8.1} {:>6.2} {:>8} {:>8} {:>8} {:>6}",
+            "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} {:>8.1} {:>8.1} {:>6.2} {:>8} {:>8} {:>8} {:>6}",
             r.scenario.name,
             net,
             r.lanes,
@@ -54,6 +62,7 @@ pub fn table(rows: &[Row]) -> String {
             m.max_ms,
             m.inter_p50_ms,
             m.goodput_mib_s,
+            m.throughput_mib_s,
             m.ratio,
             opt(r.relay_cpu_ms, 2),
             opt(r.sub_cpu_ms, 2),
@@ -68,7 +77,7 @@ pub fn table(rows: &[Row]) -> String {
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
         "scenario,network,kind,lanes,codec,payload,subscribers,ledgers,p50_ms,p90_ms,p99_ms,max_ms,\
-inter_p50_ms,inter_max_ms,goodput_mib_s,raw_bytes,wire_bytes,ratio,relay_cpu_ms_per_ledger,\
+inter_p50_ms,inter_max_ms,goodput_mib_s,throughput_mib_s,streams_per_lane,store_and_forward,catch_up,raw_bytes,wire_bytes,ratio,relay_cpu_ms_per_ledger,\
 sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
     );
     for r in rows {
@@ -80,7 +89,7 @@ sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
         };
         let _ = writeln!(
             s,
-            "{},{},{kind},{},{},{payload},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.0},{:.0},{:.3},{},{},{},{},{:.3},{}",
+            "{},{},{kind},{},{},{payload},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.2},{},{},{},{:.0},{:.0},{:.3},{},{},{},{},{:.3},{}",
             r.scenario.name,
             if r.scenario.emulated { "emulated" } else { "loopback" },
             r.lanes,
@@ -94,6 +103,10 @@ sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
             m.inter_p50_ms,
             m.inter_max_ms,
             m.goodput_mib_s,
+            m.throughput_mib_s,
+            mode(r).streams_per_lane.map(|n| n.to_string()).unwrap_or_default(),
+            mode(r).store_and_forward,
+            mode(r).catch_up,
             m.raw_bytes,
             m.wire_bytes,
             m.ratio,
@@ -132,7 +145,9 @@ pub fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
     let ok: Vec<&Row> = rows.iter().filter(|r| r.error.is_none()).collect();
-    cdf(&ok, dir, &mut written)?;
+    // Catch-up rows' delivery times are queueing behind the ring, not latency.
+    let live: Vec<&Row> = ok.iter().copied().filter(|r| !mode(r).catch_up).collect();
+    cdf(&live, dir, &mut written)?;
     lanes(&ok, dir, &mut written)?;
     fanout(&ok, dir, &mut written)?;
     Ok(written)
@@ -229,13 +244,27 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
         else {
             continue;
         };
+        let m = mode(r);
+        if m.store_and_forward || m.streams_per_lane.is_some() {
+            continue;
+        }
         let key = format!(
-            "{} {} {}",
+            "{} {} {}{}",
             if r.scenario.emulated { "emu" } else { "lo" },
             codec,
-            payload.label()
+            payload.label(),
+            if m.catch_up {
+                " bulk (sustained)"
+            } else {
+                " live (per ledger)"
+            }
         );
-        let p = (f64::from(r.lanes), r.summary.goodput_mib_s);
+        let y = if m.catch_up {
+            r.summary.throughput_mib_s
+        } else {
+            r.summary.goodput_mib_s
+        };
+        let p = (f64::from(r.lanes), y);
         match series.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => v.push(p),
             None => series.push((key, vec![p])),
@@ -252,7 +281,7 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
     both_backends!(dir, "throughput-vs-lanes", written, |root| {
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(&root)
-            .caption("Per-ledger goodput against lanes", ("sans-serif", 22))
+            .caption("Goodput against lanes", ("sans-serif", 22))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
@@ -261,7 +290,7 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
         chart
             .configure_mesh()
             .x_desc("lanes")
-            .y_desc("MiB/s (raw bytes / (delivery + emit))")
+            .y_desc("MiB/s (live: raw / (delivery + emit); bulk: sustained)")
             .draw()
             .map_err(err)?;
         for (i, (k, v)) in series.iter().enumerate() {
@@ -322,7 +351,197 @@ fn fanout(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Resul
     Ok(())
 }
 
+/// A row by name, if it ran without error.
+fn named<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.scenario.name == name && r.error.is_none() && r.summary.ledgers > 0)
+}
+
+/// Issue 6's targets, computed from the rows of this run that they need (rows not run are
+/// left out): one line each with the measured ratio and the verdict.
+pub fn targets(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let mut line = |what: &str, value: Option<(f64, String)>, ok: &dyn Fn(f64) -> bool| {
+        if let Some((v, detail)) = value {
+            let verdict = if ok(v) { "met" } else { "MISSED" };
+            let _ = writeln!(s, "{what:<48} {v:>7.3}  {verdict:<6} ({detail})");
+        }
+    };
+    let ratio = |a: &str, b: &str, f: &dyn Fn(&Row) -> Option<f64>| {
+        let (x, y) = (f(named(rows, a)?)?, f(named(rows, b)?)?);
+        Some((x / y, format!("{a} {x:.2} / {b} {y:.2}")))
+    };
+    let p = |r: &Row| Some(r.summary.p99_ms);
+    line(
+        "raw p99: 4 lanes / 1 lane (<= 0.3)",
+        ratio("raw-l4", "raw-l1", &p),
+        &|v| v <= 0.3,
+    );
+    line(
+        "raw p99: 4 lanes / one TCP flow (<= 0.3)",
+        ratio("raw-l4", "tcp-1flow", &p),
+        &|v| v <= 0.3,
+    );
+    line(
+        "raw sustained goodput: 4 lanes / 1 lane (>= 3.6)",
+        ratio("bulk-raw-l4", "bulk-raw-l1", &|r| {
+            Some(r.summary.throughput_mib_s)
+        }),
+        &|v| v >= 3.6,
+    );
+    line(
+        "raw per-ledger goodput: 4 lanes / 1 lane (>= 3.6)",
+        ratio("raw-l4", "raw-l1", &|r| Some(r.summary.goodput_mib_s)),
+        &|v| v >= 3.6,
+    );
+    // Streams alone do not beat a flow cap: four streams at most on one lane against the
+    // default (a stream per chunk in flight). One stream at a time (raw-l1-s1) also pays a
+    // round trip per chunk: its slot is held until the subscriber has the whole stream.
+    line(
+        "1 lane p99: 4 streams / default streams (0.9-1.1)",
+        ratio("raw-l1-s4", "raw-l1", &p),
+        &|v| (0.9..=1.1).contains(&v),
+    );
+    line(
+        "1 lane p99: raw / calibrated 7.6x zstd (>= 3)",
+        ratio("raw-l1", "x7.6-zstd-l1", &p),
+        &|v| v >= 3.0,
+    );
+    line(
+        "relay CPU/ledger: 16 subscribers / 1 (< 4)",
+        ratio("fanout-16", "fanout-1", &|r| r.relay_cpu_ms),
+        &|v| v < 4.0,
+    );
+    let bounded: Vec<&Row> = rows.iter().filter(|r| r.p99_over_bound.is_some()).collect();
+    if !bounded.is_empty() {
+        let within = bounded
+            .iter()
+            .filter(|r| r.p99_over_bound.is_some_and(|b| b <= 1.3))
+            .count();
+        let worst = bounded
+            .iter()
+            .filter_map(|r| r.p99_over_bound)
+            .fold(0.0f64, f64::max);
+        line(
+            "rows with p99 within 1.3x of the bound (all)",
+            Some((
+                within as f64 / bounded.len() as f64,
+                format!("{within} of {} rows; worst {worst:.2}x", bounded.len()),
+            )),
+            &|v| v >= 1.0,
+        );
+    }
+    let pipe = named(rows, "pipe").map(|r| r.wall_s);
+    for r in rows
+        .iter()
+        .filter(|r| !r.scenario.emulated && r.error.is_none() && r.scenario.name != "pipe")
+    {
+        if let Some(pw) = pipe.filter(|w| w.is_finite() && *w > 0.0) {
+            let ratio = r.wall_s / pw;
+            line(
+                &format!("loopback wall: {} / pipe (<= 1.02)", r.scenario.name),
+                Some((
+                    ratio,
+                    format!(
+                        "{:.3} s vs {pw:.3} s over {} ledgers, {:+.3}%",
+                        r.wall_s,
+                        r.summary.ledgers,
+                        (ratio - 1.0) * 100.0
+                    ),
+                )),
+                &|v| v <= 1.02,
+            );
+        }
+    }
+    s
+}
+
 /// Writes `text` to `path`.
 pub fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::{Payload, Scenario};
+    use crate::stats::Summary;
+
+    fn row(name: &str, lanes: u8, mode: Mode, p99: f64, tput: f64, bound: Option<f64>) -> Row {
+        Row {
+            scenario: Scenario {
+                name: name.into(),
+                kind: Kind::Relay {
+                    lanes,
+                    codec: "none".into(),
+                    payload: Payload::Synthetic(1.0),
+                    subscribers: 1,
+                    mode,
+                },
+                emulated: true,
+            },
+            lanes,
+            subscribers: 1,
+            summary: Summary {
+                ledgers: 10,
+                p99_ms: p99,
+                throughput_mib_s: tput,
+                goodput_mib_s: tput,
+                ..Summary::default()
+            },
+            relay_cpu_ms: None,
+            sub_cpu_ms: None,
+            bound_ms: bound,
+            p99_over_bound: bound.map(|b| p99 / b),
+            wall_s: f64::NAN,
+            delivery_ms: Vec::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn targets_compare_the_rows_of_the_run() {
+        let bulk = Mode {
+            catch_up: true,
+            ..Mode::default()
+        };
+        let s = |n| Mode {
+            streams_per_lane: Some(n),
+            ..Mode::default()
+        };
+        let rows = vec![
+            row("raw-l1", 1, Mode::default(), 20.0, 22.0, Some(17.0)),
+            row("raw-l4", 4, Mode::default(), 4.0, 60.0, Some(1.0)),
+            row("bulk-raw-l1", 1, bulk, 900.0, 23.0, None),
+            row("bulk-raw-l4", 4, bulk, 300.0, 85.0, None),
+            row("raw-l1-s4", 1, s(4), 23.0, 22.0, None),
+        ];
+        let t = targets(&rows);
+        let verdict = |what: &str| {
+            t.lines()
+                .find(|l| l.starts_with(what))
+                .unwrap_or_else(|| panic!("no {what:?} in\n{t}"))
+                .to_owned()
+        };
+        assert!(
+            verdict("raw p99: 4 lanes / 1 lane").contains(" 0.200  met"),
+            "{t}"
+        );
+        assert!(
+            verdict("raw sustained goodput").contains("3.696  met"),
+            "{t}"
+        );
+        assert!(verdict("raw per-ledger goodput").contains("MISSED"), "{t}");
+        assert!(
+            verdict("1 lane p99: 4 streams").contains("1.150  MISSED"),
+            "{t}"
+        );
+        assert!(
+            verdict("rows with p99 within").contains("1 of 2 rows; worst 4.00x"),
+            "{t}"
+        );
+        // Rows not in the run give no line.
+        assert!(!t.contains("TCP"), "{t}");
+        assert!(!t.contains("fan"), "{t}");
+    }
 }

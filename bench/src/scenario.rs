@@ -37,6 +37,23 @@ impl Payload {
     }
 }
 
+/// How the relay delivers in a row; the default is the product's: chunks streamed while the
+/// source writes, live, as many streams per lane as there are chunks in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Mode {
+    /// `--streams-per-lane`: chunk streams the relay writes at once on one lane.
+    pub streams_per_lane: Option<u16>,
+    /// `--store-and-forward`: send a ledger only once the source has written all of it.
+    pub store_and_forward: bool,
+    /// Bulk catch-up: the subscribers start only after the relay has stored every ledger, so
+    /// they read back to back from the ring and the row measures sustained goodput (delivery
+    /// times are then queueing, not latency, and the row has no model bound).
+    pub catch_up: bool,
+}
+
+/// Source cadence of catch-up rows: the ring fills quickly, the subscribers start after.
+const CATCH_UP_CADENCE_MS: f64 = 20.0;
+
 /// What carries the ledgers.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub enum Kind {
@@ -50,6 +67,8 @@ pub enum Kind {
         payload: Payload,
         /// Subscribers at once.
         subscribers: u8,
+        /// Delivery mode.
+        mode: Mode,
     },
     /// One TCP connection carrying ledgers of the same size, uncompressed.
     Tcp,
@@ -246,7 +265,8 @@ fn finish(s: &Settings, row: &mut Row, subs: &[Vec<Record>], chunk_wire: f64) {
             row.wall_s = (ia + f.delivery_ms) / 1e3;
         }
     }
-    if row.scenario.emulated && row.summary.ledgers > 0 {
+    let catch_up = matches!(row.scenario.kind, Kind::Relay { mode, .. } if mode.catch_up);
+    if row.scenario.emulated && row.summary.ledgers > 0 && !catch_up {
         let cap = capacity_bps(s, row.lanes, row.subscribers);
         let chunk_wire = chunk_wire.min(row.summary.wire_bytes);
         let b = model_bound_ms(
@@ -333,11 +353,18 @@ fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow:
     Ok(())
 }
 
-fn wait_listening(log: &Path, relay: &mut Child, within: Duration) -> anyhow::Result<()> {
+/// Waits until the relay logged "relay listening" in `log`; fails if it exits or `within`
+/// passes first.
+pub fn wait_listening(log: &Path, relay: &mut Child, within: Duration) -> anyhow::Result<()> {
+    wait_log(log, "relay listening", relay, within)
+}
+
+/// Waits until the relay's log holds `what`.
+fn wait_log(log: &Path, what: &str, relay: &mut Child, within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
         if std::fs::read_to_string(log)
-            .map(|t| t.contains("relay listening"))
+            .map(|t| t.contains(what))
             .unwrap_or(false)
         {
             return Ok(());
@@ -348,7 +375,7 @@ fn wait_listening(log: &Path, relay: &mut Child, within: Duration) -> anyhow::Re
             bail!("the relay exited ({st}): {}", tail.join(" | "));
         }
         if Instant::now() > deadline {
-            bail!("the relay did not start listening within {within:?}");
+            bail!("the relay's log did not show {what:?} within {within:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -366,6 +393,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         codec,
         payload,
         subscribers,
+        mode,
     } = &sc.kind
     else {
         bail!("not a relay row");
@@ -386,10 +414,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         _ => (None, None, "127.0.0.1"),
     };
     let (source, start, count) = match payload {
+        // The ratio is calibrated for the chunk size the relay cuts.
         Payload::Synthetic(ratio) => (
             format!(
-                "synthetic:size={},ratio={ratio},count={},start=2",
-                s.size, s.ledgers
+                "synthetic:size={},ratio={ratio},count={},start=2,chunk={}",
+                s.size, s.ledgers, s.chunk
             ),
             2u32,
             s.ledgers,
@@ -403,18 +432,30 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
             )
         }
     };
+    let cadence_ms = if mode.catch_up {
+        s.cadence_ms.min(CATCH_UP_CADENCE_MS)
+    } else {
+        s.cadence_ms
+    };
     let relay_log = dir.join("relay.log");
-    let mut relay = command(relay_ns.as_deref(), &env.relay_bin)
-        .arg("run")
+    let mut cmd = command(relay_ns.as_deref(), &env.relay_bin);
+    cmd.arg("run")
         .args(["--listen", &format!("{addr}:{port}"), "--certs"])
         .arg(&env.certs)
         .args(["--name", "relay", "--data-dir"])
         .arg(dir.join("data"))
         .args(["--source", &source])
-        .args(["--cadence", &format!("{}ms", s.cadence_ms)])
+        .args(["--cadence", &format!("{cadence_ms}ms")])
         .args(["--emit", &format!("{}ms", s.emit_ms)])
         .args(["--codec", codec, "--chunk-size", &s.chunk.to_string()])
-        .args(["--retention", "5000"])
+        .args(["--retention", "5000"]);
+    if let Some(n) = mode.streams_per_lane {
+        cmd.args(["--streams-per-lane", &n.to_string()]);
+    }
+    if mode.store_and_forward {
+        cmd.arg("--store-and-forward");
+    }
+    let mut relay = cmd
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -426,6 +467,10 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     let mut subs: Vec<Child> = Vec::new();
     let outcome = (|| -> anyhow::Result<(Option<f64>, Vec<f64>)> {
         wait_listening(&relay_log, &mut relay, Duration::from_secs(30))?;
+        if mode.catch_up {
+            let within = Duration::from_secs_f64(f64::from(count) * cadence_ms / 1e3 + 60.0);
+            wait_log(&relay_log, "source finished", &mut relay, within)?;
+        }
         for i in 0..subscribers {
             let stats = dir.join(format!("stats-{i}.csv"));
             let child = command(sub_ns.as_deref(), &env.sub_bin)

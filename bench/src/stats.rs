@@ -113,6 +113,11 @@ pub struct Summary {
     /// could send (delivery + emit window), MiB/s, median over ledgers: the goodput one ledger
     /// sees, independent of the cadence.
     pub goodput_mib_s: f64,
+    /// Sustained throughput, MiB/s: raw bytes of the ledgers after the first kept one over the
+    /// sum of their inter-arrival times, per subscriber, averaged over subscribers. Bounded by
+    /// the source's cadence on live rows; on catch-up rows (ledgers back to back from the
+    /// ring) it is the delivery path's goodput.
+    pub throughput_mib_s: f64,
 }
 
 /// Summarizes `records` (each subscriber's in arrival order, concatenated), leaving out the
@@ -138,6 +143,20 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
         .map(|r| r.raw_bytes as f64 / f64::from(1 << 20) / ((r.delivery_ms + emit_ms) / 1e3))
         .collect();
     gp.sort_by(f64::total_cmp);
+    let per_sub: Vec<f64> = subs
+        .iter()
+        .filter_map(|v| {
+            let after: Vec<&Record> = v.iter().skip(warmup + 1).collect();
+            let bytes: f64 = after.iter().map(|r| r.raw_bytes as f64).sum();
+            let secs: f64 = after.iter().filter_map(|r| r.inter_arrival_ms).sum::<f64>() / 1e3;
+            (secs > 0.0).then(|| bytes / f64::from(1 << 20) / secs)
+        })
+        .collect();
+    let throughput = if per_sub.is_empty() {
+        f64::NAN
+    } else {
+        per_sub.iter().sum::<f64>() / per_sub.len() as f64
+    };
     Summary {
         ledgers: kept.len(),
         p50_ms: quantile(&d, 0.5),
@@ -150,6 +169,7 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
         wire_bytes: wire,
         ratio: raw / wire.max(1.0),
         goodput_mib_s: quantile(&gp, 0.5),
+        throughput_mib_s: throughput,
     }
 }
 
@@ -169,6 +189,13 @@ mod tests {
         assert_eq!(s.p50_ms, 1.0);
         assert_eq!(s.max_ms, 3.0);
         assert_eq!(s.wire_bytes, 375.0);
+        // One ledger after the first kept one: 1000 bytes in 600 ms.
+        let want = 1000.0 / f64::from(1 << 20) / 0.6;
+        assert!(
+            (s.throughput_mib_s - want).abs() < 1e-12,
+            "{}",
+            s.throughput_mib_s
+        );
         assert!(parse_csv("seq\n1,2\n").is_err());
     }
 

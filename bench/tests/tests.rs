@@ -1,3 +1,4 @@
 //! Integration tests of `ledger-bench` (one binary, as ripgrep does).
 
 mod emulation;
+mod reliability;

@@ -1,0 +1,550 @@
+//! What the reliability modes (`slow-subscriber`, `load`) share: a `ledger-relay run` process
+//! with its Prometheus endpoint, its resident memory sampled from `/proc/PID/status`, and
+//! `ledger-subscribe` processes with their stats files. Loopback only.
+//!
+//! Processes are started as the rows of the main bench start them (same binaries, same
+//! ephemeral CA, [`crate::proc::track`] so Ctrl-C stops them); what is new here is reading the
+//! relay's metrics and memory while it runs.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::stats::{parse_csv, Record};
+
+/// Creates the ephemeral CA of [`crate::scenario::make_certs`] with client certificates
+/// `sub-0` .. `sub-{n-1}` (it issues the first [`crate::scenario::MAX_SUBSCRIBERS`]).
+pub fn make_certs(dir: &Path, n: usize) -> anyhow::Result<()> {
+    crate::scenario::make_certs(dir)?;
+    let certs = ledger_relay_certs::CertDir::open(dir)?;
+    for i in usize::from(crate::scenario::MAX_SUBSCRIBERS)..n {
+        certs.issue_client(&format!("sub-{i}"), 1)?;
+    }
+    Ok(())
+}
+
+/// A free UDP port on loopback (bound, read and released: another process could take it in
+/// between, which on a bench machine does not happen in practice).
+pub fn free_udp_port() -> anyhow::Result<u16> {
+    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A free TCP port on loopback (see [`free_udp_port`]).
+pub fn free_tcp_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The synthetic source and the relay settings of a run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RelaySettings {
+    /// Ledger size, bytes.
+    pub size: u64,
+    /// zstd-1 ratio of the synthetic filler at the relay's chunk size (1 = incompressible).
+    pub ratio: f64,
+    /// Ledgers the source emits (`None`: endless).
+    pub count: Option<u32>,
+    /// Sequence of the first ledger.
+    pub start: u32,
+    /// Time between ledgers, ms.
+    pub cadence_ms: f64,
+    /// Emit window, ms.
+    pub emit_ms: f64,
+    /// Chunk codec.
+    pub codec: String,
+    /// Raw bytes per chunk.
+    pub chunk: u64,
+    /// Ledgers kept in the ring (`--retention`).
+    pub retention: u32,
+}
+
+/// A running `ledger-relay run` on loopback with `--metrics`.
+#[derive(Debug)]
+pub struct RelayProc {
+    child: Child,
+    /// Its process id.
+    pub pid: u32,
+    /// The QUIC address subscribers connect to.
+    pub addr: SocketAddr,
+    /// The metrics address.
+    pub metrics: SocketAddr,
+    /// Its log (stderr, `RUST_LOG=info`).
+    pub log: PathBuf,
+}
+
+impl RelayProc {
+    /// Starts the relay with data under `dir` and waits until it listens.
+    pub fn start(
+        bin: &Path,
+        certs: &Path,
+        dir: &Path,
+        s: &RelaySettings,
+    ) -> anyhow::Result<RelayProc> {
+        std::fs::create_dir_all(dir)?;
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()?).parse()?;
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
+        let mut source = format!("synthetic:size={},ratio={}", s.size, s.ratio);
+        if let Some(n) = s.count {
+            source.push_str(&format!(",count={n}"));
+        }
+        // chunk=: the ratio is calibrated for the relay's chunk size, as in the main bench.
+        source.push_str(&format!(",start={},chunk={}", s.start, s.chunk));
+        let log = dir.join("relay.log");
+        let mut child = Command::new(bin)
+            .arg("run")
+            .args(["--listen", &addr.to_string(), "--certs"])
+            .arg(certs)
+            .args(["--name", "relay", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--source", &source])
+            .args(["--cadence", &format!("{}ms", s.cadence_ms)])
+            .args(["--emit", &format!("{}ms", s.emit_ms)])
+            .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
+            .args(["--retention", &s.retention.to_string()])
+            .args(["--metrics", &metrics.to_string()])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log)?)
+            .spawn()
+            .context("starting ledger-relay")?;
+        crate::proc::track(&child);
+        if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
+            crate::proc::kill_all(std::slice::from_mut(&mut child));
+            return Err(e);
+        }
+        Ok(RelayProc {
+            pid: child.id(),
+            child,
+            addr,
+            metrics,
+            log,
+        })
+    }
+
+    /// Fails if the relay has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(st) = self.child.try_wait()? {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            bail!("the relay exited ({st}): {}", tail.join(" | "));
+        }
+        Ok(())
+    }
+
+    /// Scrapes `/metrics`.
+    pub fn scrape(&self) -> anyhow::Result<Scrape> {
+        Ok(parse_metrics(&http_get(self.metrics, "/metrics")?))
+    }
+
+    /// Stops the relay (SIGINT, then SIGKILL after 10 s); returns its exit status if it stopped
+    /// by itself.
+    pub fn stop(mut self) -> Option<ExitStatus> {
+        crate::proc::stop(&mut self.child, Duration::from_secs(10)).map(|(st, _)| st)
+    }
+}
+
+/// One plain HTTP/1.1 GET on loopback, with 5 s timeouts; returns the body of a 200.
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.take(16 << 20).read_to_string(&mut text)?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {path}: no header end"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!(
+            "GET {path}: {}",
+            head.lines().next().unwrap_or_default().trim()
+        );
+    }
+    Ok(body.to_owned())
+}
+
+/// One session as `/metrics` shows it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SessionMetrics {
+    /// Client identity.
+    pub identity: String,
+    /// Reading from memory or the ring rather than the live stream.
+    pub catching_up: bool,
+    /// Lanes up.
+    pub lanes: u32,
+    /// Ledgers between the source's newest and its last acknowledged.
+    pub lag: u64,
+}
+
+/// A parsed `/metrics` exposition.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape {
+    /// Unlabelled samples by name without the `ledger_relay_` prefix.
+    pub values: BTreeMap<String, f64>,
+    /// Sessions by session id.
+    pub sessions: BTreeMap<u64, SessionMetrics>,
+}
+
+impl Scrape {
+    /// An unlabelled counter or gauge (0 when absent).
+    pub fn get(&self, name: &str) -> f64 {
+        self.values.get(name).copied().unwrap_or(0.0)
+    }
+
+    /// The sessions of `identity`.
+    pub fn sessions_of<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> impl Iterator<Item = &'a SessionMetrics> {
+        self.sessions
+            .values()
+            .filter(move |s| s.identity == identity)
+    }
+}
+
+/// The value of label `key` in `{a="x",b="y"}` (quotes unescaped).
+fn label(labels: &str, key: &str) -> Option<String> {
+    let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
+    let mut out = String::new();
+    let mut chars = labels[start..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                other => out.push(other),
+            },
+            '"' => return Some(out),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// Parses the relay's Prometheus text (see relay/src/metrics.rs); unknown lines are skipped.
+pub fn parse_metrics(text: &str) -> Scrape {
+    let mut out = Scrape::default();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let Some((key, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let Some(key) = key.strip_prefix("ledger_relay_") else {
+            continue;
+        };
+        match key.split_once('{') {
+            None => {
+                out.values.insert(key.to_owned(), value);
+            }
+            Some((name, labels)) => {
+                let Some(id) = label(labels, "session").and_then(|s| s.parse::<u64>().ok()) else {
+                    continue;
+                };
+                let s = out.sessions.entry(id).or_default();
+                if let Some(identity) = label(labels, "identity") {
+                    s.identity = identity;
+                }
+                match name {
+                    "subscriber_lag_ledgers" => s.lag = value as u64,
+                    "subscriber_lanes" => {
+                        s.lanes = value as u32;
+                        s.catching_up = label(labels, "catching_up").as_deref() == Some("true");
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A `/proc/PID/status` field in KiB (`VmRSS`, `VmHWM`), or `None` when the process is gone.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// One resident-memory sample.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct RssSample {
+    /// Seconds since the run's start.
+    pub t_s: f64,
+    /// Resident set, KiB.
+    pub rss_kib: u64,
+}
+
+/// Samples a process's `VmRSS` on its own thread at a fixed interval until finished.
+#[derive(Debug)]
+pub struct RssSampler {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Vec<RssSample>>,
+}
+
+impl RssSampler {
+    /// Starts sampling `pid` every `every`; times are measured from `t0`. Stops by itself when
+    /// the process is gone or after `limit` samples.
+    pub fn start(pid: u32, every: Duration, t0: Instant, limit: usize) -> RssSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let mut next = Instant::now();
+            while !flag.load(Ordering::Relaxed) && v.len() < limit {
+                let Some(kib) = status_kib(pid, "VmRSS") else {
+                    break;
+                };
+                v.push(RssSample {
+                    t_s: t0.elapsed().as_secs_f64(),
+                    rss_kib: kib,
+                });
+                next += every;
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                } else {
+                    next = now;
+                }
+            }
+            v
+        });
+        RssSampler { stop, handle }
+    }
+
+    /// Stops and returns the samples.
+    pub fn finish(self) -> Vec<RssSample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// KiB to MiB.
+pub fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// Least-squares slope of (x, y) points; `None` with fewer than 2 distinct x.
+pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return None;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
+/// The machine's load averages (1, 5, 15 min) from `/proc/loadavg`.
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let v: Vec<f64> = text
+        .split_whitespace()
+        .take(3)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    Some([*v.first()?, *v.get(1)?, *v.get(2)?])
+}
+
+/// How a `ledger-subscribe` process is started.
+#[derive(Debug, Clone)]
+pub struct SubSpec {
+    /// Certificate name (`sub-N`).
+    pub name: String,
+    /// `--from`: a sequence or `tip`.
+    pub from: String,
+    /// `--count`.
+    pub count: Option<u32>,
+    /// `--lanes`.
+    pub lanes: u8,
+    /// `--stats` file.
+    pub stats: PathBuf,
+    /// Its stderr.
+    pub log: PathBuf,
+    /// `--consume-delay`, ms.
+    pub consume_delay_ms: Option<f64>,
+}
+
+/// Starts `ledger-subscribe` against `relay` writing ledgers to /dev/null (verified all the
+/// same: order, checksums and the hash chain).
+pub fn spawn_subscriber(
+    bin: &Path,
+    relay: SocketAddr,
+    certs: &Path,
+    spec: &SubSpec,
+) -> anyhow::Result<Child> {
+    let mut cmd = Command::new(bin);
+    cmd.args(["--relay", &relay.to_string(), "--certs"])
+        .arg(certs)
+        .args(["--name", &spec.name, "--from", &spec.from])
+        .args(["--lanes", &spec.lanes.to_string(), "--out", "/dev/null"])
+        .arg("--stats")
+        .arg(&spec.stats);
+    if let Some(n) = spec.count {
+        cmd.args(["--count", &n.to_string()]);
+    }
+    if let Some(d) = spec.consume_delay_ms {
+        cmd.args(["--consume-delay", &format!("{d}ms")]);
+    }
+    let child = cmd
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&spec.log)?)
+        .spawn()
+        .context("starting ledger-subscribe")?;
+    crate::proc::track(&child);
+    Ok(child)
+}
+
+/// Reads a stats CSV written by a process that may have been killed: a last line cut short
+/// is left out. A missing file (killed before it was created) reads as empty.
+pub fn read_stats_lenient(path: &Path) -> anyhow::Result<Vec<Record>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let whole = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    parse_csv(whole).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Checks that `segments` (the sequences of one subscriber's successive processes) join into
+/// one run with every step +1: no gap, no duplicate, no reordering, across restarts too.
+pub fn check_contiguous(segments: &[Vec<u32>]) -> Result<(), String> {
+    let mut prev: Option<(u32, usize)> = None;
+    for (k, seg) in segments.iter().enumerate() {
+        for &seq in seg {
+            if let Some((p, pk)) = prev {
+                if seq != p.wrapping_add(1) {
+                    return Err(if pk == k {
+                        format!("process {k}: {seq} after {p}")
+                    } else {
+                        format!("process {k} started at {seq} after process {pk} ended at {p}")
+                    });
+                }
+            }
+            prev = Some((seq, k));
+        }
+    }
+    Ok(())
+}
+
+/// The last line of a log (for error messages).
+pub fn last_line(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_relays_metrics() {
+        let text = "# HELP ledger_relay_lagged_total Times.\n# TYPE ledger_relay_lagged_total counter\n\
+                    ledger_relay_lagged_total 2\nledger_relay_ring_oldest 17\n\
+                    ledger_relay_subscriber_lag_ledgers{session=\"3\",identity=\"sub-\\\"8\"} 41\n\
+                    ledger_relay_subscriber_lanes{session=\"3\",identity=\"sub-\\\"8\",catching_up=\"true\"} 4\n\
+                    ledger_relay_subscriber_lanes{session=\"4\",identity=\"sub-0\",catching_up=\"false\"} 2\n\
+                    garbage line\n";
+        let m = parse_metrics(text);
+        assert_eq!(m.get("lagged_total"), 2.0);
+        assert_eq!(m.get("ring_oldest"), 17.0);
+        assert_eq!(m.get("absent"), 0.0);
+        let slow: Vec<_> = m.sessions_of("sub-\"8").collect();
+        assert_eq!(
+            slow,
+            vec![&SessionMetrics {
+                identity: "sub-\"8".into(),
+                catching_up: true,
+                lanes: 4,
+                lag: 41
+            }]
+        );
+        assert!(!m.sessions[&4].catching_up);
+    }
+
+    #[test]
+    fn contiguity_across_restarts() {
+        assert!(check_contiguous(&[vec![5, 6, 7], vec![], vec![8, 9]]).is_ok());
+        assert!(check_contiguous(&[vec![], vec![3]]).is_ok());
+        let e = check_contiguous(&[vec![5, 6], vec![6, 7]]).unwrap_err();
+        assert!(
+            e.contains("process 1 started at 6 after process 0 ended at 6"),
+            "{e}"
+        );
+        assert!(check_contiguous(&[vec![5, 7]]).is_err());
+        assert!(check_contiguous(&[vec![5, 6], vec![8]]).is_err());
+    }
+
+    #[test]
+    fn least_squares_slope() {
+        let pts: Vec<(f64, f64)> = (0..10)
+            .map(|i| (f64::from(i), 3.0 + 2.0 * f64::from(i)))
+            .collect();
+        assert!((slope(&pts).unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(slope(&[(1.0, 1.0)]), None);
+        assert_eq!(slope(&[(1.0, 1.0), (1.0, 2.0)]), None);
+    }
+
+    #[test]
+    fn stats_of_a_killed_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.csv");
+        assert!(read_stats_lenient(&p).unwrap().is_empty());
+        std::fs::write(
+            &p,
+            "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms\n5,10,5,1.0,\n6,10,5,1.0,2.0\n7,1",
+        )
+        .unwrap();
+        let r = read_stats_lenient(&p).unwrap();
+        assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![5, 6]);
+    }
+
+    #[test]
+    fn reads_own_memory() {
+        let rss = status_kib(std::process::id(), "VmRSS").unwrap();
+        assert!(rss > 0);
+        assert!(status_kib(std::process::id(), "VmNope").is_none());
+        let s = RssSampler::start(
+            std::process::id(),
+            Duration::from_millis(10),
+            Instant::now(),
+            1000,
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        let v = s.finish();
+        assert!(v.len() >= 2, "{v:?}");
+        assert!(v.windows(2).all(|w| w[0].t_s <= w[1].t_s));
+    }
+}

@@ -1,0 +1,848 @@
+//! `ledger-bench load`: many subscribers with mixed starts, some reconnecting in a loop, for
+//! minutes (issue 7, item 5).
+//!
+//! One relay on loopback with an endless synthetic source. After a pre-roll (so the ring holds
+//! something to start from), `--subscribers` `ledger-subscribe` processes start, staggered, a
+//! third each from the tip, from (about) the oldest ledger retained and from the middle of the
+//! ring. The first `--reconnecting` of them are stopped after a random life between
+//! `--min-life` and `--max-life`, alternately with SIGINT (graceful: must exit 0) and SIGKILL,
+//! and restarted at once with `--from` the ledger after the last one their stats file shows
+//! (what a consumer that persists its position does). At the end every process gets SIGINT and
+//! must exit 0.
+//!
+//! Checked afterwards: every subscriber's sequences, across all its processes, are contiguous
+//! with no duplicate; a restarted process starts exactly where it was asked to; every process
+//! ended with exit 0 or was killed by the harness. Measured: the relay's VmRSS every
+//! `--rss-interval-ms`, its least-squares slope after `--warmup` (MiB per minute) and
+//! `VmHWM`; connects, reconnects, ledgers delivered and the relay's counters.
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::harness::{self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler};
+
+/// Parses seconds: `300`, `90s`, `5m`, `1.5m`, `500ms`, `1h`.
+pub fn parse_secs(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?}: expected a number and a unit (ms, s, m, h)"))?;
+    let scale = match unit.trim() {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        u => return Err(format!("bad duration {s:?}: unknown unit {u:?}")),
+    };
+    let secs = v * scale;
+    if !secs.is_finite() || secs > 86_400.0 {
+        return Err(format!("bad duration {s:?}: at most a day"));
+    }
+    Ok(secs)
+}
+
+/// `ledger-bench load` settings.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct LoadArgs {
+    /// A one-minute preset: --duration 60s, --warmup 20s, --preroll 5s, --stagger 5s,
+    /// --retention 80 (each unless given).
+    #[arg(long)]
+    pub quick: bool,
+    /// How long subscribers run, from the first start to the stop [default: 5m; quick 60s].
+    #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
+    pub duration: Option<f64>,
+    /// Subscriber processes at once.
+    #[arg(long, default_value_t = 32)]
+    pub subscribers: usize,
+    /// How many of them are stopped and restarted in a loop.
+    #[arg(long, default_value_t = 8)]
+    pub reconnecting: usize,
+    /// Ledger size, bytes.
+    #[arg(long, default_value_t = 262_144)]
+    pub ledger_bytes: u64,
+    /// Relay chunk size, bytes.
+    #[arg(long, default_value_t = 65_536)]
+    pub chunk_bytes: u64,
+    /// zstd-1 ratio of the synthetic ledgers.
+    #[arg(long, default_value_t = 7.6)]
+    pub ratio: f64,
+    /// Relay codec.
+    #[arg(long, default_value = "zstd")]
+    pub codec: String,
+    /// Time between ledgers, ms.
+    #[arg(long, default_value_t = 250.0)]
+    pub cadence_ms: f64,
+    /// Emit window, ms.
+    #[arg(long, default_value_t = 8.0)]
+    pub emit_ms: f64,
+    /// Lanes per subscriber.
+    #[arg(long, default_value_t = 2)]
+    pub lanes: u8,
+    /// Ledgers the ring keeps [default: 240, a minute at 250 ms; quick 80]: the ring fills
+    /// during the warm-up, so memory after it is steady state.
+    #[arg(long)]
+    pub retention: Option<u32>,
+    /// Time from the relay's start left out of the memory slope [default: 90s, the ring full
+    /// for 30 s; quick 20s].
+    #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
+    pub warmup: Option<f64>,
+    /// Time the relay runs before the first subscriber [default: 10s; quick 5s].
+    #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
+    pub preroll: Option<f64>,
+    /// The first starts are spread over this long [default: 10s; quick 5s].
+    #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
+    pub stagger: Option<f64>,
+    /// Shortest life of a reconnecting subscriber's process.
+    #[arg(long, value_parser = parse_secs, default_value = "2s", value_name = "DURATION")]
+    pub min_life: f64,
+    /// Longest life of a reconnecting subscriber's process.
+    #[arg(long, value_parser = parse_secs, default_value = "10s", value_name = "DURATION")]
+    pub max_life: f64,
+    /// Seed of the random lives and start order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Relay VmRSS sampling interval, ms.
+    #[arg(long, default_value_t = 1000)]
+    pub rss_interval_ms: u64,
+    /// Target: the slope of VmRSS after the warm-up at most this, MiB per minute.
+    #[arg(long, default_value_t = 0.5)]
+    pub flat_mib_per_min: f64,
+    /// Write the results as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// The settings of a run, presets resolved.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadSettings {
+    /// Subscribers' run time, s.
+    pub duration_s: f64,
+    /// Memory slope warm-up from the relay's start, s.
+    pub warmup_s: f64,
+    /// Relay alone before the first subscriber, s.
+    pub preroll_s: f64,
+    /// Spread of the first starts, s.
+    pub stagger_s: f64,
+    /// Ring retention, ledgers.
+    pub retention: u32,
+}
+
+impl LoadArgs {
+    /// Resolves the presets and checks the arguments.
+    pub fn settings(&self) -> anyhow::Result<LoadSettings> {
+        let q = self.quick;
+        let s = LoadSettings {
+            duration_s: self.duration.unwrap_or(if q { 60.0 } else { 300.0 }),
+            warmup_s: self.warmup.unwrap_or(if q { 20.0 } else { 90.0 }),
+            preroll_s: self.preroll.unwrap_or(if q { 5.0 } else { 10.0 }),
+            stagger_s: self.stagger.unwrap_or(if q { 5.0 } else { 10.0 }),
+            retention: self.retention.unwrap_or(if q { 80 } else { 240 }),
+        };
+        if !(1..=128).contains(&self.subscribers) {
+            bail!("--subscribers must be 1..=128");
+        }
+        if self.reconnecting > self.subscribers {
+            bail!("--reconnecting must not exceed --subscribers");
+        }
+        if s.duration_s < 1.0 || s.retention == 0 || self.lanes == 0 {
+            bail!("--duration must be at least 1s, --retention and --lanes at least 1");
+        }
+        if !(self.min_life >= 0.2 && self.max_life >= self.min_life) {
+            bail!("--min-life must be at least 200ms and --max-life at least --min-life");
+        }
+        if !(self.cadence_ms > 0.0 && self.emit_ms >= 0.0 && self.emit_ms <= self.cadence_ms) {
+            bail!("--cadence-ms must be positive and at least --emit-ms");
+        }
+        if self.chunk_bytes < 4096 {
+            bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
+        }
+        if !(10..=60_000).contains(&self.rss_interval_ms) {
+            bail!("--rss-interval-ms must be 10..=60000");
+        }
+        Ok(s)
+    }
+}
+
+/// Where a subscriber starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum StartKind {
+    /// `--from tip`.
+    Tip,
+    /// A few ledgers above the oldest the ring holds (pruning goes on while it connects).
+    Oldest,
+    /// Halfway between the oldest and the newest held.
+    Middle,
+}
+
+/// Ledgers above the ring's oldest an `Oldest` start asks for: the ring prunes one ledger per
+/// cadence while the subscriber connects.
+pub const OLDEST_MARGIN: u32 = 8;
+
+/// How one process of a subscriber ended.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub enum End {
+    /// Stopped by the harness with SIGINT, exited 0.
+    Stopped,
+    /// Killed by the harness with SIGKILL.
+    Killed,
+    /// Anything else (a failure).
+    Failed(String),
+}
+
+/// One process of a subscriber.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Segment {
+    /// `--from` it was given.
+    pub from: String,
+    /// Seconds from the relay's start.
+    pub started_s: f64,
+    /// Seconds from the relay's start.
+    pub ended_s: f64,
+    /// How it ended.
+    pub end: Option<End>,
+    /// Ledgers it wrote.
+    pub ledgers: usize,
+    /// First and last sequence it wrote.
+    pub first_seq: Option<u32>,
+    /// Last sequence it wrote.
+    pub last_seq: Option<u32>,
+    #[serde(skip)]
+    stats: PathBuf,
+    #[serde(skip)]
+    log: PathBuf,
+}
+
+/// One subscriber over the run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SlotReport {
+    /// Certificate name.
+    pub name: String,
+    /// Its first start.
+    pub kind: StartKind,
+    /// Restarted in a loop.
+    pub reconnecting: bool,
+    /// Its processes in order.
+    pub segments: Vec<Segment>,
+    /// Ledgers over all its processes.
+    pub ledgers: usize,
+    /// Contiguous, no duplicate, across restarts.
+    pub contiguous: bool,
+}
+
+/// The whole result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadReport {
+    /// Arguments.
+    pub args: LoadArgs,
+    /// Resolved settings.
+    pub settings: LoadSettings,
+    /// Load average at the start and at the end.
+    pub load_average: [Option<[f64; 3]>; 2],
+    /// Processes started.
+    pub connects: usize,
+    /// Of which restarts.
+    pub reconnects: usize,
+    /// Restarts after a graceful stop.
+    pub graceful_stops: usize,
+    /// Restarts after SIGKILL.
+    pub kills: usize,
+    /// Ledgers delivered over all processes.
+    pub ledgers_delivered: usize,
+    /// Everything that went wrong.
+    pub failures: Vec<String>,
+    /// The relay's counters at the end (`sessions_total`, `lagged_total`, ...).
+    pub relay_counters: std::collections::BTreeMap<String, f64>,
+    /// VmRSS of the first sample, MiB.
+    pub rss_start_mib: f64,
+    /// VmRSS of the last sample, MiB.
+    pub rss_end_mib: f64,
+    /// Largest VmRSS sample, MiB.
+    pub rss_max_mib: f64,
+    /// VmRSS at the end of the warm-up, MiB.
+    pub rss_at_warmup_mib: f64,
+    /// VmHWM before the stop, MiB.
+    pub rss_hwm_mib: f64,
+    /// Least-squares slope of VmRSS after the warm-up, MiB per minute.
+    pub rss_slope_mib_per_min: Option<f64>,
+    /// VmRSS after the warm-up: samples, min, max, mean of the first half, mean of the second
+    /// half (MiB).
+    pub rss_after_warmup: AfterWarmup,
+    /// Whether the slope is within `--flat-mib-per-min`.
+    pub flat: bool,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// Per subscriber.
+    pub slots: Vec<SlotReport>,
+    /// (seconds, sessions_open, lanes_open) every second.
+    pub sessions_series: Vec<(f64, f64, f64)>,
+    /// Every VmRSS sample.
+    pub rss_samples: Vec<RssSample>,
+}
+
+/// VmRSS after the warm-up.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AfterWarmup {
+    /// Samples.
+    pub samples: usize,
+    /// Smallest, MiB.
+    pub min_mib: f64,
+    /// Largest, MiB.
+    pub max_mib: f64,
+    /// Mean of the first half of the samples, MiB.
+    pub first_half_mean_mib: f64,
+    /// Mean of the second half, MiB.
+    pub second_half_mean_mib: f64,
+}
+
+impl AfterWarmup {
+    fn of(mib: &[f64]) -> AfterWarmup {
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let (a, b) = mib.split_at(mib.len() / 2);
+        AfterWarmup {
+            samples: mib.len(),
+            min_mib: mib.iter().copied().fold(f64::INFINITY, f64::min),
+            max_mib: mib.iter().copied().fold(0.0, f64::max),
+            first_half_mean_mib: mean(a),
+            second_half_mean_mib: mean(b),
+        }
+    }
+}
+
+/// xorshift64*: the run's randomness, reproducible from `--seed`.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [lo, hi].
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+struct Slot {
+    report: SlotReport,
+    child: Option<Child>,
+    start_at_s: f64,
+    stop_at_s: f64,
+    stops: usize,
+}
+
+struct Ctx<'a> {
+    a: &'a LoadArgs,
+    dir: PathBuf,
+    certs: PathBuf,
+    sub_bin: PathBuf,
+    t0: Instant,
+}
+
+impl Ctx<'_> {
+    fn now_s(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+}
+
+/// The `--from` for a slot's next process: the ledger after the last one it wrote, else a
+/// fresh start of its kind.
+fn next_from(slot: &Slot, scrape: Option<&harness::Scrape>) -> String {
+    if let Some(last) = slot.report.segments.iter().rev().find_map(|s| s.last_seq) {
+        return last.wrapping_add(1).to_string();
+    }
+    let (oldest, newest) = scrape.map_or((0, 0), |m| {
+        (m.get("ring_oldest") as u32, m.get("ring_newest") as u32)
+    });
+    if oldest == 0 || newest == 0 {
+        return "tip".into();
+    }
+    match slot.report.kind {
+        StartKind::Tip => "tip".into(),
+        StartKind::Oldest => (oldest + OLDEST_MARGIN).min(newest).to_string(),
+        StartKind::Middle => (oldest + (newest - oldest) / 2).to_string(),
+    }
+}
+
+fn start(
+    ctx: &Ctx<'_>,
+    relay: &RelayProc,
+    slot: &mut Slot,
+    scrape: Option<&harness::Scrape>,
+) -> anyhow::Result<()> {
+    let k = slot.report.segments.len();
+    let from = next_from(slot, scrape);
+    let spec = harness::SubSpec {
+        name: slot.report.name.clone(),
+        from: from.clone(),
+        count: None,
+        lanes: ctx.a.lanes,
+        stats: ctx.dir.join(format!("{}-{k}.csv", slot.report.name)),
+        log: ctx.dir.join(format!("{}-{k}.log", slot.report.name)),
+        consume_delay_ms: None,
+    };
+    let child = harness::spawn_subscriber(&ctx.sub_bin, relay.addr, &ctx.certs, &spec)?;
+    slot.child = Some(child);
+    slot.report.segments.push(Segment {
+        from,
+        started_s: ctx.now_s(),
+        ended_s: f64::NAN,
+        end: None,
+        ledgers: 0,
+        first_seq: None,
+        last_seq: None,
+        stats: spec.stats,
+        log: spec.log,
+    });
+    Ok(())
+}
+
+/// Records how the running process of `slot` ended and reads what it wrote.
+fn close_segment(ctx: &Ctx<'_>, slot: &mut Slot, end: End) -> anyhow::Result<()> {
+    slot.child = None;
+    let seg = slot
+        .report
+        .segments
+        .last_mut()
+        .context("a segment to close")?;
+    seg.ended_s = ctx.now_s();
+    seg.end = Some(end);
+    let recs = harness::read_stats_lenient(&seg.stats)?;
+    seg.ledgers = recs.len();
+    seg.first_seq = recs.first().map(|r| r.seq);
+    seg.last_seq = recs.last().map(|r| r.seq);
+    Ok(())
+}
+
+/// Describes an exit the harness did not cause.
+fn unexpected(slot: &Slot, st: std::process::ExitStatus) -> End {
+    let log = slot
+        .report
+        .segments
+        .last()
+        .map(|s| harness::last_line(&s.log))
+        .unwrap_or_default();
+    End::Failed(format!("exited by itself ({st}): {log}"))
+}
+
+/// Runs the load (see the module documentation).
+pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
+    let s = a.settings()?;
+    let load_start = harness::load_average();
+    let tmp = tempfile::Builder::new()
+        .prefix("ledger-bench-load")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let certs = tmp.path().join("certs");
+    harness::make_certs(&certs, a.subscribers)?;
+    let relay_bin = crate::proc::sibling_binary("ledger-relay")?;
+    let ctx = Ctx {
+        a,
+        dir: tmp.path().join("subs"),
+        certs,
+        sub_bin: crate::proc::sibling_binary("ledger-subscribe")?,
+        t0: Instant::now(),
+    };
+    std::fs::create_dir_all(&ctx.dir)?;
+    let settings = RelaySettings {
+        size: a.ledger_bytes,
+        ratio: a.ratio,
+        count: None,
+        start: 2,
+        cadence_ms: a.cadence_ms,
+        emit_ms: a.emit_ms,
+        codec: a.codec.clone(),
+        chunk: a.chunk_bytes,
+        retention: s.retention,
+    };
+    let mut relay = RelayProc::start(&relay_bin, &ctx.certs, &tmp.path().join("relay"), &settings)?;
+    let total_s = s.preroll_s + s.duration_s + 30.0;
+    let sampler = RssSampler::start(
+        relay.pid,
+        Duration::from_millis(a.rss_interval_ms),
+        ctx.t0,
+        (total_s * 1e3 / a.rss_interval_ms as f64) as usize + 100,
+    );
+    let mut rng = Rng::new(a.seed);
+    let mut order: Vec<usize> = (0..a.subscribers).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let mut slots: Vec<Slot> = (0..a.subscribers)
+        .map(|i| Slot {
+            report: SlotReport {
+                name: format!("sub-{i}"),
+                kind: [StartKind::Tip, StartKind::Oldest, StartKind::Middle][i % 3],
+                reconnecting: i < a.reconnecting,
+                segments: Vec::new(),
+                ledgers: 0,
+                contiguous: false,
+            },
+            child: None,
+            start_at_s: 0.0,
+            stop_at_s: f64::INFINITY,
+            stops: 0,
+        })
+        .collect();
+    for (k, &i) in order.iter().enumerate() {
+        slots[i].start_at_s = s.preroll_s + s.stagger_s * k as f64 / a.subscribers as f64;
+    }
+    let end_s = s.preroll_s + s.duration_s;
+    let mut failures: Vec<String> = Vec::new();
+    let (mut graceful, mut kills) = (0usize, 0usize);
+    let mut series = Vec::new();
+    let mut scrape: Option<harness::Scrape> = None;
+    let mut last_scrape = f64::NEG_INFINITY;
+    let mut hwm = 0u64;
+    let outcome = (|| -> anyhow::Result<()> {
+        loop {
+            let now = ctx.now_s();
+            if now >= end_s {
+                break;
+            }
+            relay.check_alive()?;
+            if now - last_scrape >= 1.0 {
+                last_scrape = now;
+                if let Ok(m) = relay.scrape() {
+                    series.push((now, m.get("sessions_open"), m.get("lanes_open")));
+                    scrape = Some(m);
+                }
+            }
+            for slot in slots.iter_mut() {
+                if slot.child.is_none() {
+                    if now >= slot.start_at_s {
+                        start(&ctx, &relay, slot, scrape.as_ref())?;
+                        if slot.report.reconnecting {
+                            slot.stop_at_s = ctx.now_s() + rng.range(a.min_life, a.max_life);
+                        }
+                    }
+                    continue;
+                }
+                let Some(child) = slot.child.as_mut() else {
+                    continue;
+                };
+                if let Some((st, _)) = crate::proc::wait_with_cpu(child, Instant::now())? {
+                    let end = unexpected(slot, st);
+                    failures.push(format!("{}: {:?}", slot.report.name, end));
+                    close_segment(&ctx, slot, end)?;
+                    // Restarted from where it stopped, after a pause, to keep the load up.
+                    slot.start_at_s = now + 1.0;
+                    continue;
+                }
+                if now >= slot.stop_at_s {
+                    let end = if slot.stops % 2 == 0 {
+                        graceful += 1;
+                        match crate::proc::stop(child, Duration::from_secs(5)) {
+                            Some((st, _)) if st.success() => End::Stopped,
+                            Some((st, _)) => End::Failed(format!("SIGINT: exit {st}")),
+                            None => End::Failed("SIGINT: not stopped within 5 s".into()),
+                        }
+                    } else {
+                        kills += 1;
+                        crate::proc::kill_all(std::slice::from_mut(child));
+                        End::Killed
+                    };
+                    slot.stops += 1;
+                    if let End::Failed(e) = &end {
+                        failures.push(format!("{}: {e}", slot.report.name));
+                    }
+                    close_segment(&ctx, slot, end)?;
+                    slot.start_at_s = ctx.now_s();
+                    slot.stop_at_s = f64::INFINITY;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The end: SIGINT to every process at once, then each must exit 0 within 10 s.
+        for slot in slots.iter() {
+            if let Some(c) = &slot.child {
+                let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGINT);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for slot in slots.iter_mut() {
+            let Some(child) = slot.child.as_mut() else {
+                continue;
+            };
+            let end = match crate::proc::wait_with_cpu(child, deadline)? {
+                Some((st, _)) if st.success() => End::Stopped,
+                Some((st, _)) => End::Failed(format!("final SIGINT: exit {st}")),
+                None => {
+                    crate::proc::kill_all(std::slice::from_mut(child));
+                    End::Failed("final SIGINT: not stopped within 10 s".into())
+                }
+            };
+            if let End::Failed(e) = &end {
+                failures.push(format!("{}: {e}", slot.report.name));
+            }
+            close_segment(&ctx, slot, end)?;
+        }
+        hwm = status_kib(relay.pid, "VmHWM").unwrap_or(0);
+        if let Ok(m) = relay.scrape() {
+            scrape = Some(m);
+        }
+        Ok(())
+    })();
+    let mut children: Vec<Child> = slots.iter_mut().filter_map(|s| s.child.take()).collect();
+    crate::proc::kill_all(&mut children);
+    relay.stop();
+    let samples = sampler.finish();
+    let wall_s = ctx.now_s();
+    outcome?;
+    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
+        let kept = tmp.keep();
+        eprintln!("ledger-bench: logs kept in {}", kept.display());
+    }
+
+    // Checks.
+    let mut delivered = 0usize;
+    for slot in slots.iter_mut() {
+        let mut seqs: Vec<Vec<u32>> = Vec::new();
+        for (k, seg) in slot.report.segments.iter().enumerate() {
+            let recs = harness::read_stats_lenient(&seg.stats)?;
+            if let (Ok(from), Some(first)) = (seg.from.parse::<u32>(), recs.first()) {
+                if first.seq != from {
+                    failures.push(format!(
+                        "{} process {k}: asked for {from}, first ledger {}",
+                        slot.report.name, first.seq
+                    ));
+                }
+            }
+            seqs.push(recs.iter().map(|r| r.seq).collect());
+        }
+        slot.report.ledgers = seqs.iter().map(Vec::len).sum();
+        delivered += slot.report.ledgers;
+        match harness::check_contiguous(&seqs) {
+            Ok(()) => slot.report.contiguous = true,
+            Err(e) => failures.push(format!("{}: {e}", slot.report.name)),
+        }
+        if slot.report.ledgers == 0 {
+            failures.push(format!("{}: no ledger delivered", slot.report.name));
+        }
+    }
+    let connects: usize = slots.iter().map(|s| s.report.segments.len()).sum();
+    let rss_of = |t: f64| {
+        samples
+            .iter()
+            .find(|x| x.t_s >= t)
+            .or(samples.last())
+            .map_or(0.0, |x| mib(x.rss_kib))
+    };
+    let after: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|x| x.t_s >= s.warmup_s)
+        .map(|x| (x.t_s / 60.0, mib(x.rss_kib)))
+        .collect();
+    let slope = harness::slope(&after);
+    let after_warmup = AfterWarmup::of(&after.iter().map(|p| p.1).collect::<Vec<_>>());
+    let counters = scrape
+        .map(|m| {
+            [
+                "sessions_total",
+                "sessions_open",
+                "sessions_refused_total",
+                "lagged_total",
+                "ring_reads_total",
+                "ledgers_out_total",
+                "ledgers_in_total",
+                "resent_chunks_total",
+                "protocol_errors_total",
+                "ring_oldest",
+                "ring_newest",
+            ]
+            .iter()
+            .map(|k| (k.to_string(), m.get(k)))
+            .collect()
+        })
+        .unwrap_or_default();
+    Ok(LoadReport {
+        args: a.clone(),
+        load_average: [load_start, harness::load_average()],
+        connects,
+        reconnects: connects - slots.len().min(connects),
+        graceful_stops: graceful,
+        kills,
+        ledgers_delivered: delivered,
+        failures,
+        relay_counters: counters,
+        rss_start_mib: samples.first().map_or(0.0, |x| mib(x.rss_kib)),
+        rss_end_mib: samples.last().map_or(0.0, |x| mib(x.rss_kib)),
+        rss_max_mib: samples.iter().map(|x| mib(x.rss_kib)).fold(0.0, f64::max),
+        rss_at_warmup_mib: rss_of(s.warmup_s),
+        rss_hwm_mib: mib(hwm),
+        flat: slope.is_some_and(|v| v <= a.flat_mib_per_min),
+        rss_slope_mib_per_min: slope,
+        rss_after_warmup: after_warmup,
+        wall_s,
+        settings: s,
+        slots: slots.into_iter().map(|s| s.report).collect(),
+        sessions_series: series,
+        rss_samples: samples,
+    })
+}
+
+fn fmt_load(l: &Option<[f64; 3]>) -> String {
+    l.map(|l| format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2]))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The readable summary.
+pub fn summary(r: &LoadReport) -> String {
+    use std::fmt::Write as _;
+    let (a, s) = (&r.args, &r.settings);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "load: {} subscribers ({} reconnecting every {}-{} s), {} lanes; {:.0} KiB ledgers every {} ms, {} ratio {}, chunk {} B, ring {} ledgers; {:.0} s (+{:.0} s pre-roll), wall {:.0} s; load average {} -> {}",
+        a.subscribers,
+        a.reconnecting,
+        a.min_life,
+        a.max_life,
+        a.lanes,
+        a.ledger_bytes as f64 / 1024.0,
+        a.cadence_ms,
+        a.codec,
+        a.ratio,
+        a.chunk_bytes,
+        s.retention,
+        s.duration_s,
+        s.preroll_s,
+        r.wall_s,
+        fmt_load(&r.load_average[0]),
+        fmt_load(&r.load_average[1]),
+    );
+    let by_kind = |k: StartKind| r.slots.iter().filter(|x| x.kind == k).count();
+    let _ = writeln!(
+        out,
+        "starts: {} from tip, {} from the oldest retained (+{OLDEST_MARGIN}), {} from the middle of the ring",
+        by_kind(StartKind::Tip),
+        by_kind(StartKind::Oldest),
+        by_kind(StartKind::Middle)
+    );
+    let _ = writeln!(
+        out,
+        "processes: {} connects, {} reconnects ({} after SIGINT, {} after SIGKILL); ledgers delivered {}; contiguous {}/{}",
+        r.connects,
+        r.reconnects,
+        r.graceful_stops,
+        r.kills,
+        r.ledgers_delivered,
+        r.slots.iter().filter(|x| x.contiguous).count(),
+        r.slots.len()
+    );
+    let c = |k: &str| r.relay_counters.get(k).copied().unwrap_or(f64::NAN);
+    let _ = writeln!(
+        out,
+        "relay: sessions_total {}, sessions_open at the end {}, refused {}, lagged {}, ring reads {}, ledgers out {}, ledgers in {}, resent chunks {}, protocol errors {}",
+        c("sessions_total"),
+        c("sessions_open"),
+        c("sessions_refused_total"),
+        c("lagged_total"),
+        c("ring_reads_total"),
+        c("ledgers_out_total"),
+        c("ledgers_in_total"),
+        c("resent_chunks_total"),
+        c("protocol_errors_total"),
+    );
+    let _ = writeln!(
+        out,
+        "relay VmRSS: start {:.1} MiB, at warm-up end ({:.0} s) {:.1}, max {:.1}, end {:.1}, VmHWM {:.1}; after warm-up: {} samples, {:.1}..{:.1}, mean {:.1} then {:.1}, slope {} MiB/min -> {}",
+        r.rss_start_mib,
+        s.warmup_s,
+        r.rss_at_warmup_mib,
+        r.rss_max_mib,
+        r.rss_end_mib,
+        r.rss_hwm_mib,
+        r.rss_after_warmup.samples,
+        r.rss_after_warmup.min_mib,
+        r.rss_after_warmup.max_mib,
+        r.rss_after_warmup.first_half_mean_mib,
+        r.rss_after_warmup.second_half_mean_mib,
+        r.rss_slope_mib_per_min
+            .map_or("-".into(), |v| format!("{v:+.3}")),
+        if r.flat {
+            format!("flat (<= {} MiB/min)", a.flat_mib_per_min)
+        } else {
+            format!("NOT FLAT (target <= {} MiB/min)", a.flat_mib_per_min)
+        }
+    );
+    let _ = writeln!(out, "failures: {}", r.failures.len());
+    for f in r.failures.iter().take(20) {
+        let _ = writeln!(out, "  {f}");
+    }
+    out
+}
+
+/// The whole command: runs, prints the summary, writes `--json`; fails when anything failed.
+pub fn main(a: &LoadArgs) -> anyhow::Result<()> {
+    let report = run(a)?;
+    print!("{}", summary(&report));
+    if let Some(p) = &a.json {
+        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
+    }
+    if !report.failures.is_empty() {
+        bail!("{} failures", report.failures.len());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_secs("300"), Ok(300.0));
+        assert_eq!(parse_secs("5m"), Ok(300.0));
+        assert_eq!(parse_secs("1.5m"), Ok(90.0));
+        assert_eq!(parse_secs("500ms"), Ok(0.5));
+        assert_eq!(parse_secs("2s"), Ok(2.0));
+        assert!(parse_secs("soon").is_err());
+        assert!(parse_secs("3 parsecs").is_err());
+        assert!(parse_secs("1000h").is_err());
+    }
+
+    #[test]
+    fn the_quick_preset_and_checks() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: LoadArgs,
+        }
+        let t = T::try_parse_from(["t", "--quick"]).unwrap();
+        let s = t.a.settings().unwrap();
+        assert_eq!((s.duration_s, s.warmup_s, s.retention), (60.0, 20.0, 80));
+        let t = T::try_parse_from(["t", "--quick", "--duration", "10s"]).unwrap();
+        assert_eq!(t.a.settings().unwrap().duration_s, 10.0);
+        let t = T::try_parse_from(["t", "--reconnecting", "40"]).unwrap();
+        assert!(t.a.settings().is_err());
+        let t = T::try_parse_from(["t", "--min-life", "5s", "--max-life", "1s"]).unwrap();
+        assert!(t.a.settings().is_err());
+    }
+
+    #[test]
+    fn random_lives_stay_in_range() {
+        let mut r = Rng::new(7);
+        for _ in 0..1000 {
+            let v = r.range(2.0, 10.0);
+            assert!((2.0..=10.0).contains(&v));
+        }
+        assert_ne!(Rng::new(1).next(), Rng::new(2).next());
+    }
+}
