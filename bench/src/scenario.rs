@@ -47,7 +47,8 @@ pub struct Mode {
     pub store_and_forward: bool,
     /// Bulk catch-up: the subscribers start only after the relay has stored every ledger, so
     /// they read back to back from the ring and the row measures sustained goodput (delivery
-    /// times are then queueing, not latency, and the row has no model bound).
+    /// times are then queueing, not latency, and the row has no model bound). The relay runs
+    /// with `--window 1`, so ledgers complete one after another, evenly spaced.
     pub catch_up: bool,
 }
 
@@ -454,6 +455,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     }
     if mode.store_and_forward {
         cmd.arg("--store-and-forward");
+    }
+    if mode.catch_up {
+        // One ledger in flight at a time: with a window of several, QUIC interleaves their
+        // streams and they complete in bursts, which inter-arrival times cannot measure.
+        cmd.args(["--window", "1"]);
     }
     let mut relay = cmd
         .env("RUST_LOG", "info")

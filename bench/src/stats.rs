@@ -113,10 +113,9 @@ pub struct Summary {
     /// could send (delivery + emit window), MiB/s, median over ledgers: the goodput one ledger
     /// sees, independent of the cadence.
     pub goodput_mib_s: f64,
-    /// Sustained throughput, MiB/s: raw bytes of the ledgers after the first kept one over the
-    /// sum of their inter-arrival times, per subscriber, averaged over subscribers. Bounded by
-    /// the source's cadence on live rows; on catch-up rows (ledgers back to back from the
-    /// ring) it is the delivery path's goodput.
+    /// Sustained throughput, MiB/s: mean raw bytes per ledger over the median inter-arrival,
+    /// per subscriber, averaged over subscribers. Bounded by the source's cadence on live rows;
+    /// on catch-up rows (ledgers back to back from the ring) it is the delivery path's goodput.
     pub throughput_mib_s: f64,
 }
 
@@ -143,13 +142,17 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
         .map(|r| r.raw_bytes as f64 / f64::from(1 << 20) / ((r.delivery_ms + emit_ms) / 1e3))
         .collect();
     gp.sort_by(f64::total_cmp);
+    // Per subscriber: mean raw bytes over the median inter-arrival (robust to the burst of
+    // completions at the start of a catch-up, when a whole window of ledgers was in flight).
     let per_sub: Vec<f64> = subs
         .iter()
         .filter_map(|v| {
             let after: Vec<&Record> = v.iter().skip(warmup + 1).collect();
-            let bytes: f64 = after.iter().map(|r| r.raw_bytes as f64).sum();
-            let secs: f64 = after.iter().filter_map(|r| r.inter_arrival_ms).sum::<f64>() / 1e3;
-            (secs > 0.0).then(|| bytes / f64::from(1 << 20) / secs)
+            let mut ia: Vec<f64> = after.iter().filter_map(|r| r.inter_arrival_ms).collect();
+            ia.sort_by(f64::total_cmp);
+            let median = quantile(&ia, 0.5);
+            let bytes = after.iter().map(|r| r.raw_bytes as f64).sum::<f64>() / after.len() as f64;
+            (median > 0.0).then(|| bytes / f64::from(1 << 20) / (median / 1e3))
         })
         .collect();
     let throughput = if per_sub.is_empty() {
