@@ -1,18 +1,41 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for SECONDS (default 60) each, seeding the corpora from the real
-# ledgers in ../shared/testdata. Needs cargo-fuzz (`cargo install cargo-fuzz`); the installed
-# stable toolchain accepts cargo-fuzz's nightly flags with RUSTC_BOOTSTRAP=1.
-set -euo pipefail
+# Runs fuzz targets for SECONDS (default 60) each, seeding the corpora from the real ledgers in
+# ../shared/testdata: `fuzz/run.sh [SECONDS] [TARGET ...]` (default: every target in
+# fuzz/fuzz_targets). Needs cargo-fuzz (`cargo install cargo-fuzz`); the installed stable
+# toolchain accepts cargo-fuzz's nightly flags with RUSTC_BOOTSTRAP=1.
+#
+# The pass is honest: it exits non-zero, with a one-line reason, when cargo-fuzz is missing, a
+# target does not exist or does not build, a run finds a failing input, or a run ends without
+# libFuzzer's final statistics (it died at start-up, or executed nothing). For each target it
+# prints one line: executions, executions per second, coverage (edges) and features reached.
+set -uo pipefail
 cd "$(dirname "$0")"
 secs=${1:-60}
 shift || true
-targets=${*:-frames records header reassembler}
+
+fail() {
+  echo "fuzz: error: $*" >&2
+  exit 1
+}
+
+case "$secs" in
+  '' | *[!0-9]*) fail "SECONDS must be a whole number of seconds, not '$secs'" ;;
+esac
+[ "$secs" -ge 1 ] || fail "SECONDS must be at least 1"
+
+all=$(cd fuzz_targets && ls -- *.rs 2>/dev/null | sed 's/\.rs$//' | sort)
+targets=${*:-$all}
+for t in $targets; do
+  [ -f "fuzz_targets/$t.rs" ] || fail "no fuzz target '$t' (targets: $(echo $all))"
+done
+command -v cargo-fuzz >/dev/null 2>&1 || fail "cargo-fuzz is not installed (cargo install cargo-fuzz)"
+
 testdata=../../shared/testdata
 mkdir -p corpus/records corpus/header
 if [ -d "$testdata" ]; then
   # The record reader gets the start of a real framed stream; the header peek real ledgers' heads.
   head -c 65536 "$testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr" > corpus/records/testnet-head
-  python3 - "$testdata" <<'PY'
+  python3 - "$testdata" <<'PY' || fail "seeding the header corpus from $testdata failed"
 import struct, sys
 data = open(sys.argv[1] + "/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr", "rb").read()
 off, n = 0, 0
@@ -22,12 +45,36 @@ while off < len(data) and n < 16:
     off += 4 + ln; n += 1
 PY
 fi
+
+export RUSTC_BOOTSTRAP=1
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 for t in $targets; do
   mkdir -p "corpus/$t"
-  echo "== $t: ${secs}s"
-  RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -print_final_stats=1 2>&1 \
-    | grep -E "^(#[0-9]+.*DONE|Done|stat::|==[0-9]+== ERROR|SUMMARY|artifact_prefix|Test unit written)" || true
-  if ls artifacts/"$t"/{crash,leak,timeout,oom}-* >/dev/null 2>&1; then
-    echo "!! $t found a failing input:" artifacts/"$t"/*; exit 1
+  # Build first, so a target that no longer compiles is named as such, not as a failed run.
+  if ! cargo fuzz build "$t" >"$logs/$t.build" 2>&1; then
+    tail -n 20 "$logs/$t.build" >&2
+    fail "$t: the fuzz target does not build (cargo fuzz build $t)"
   fi
+  echo "== $t: ${secs}s"
+  cargo fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -print_final_stats=1 \
+    >"$logs/$t.log" 2>&1
+  status=$?
+  if ls artifacts/"$t"/{crash,leak,timeout,oom,slow-unit}-* >/dev/null 2>&1 || [ "$status" -ne 0 ]; then
+    grep -E "^(==[0-9]+== ERROR|SUMMARY|artifact_prefix|Test unit written)" "$logs/$t.log" >&2
+    ls artifacts/"$t"/ 2>/dev/null | sed "s|^|  artifacts/$t/|" >&2
+    fail "$t: the run failed (exit $status); see the input and the report above"
+  fi
+  execs=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$logs/$t.log" | tail -n 1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *\([0-9]*\).*/\1/p' "$logs/$t.log" | tail -n 1)
+  done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$logs/$t.log" | tail -n 1)
+  if [ -z "$execs" ] || [ -z "$done_line" ]; then
+    tail -n 20 "$logs/$t.log" >&2
+    fail "$t: the run ended without libFuzzer's final statistics (it did not reach its time limit)"
+  fi
+  [ "$execs" -gt 0 ] || fail "$t: the run executed no input"
+  cov=$(echo "$done_line" | sed -n 's/.*cov: *\([0-9]*\).*/\1/p')
+  ft=$(echo "$done_line" | sed -n 's/.*ft: *\([0-9]*\).*/\1/p')
+  corp=$(echo "$done_line" | sed -n 's/.*corp: *\([0-9]*\).*/\1/p')
+  echo "   $t: ${execs} executions, ${rate} exec/s, coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?}"
 done

@@ -1,5 +1,6 @@
-//! The wire crate's integration tests, one binary (as ripgrep does): the lane simulator and the
-//! real Stellar samples from `shared/testdata`.
+//! The wire crate's integration tests, one binary (as ripgrep does): the lane simulator, the
+//! real Stellar samples from `shared/testdata`, and the fuzz script's failure paths.
 
+mod fuzz_script;
 mod sim;
 mod testdata;
