@@ -18,9 +18,11 @@
 //! - [`chunker`]: cuts a ledger into chunks while it is still arriving.
 //! - [`assembler`]: the reassembler state machine that turns chunks from any lane, in any order,
 //!   into complete, checksum-verified ledgers in sequence order.
+//! - [`sender`]: its peer on the relay, the session state machine: the window, acks, resends,
+//!   lane striping, live and catch-up reading, and the typed reason of every session's end.
 //!
-//! What it does not do: open connections, spawn tasks, read clocks, or decide policy such as
-//! which lane gets a chunk. Those live in the `ledger-relay` and `ledger-subscribe` crates.
+//! What it does not do: open connections, spawn tasks, read clocks, touch the disk or the
+//! network. The shells in `ledger-relay` and `ledger-relay-subscriber` carry its decisions out.
 //!
 //! The protocol is specified byte by byte in `docs/protocol.md`. In short, every frame is
 //!
@@ -45,6 +47,7 @@ pub mod fuzzing;
 pub mod header;
 pub mod limits;
 pub mod record;
+pub mod sender;
 
 pub use assembler::{AssembledLedger, Missing, Reassembler};
 pub use chunker::{Chunker, LedgerSummary, RawChunk};
@@ -52,6 +55,7 @@ pub use compress::Codec;
 pub use error::{AssemblyError, CodecError, FrameError};
 pub use frame::Frame;
 pub use limits::Limits;
+pub use sender::{CloseReason, CompleteLedger, Sender, SenderConfig};
 
 /// The protocol version carried in the ALPN string and in `SessionOpen` / `LaneJoin`.
 pub const PROTOCOL_VERSION: u16 = 1;

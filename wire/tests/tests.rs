@@ -1,6 +1,8 @@
-//! The wire crate's integration tests, one binary (as ripgrep does): the lane simulator, the
+//! The wire crate's integration tests, one binary (as ripgrep does): the reassembler's fault simulator (`sim`), the sender against the reassembler over virtual
+//! lanes (`sender_sim`), the
 //! real Stellar samples from `shared/testdata`, and the fuzz script's failure paths.
 
 mod fuzz_script;
+mod sender_sim;
 mod sim;
 mod testdata;

@@ -1,0 +1,390 @@
+//! Per-lane accounting and the striping rule: how much each lane has in flight, how fast it
+//! delivers, and which lane gets the next stream.
+//!
+//! Streams are bound to a lane late: a unit waits in the session's queue until some lane has
+//! room, that is, less in flight than it delivers in one round trip plus
+//! [`super::SenderConfig::queue_target`]. Each lane then pulls work at its own pace, so equal
+//! lanes carry equal shares and a slow lane carries less without holding anything back. Binding
+//! every unit to a lane as soon as it is ready (the relay's first design) committed a whole
+//! window of ledgers to lanes on rate estimates that were still noisy, and under a per-flow
+//! cap left lanes unevenly loaded and idle at the end of each window.
+
+use std::time::Duration;
+
+/// A lane's rate before it has been measured: lanes start equal and measurement takes over
+/// after the first [`RATE_SAMPLE`] of busy time.
+pub const INITIAL_RATE: f64 = 100e6;
+
+/// Busy time a rate sample is taken over: long enough to average over several streams, short
+/// enough to follow a lane whose path changes.
+pub const RATE_SAMPLE: Duration = Duration::from_millis(5);
+
+/// Weight of a new rate sample below the current estimate in the moving average. A sample
+/// above it is taken whole: a lane's rate is measured with no more in flight than its target,
+/// which is set from its rate, so an underestimate only grows by the ratio of the target's
+/// horizon to the round trip per sample, and averaging that growth as well made a lane of
+/// 36 MB/s with a 7 ms round trip take half a second to reach its rate (`random_lane_sets` in
+/// `wire/tests/sender_sim.rs`).
+const RATE_GAIN_DOWN: f64 = 0.25;
+
+/// A ramping lane whose new rate sample is less than this factor above its estimate has
+/// found its rate.
+const RAMP_END: f64 = 1.1;
+
+/// A measured lane whose round trip plus queue target covers less than this fraction of one
+/// chunk's transmission keeps one chunk in flight: the round trip it then idles after each
+/// chunk costs it at most this fraction of its rate. Any other lane keeps at least two, so the
+/// next chunk is queued behind the one in transmission. Two chunks on a lane much slower than the rest hold the second one, and its ledger,
+/// for a whole extra chunk time: with the window of ledgers in order, that stalls the fast
+/// lanes (measured in `wire/tests/sender_sim.rs`, lanes at 1, 1 and 20 MB/s).
+pub const ONE_CHUNK_COVER: f64 = 0.05;
+/// What the relay's shell knows of a lane's path from its QUIC connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LaneReport {
+    /// Smoothed round-trip time.
+    pub rtt: Duration,
+}
+
+/// What the sender knows of one lane, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LaneInfo {
+    /// Lane number.
+    pub lane: u8,
+    /// Whether the lane is up.
+    pub up: bool,
+    /// Bytes on streams not yet acknowledged by the subscriber.
+    pub outstanding: u64,
+    /// Streams open.
+    pub streams: u32,
+    /// Bytes delivered (acknowledged) since the lane last joined.
+    pub delivered: u64,
+    /// Time the lane had bytes outstanding since it last joined.
+    pub busy: Duration,
+    /// Measured rate, bytes per second.
+    pub rate: f64,
+    /// Bytes the lane may have in flight now.
+    pub target: u64,
+}
+
+/// One lane's state.
+#[derive(Debug, Clone)]
+pub(super) struct Lane {
+    pub(super) outstanding: u64,
+    pub(super) streams: u32,
+    rate: f64,
+    measured: bool,
+    /// Growing: the rate is still measured as limited by the target, so the target looks two
+    /// round trips ahead (as a congestion window doubles in slow start) until a sample shows
+    /// less than [`RAMP_END`] growth.
+    ramping: bool,
+    rtt: Duration,
+    busy_total: Duration,
+    busy_since: Option<Duration>,
+    delivered: u64,
+    sample_bytes: u64,
+    sample_busy: Duration,
+}
+
+impl Lane {
+    pub(super) fn new() -> Lane {
+        Lane {
+            outstanding: 0,
+            streams: 0,
+            rate: INITIAL_RATE,
+            measured: false,
+            ramping: true,
+            rtt: Duration::ZERO,
+            busy_total: Duration::ZERO,
+            busy_since: None,
+            delivered: 0,
+            sample_bytes: 0,
+            sample_busy: Duration::ZERO,
+        }
+    }
+
+    /// Time with bytes outstanding up to `now`.
+    fn busy_until(&self, now: Duration) -> Duration {
+        self.busy_total
+            + self
+                .busy_since
+                .map_or(Duration::ZERO, |s| now.saturating_sub(s))
+    }
+
+    /// A stream of `len` bytes opened.
+    pub(super) fn open(&mut self, len: u64, now: Duration) {
+        if self.outstanding == 0 {
+            self.busy_since = Some(now);
+        }
+        self.outstanding += len;
+        self.streams += 1;
+    }
+
+    /// A stream of `len` bytes ended: delivered, or failed.
+    pub(super) fn close(&mut self, len: u64, delivered: bool, now: Duration) {
+        let busy = self.busy_until(now);
+        self.outstanding = self.outstanding.saturating_sub(len);
+        self.streams = self.streams.saturating_sub(1);
+        if self.outstanding == 0 {
+            self.busy_total = busy;
+            self.busy_since = None;
+        }
+        if !delivered {
+            return;
+        }
+        self.delivered += len;
+        self.sample_bytes += len;
+        // The rate is measured over the time the lane had bytes outstanding, not wall time: a
+        // lane given less to do must not look slower (it would be given less still).
+        let dt = busy.saturating_sub(self.sample_busy);
+        if dt >= RATE_SAMPLE {
+            let sample = self.sample_bytes as f64 / dt.as_secs_f64();
+            if self.measured && sample < RAMP_END * self.rate {
+                self.ramping = false;
+            }
+            self.rate = if self.measured && sample < self.rate {
+                (1.0 - RATE_GAIN_DOWN) * self.rate + RATE_GAIN_DOWN * sample
+            } else {
+                sample
+            };
+            self.measured = true;
+            self.sample_bytes = 0;
+            self.sample_busy = busy;
+        }
+    }
+
+    pub(super) fn report(&mut self, r: LaneReport) {
+        self.rtt = r.rtt;
+    }
+
+    /// Bytes this lane may have in flight: what it delivers in a round trip plus the queue
+    /// target, so its path never runs dry between a stream's end and the next one's start, and
+    /// at least one or two chunks of `chunk` wire bytes (see [`ONE_CHUNK_COVER`]).
+    ///
+    /// Until its first rate sample, a lane gets one chunk at a time: a lane much slower than
+    /// the initial estimate would otherwise be handed more than it can carry in time, and the
+    /// first ledgers (and with them the window) would wait for it. A fast lane is measured
+    /// within a few round trips and grows from there.
+    pub(super) fn target(&self, chunk: u64, queue_target: Duration, budget: u64) -> u64 {
+        let budget = budget.max(1);
+        if !self.measured {
+            return chunk.min(budget);
+        }
+        let rtts = if self.ramping { 2 } else { 1 };
+        let cover = self.rate * (self.rtt * rtts + queue_target).as_secs_f64();
+        let floor = if cover < ONE_CHUNK_COVER * chunk as f64 {
+            chunk
+        } else {
+            2 * chunk
+        };
+        (cover as u64).max(floor).min(budget)
+    }
+
+    /// Expected time until `extra` more bytes would be delivered on this lane.
+    pub(super) fn finish_time(&self, extra: u64) -> f64 {
+        (self.outstanding + extra) as f64 / self.rate.max(1.0)
+    }
+
+    pub(super) fn info(
+        &self,
+        lane: u8,
+        now: Duration,
+        chunk: u64,
+        queue_target: Duration,
+        budget: u64,
+    ) -> LaneInfo {
+        LaneInfo {
+            lane,
+            up: true,
+            outstanding: self.outstanding,
+            streams: self.streams,
+            delivered: self.delivered,
+            busy: self.busy_until(now),
+            rate: self.rate,
+            target: self.target(chunk, queue_target, budget),
+        }
+    }
+}
+
+/// What [`choose`] needs besides the lanes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ask {
+    /// Bytes of the unit to place.
+    pub len: u64,
+    /// Wire bytes of a full chunk of the session.
+    pub chunk: u64,
+    /// Bytes waiting for a lane, this unit included.
+    pub queued: u64,
+    /// The lane chosen last: the scan starts after it, so ties rotate.
+    pub last: usize,
+    pub queue_target: Duration,
+    pub budget: u64,
+    pub streams_per_lane: Option<u32>,
+}
+
+/// The lane that gets the unit at the head of the queue, or `None` to wait.
+///
+/// The unit goes to the lane expected to deliver it first, counting what each lane already has
+/// in flight, if that lane has room (less in flight than its target). If it has none, a lane
+/// that has room takes the unit only if it would deliver it before the other lanes could
+/// deliver everything queued (earliest completion first, as multipath transports schedule):
+/// a lane much slower than the rest is used while there is enough to do that it cannot delay
+/// the end, and left alone for the last units of a transfer, which it would only hold back.
+pub(super) fn choose(lanes: &[Option<Lane>], ask: Ask) -> Option<usize> {
+    let n = lanes.len();
+    let permit = |l: &Lane| ask.streams_per_lane.is_none_or(|max| l.streams < max);
+    let room = |l: &Lane| l.outstanding < l.target(ask.chunk, ask.queue_target, ask.budget);
+    let mut best: Option<(usize, f64)> = None;
+    let mut best_with_room: Option<(usize, f64)> = None;
+    for k in 0..n {
+        let i = (ask.last + 1 + k) % n;
+        let Some(l) = &lanes[i] else { continue };
+        if !permit(l) {
+            continue;
+        }
+        let t = l.finish_time(ask.len);
+        if best.is_none_or(|(_, b)| t < b) {
+            best = Some((i, t));
+        }
+        if room(l) && best_with_room.is_none_or(|(_, b)| t < b) {
+            best_with_room = Some((i, t));
+        }
+    }
+    let (b, _) = best?;
+    let (i, finish) = best_with_room?;
+    if i == b {
+        return Some(i);
+    }
+    // Time the other lanes would need to deliver what they have and everything queued.
+    let (out, rate) = lanes
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .filter_map(|(_, l)| l.as_ref())
+        .fold((0u64, 0f64), |(o, r), l| {
+            (o + l.outstanding, r + l.rate.max(1.0))
+        });
+    let others = (out + ask.queued) as f64 / rate.max(1.0);
+    (finish <= others).then_some(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_rate_is_measured_over_busy_time_only() {
+        let mut l = Lane::new();
+        // 100 KB in 10 ms, then idle for 40 ms: 10 MB/s, not 2 MB/s.
+        l.open(60_000, Duration::ZERO);
+        l.open(40_000, MS);
+        l.close(60_000, true, 6 * MS);
+        l.close(40_000, true, 10 * MS);
+        assert_eq!(l.busy_until(50 * MS), 10 * MS);
+        assert!((l.rate - 10e6).abs() < 1.0, "{}", l.rate);
+        // Busy again later: the idle gap does not count.
+        l.open(50_000, 100 * MS);
+        l.close(50_000, true, 105 * MS);
+        assert_eq!(l.busy_until(200 * MS), 15 * MS);
+        assert!((l.rate - 10e6).abs() < 1.0, "{}", l.rate);
+    }
+
+    #[test]
+    fn a_failed_stream_frees_its_bytes_without_counting_as_delivered() {
+        let mut l = Lane::new();
+        l.open(1000, Duration::ZERO);
+        l.close(1000, false, 10 * MS);
+        assert_eq!((l.outstanding, l.streams, l.delivered), (0, 0, 0));
+        assert!(!l.measured);
+    }
+
+    #[test]
+    fn the_target_follows_rate_and_round_trip_within_bounds() {
+        let mut l = Lane::new();
+        assert_eq!(
+            l.target(1000, 3 * MS, u64::MAX),
+            1000,
+            "unmeasured: one chunk"
+        );
+        l.measured = true;
+        l.ramping = false;
+        l.rate = 1e9;
+        l.report(LaneReport { rtt: 2 * MS });
+        // 1 GB/s x (2 ms + 3 ms).
+        assert_eq!(l.target(1000, 3 * MS, u64::MAX), 5_000_000);
+        assert_eq!(
+            l.target(1000, 3 * MS, 1_000_000),
+            1_000_000,
+            "capped by the budget"
+        );
+        // 10 MB/s x 5 ms is 50 KB: half a 100 KB chunk, so two chunks.
+        l.rate = 10e6;
+        assert_eq!(l.target(100_000, 3 * MS, u64::MAX), 200_000, "two chunks");
+        // 100 KB/s x 5 ms is 500 bytes, far less than a chunk's 1 s: one chunk.
+        l.rate = 100e3;
+        assert_eq!(l.target(100_000, 3 * MS, u64::MAX), 100_000, "one chunk");
+    }
+
+    fn ask(len: u64, queued: u64, last: usize) -> Ask {
+        Ask {
+            len,
+            chunk: 1000,
+            queued,
+            last,
+            queue_target: MS,
+            budget: u64::MAX,
+            streams_per_lane: None,
+        }
+    }
+
+    #[test]
+    fn the_lane_expected_to_finish_first_wins_and_ties_rotate() {
+        let mut fast = Lane::new();
+        fast.rate = 2e8;
+        let slow = Lane::new();
+        let lanes = vec![Some(slow.clone()), Some(fast), None];
+        assert_eq!(choose(&lanes, ask(1000, 1000, 0)), Some(1));
+        let equal = vec![Some(slow.clone()), Some(slow.clone()), Some(slow)];
+        assert_eq!(choose(&equal, ask(1000, 1000, 0)), Some(1));
+        assert_eq!(choose(&equal, ask(1000, 1000, 1)), Some(2));
+        assert_eq!(choose(&equal, ask(1000, 1000, 2)), Some(0));
+    }
+
+    #[test]
+    fn a_full_lane_or_one_without_a_stream_permit_gets_nothing() {
+        let mut full = Lane::new();
+        full.open(1 << 20, Duration::ZERO);
+        let lanes = vec![Some(full.clone())];
+        let mut a = ask(1, 1, 0);
+        a.queue_target = Duration::ZERO;
+        assert_eq!(choose(&lanes, a), None);
+        let mut one = Lane::new();
+        one.open(1, Duration::ZERO);
+        let lanes = vec![Some(one)];
+        let mut a = ask(1, 1, 0);
+        a.streams_per_lane = Some(1);
+        assert_eq!(choose(&lanes, a), None);
+        a.streams_per_lane = Some(2);
+        assert_eq!(choose(&lanes, a), Some(0));
+    }
+
+    #[test]
+    fn a_slow_lane_helps_with_a_long_queue_and_waits_out_the_tail() {
+        // A fast lane that is full, and an idle lane at a tenth of its rate.
+        let mut fast = Lane::new();
+        fast.rate = 10e6;
+        fast.measured = true;
+        fast.open(524_288, Duration::ZERO);
+        let mut slow = Lane::new();
+        slow.rate = 1e6;
+        slow.measured = true;
+        let lanes = vec![Some(fast), Some(slow)];
+        let chunk = 100_000;
+        // The slow lane delivers a chunk in 100 ms; the fast lane needs about 52 ms for what it
+        // has plus 1 s for 10 MB queued: the slow lane helps.
+        assert_eq!(choose(&lanes, ask(chunk, 10_000_000, 0)), Some(1));
+        // With only this chunk left, the fast lane is done with it in about 62 ms: wait.
+        assert_eq!(choose(&lanes, ask(chunk, chunk, 0)), None);
+    }
+}

@@ -1,0 +1,478 @@
+//! The sender's rules one by one; `wire/tests/sender_sim.rs` drives it against the real
+//! reassembler over virtual lanes.
+
+use bytes::Bytes;
+
+use super::*;
+use crate::compress::Codec;
+use crate::frame::ChunkHeader;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ledger(seq: u32, chunks: u32) -> Arc<CompleteLedger> {
+    let chunks: Vec<Chunk> = (0..chunks)
+        .map(|i| Chunk {
+            header: ChunkHeader {
+                seq,
+                index: i,
+                raw_offset: u64::from(i) * 1000,
+                raw_len: 1000,
+                codec: Codec::None,
+            },
+            payload: Bytes::from(vec![i as u8; 1000]),
+        })
+        .collect();
+    Arc::new(CompleteLedger {
+        end: LedgerEnd {
+            seq,
+            chunk_count: chunks.len() as u32,
+            raw_len: 1000 * chunks.len() as u64,
+            checksum: 0,
+            header_hash: [seq as u8; 32],
+            previous_hash: [seq.wrapping_sub(1) as u8; 32],
+            first_byte_ns: 0,
+            last_byte_ns: 0,
+        },
+        chunks,
+    })
+}
+
+fn sender(first: u32, lanes: u8) -> Sender {
+    let mut cfg = SenderConfig::new(first, lanes);
+    cfg.window = 2;
+    let mut s = Sender::new(cfg, Duration::ZERO);
+    for l in 1..lanes {
+        s.handle_lane_up(l, Duration::ZERO);
+    }
+    s
+}
+
+fn events(s: &mut Sender) -> Vec<Event> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+fn transmits(s: &mut Sender, now: Duration) -> Vec<Transmit> {
+    std::iter::from_fn(|| s.poll_transmit(now)).collect()
+}
+
+fn keys(t: &[Transmit]) -> Vec<(u32, u32)> {
+    t.iter().map(|t| t.unit.key()).collect()
+}
+
+fn deliver(s: &mut Sender, t: &[Transmit], now: Duration) {
+    for t in t {
+        s.handle_stream_done(t.stream, true, now);
+    }
+}
+
+#[test]
+fn catching_up_loads_ledgers_in_order_within_the_window() {
+    let mut s = sender(10, 1);
+    s.handle_timeout(Duration::ZERO);
+    assert_eq!(events(&mut s), vec![Event::Heartbeat, Event::Load(10)]);
+    s.handle_loaded(10, LoadResult::Complete(ledger(10, 2)), MS);
+    assert_eq!(events(&mut s), vec![Event::Load(11)]);
+    s.handle_loaded(11, LoadResult::Complete(ledger(11, 1)), MS);
+    // Window 2 past acked 9: ledgers 10 and 11, nothing more until an ack.
+    assert_eq!(events(&mut s), vec![]);
+    let t = transmits(&mut s, MS);
+    assert_eq!(
+        keys(&t),
+        vec![(10, 0), (10, 1), (10, END_INDEX), (11, 0), (11, END_INDEX)]
+    );
+    s.handle_frame(Frame::Ack(10), 2 * MS);
+    assert_eq!(events(&mut s), vec![Event::Load(12)]);
+    assert_eq!(s.acked(), 10);
+}
+
+#[test]
+fn reaching_the_ledger_in_progress_joins_live_without_gap_or_duplicate() {
+    let mut s = sender(5, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(5, LoadResult::InProgress(vec![]), MS);
+    assert_eq!(events(&mut s), vec![Event::JoinLive]);
+    assert!(!s.wants_live(), "not live until joined");
+    let l = ledger(5, 3);
+    s.handle_joined(Some((5, l.chunks[..2].to_vec())), 4);
+    assert!(s.wants_live());
+    s.handle_live(LiveItem::Chunk(l.chunks[1].clone())); // already had it from the join
+    s.handle_live(LiveItem::Chunk(l.chunks[2].clone()));
+    s.handle_live(LiveItem::End(l.clone()));
+    let t = transmits(&mut s, MS);
+    assert_eq!(keys(&t), vec![(5, 0), (5, 1), (5, 2), (5, END_INDEX)]);
+    assert_eq!(s.next_seq(), 6);
+}
+
+#[test]
+fn a_ledger_completed_while_joining_is_read_whole() {
+    let mut s = sender(5, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(5, LoadResult::NotYet, MS);
+    assert_eq!(events(&mut s), vec![Event::JoinLive]);
+    s.handle_joined(None, 5);
+    assert_eq!(events(&mut s), vec![Event::LeaveLive, Event::Load(5)]);
+}
+
+#[test]
+fn falling_behind_live_reads_the_rest_from_the_ledgers_held() {
+    let mut s = sender(5, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(5, LoadResult::NotYet, MS);
+    events(&mut s);
+    s.handle_joined(None, 4);
+    let l = ledger(5, 3);
+    s.handle_live(LiveItem::Chunk(l.chunks[0].clone()));
+    s.handle_live(LiveItem::Lagged);
+    assert_eq!(events(&mut s), vec![Event::LeaveLive, Event::Load(5)]);
+    assert!(s.catching_up());
+    s.handle_loaded(5, LoadResult::Complete(l), 2 * MS);
+    let t = transmits(&mut s, 2 * MS);
+    assert_eq!(keys(&t), vec![(5, 0), (5, 1), (5, 2), (5, END_INDEX)]);
+    assert_eq!(s.stats().lagged, 1);
+}
+
+#[test]
+fn streams_of_a_dead_lane_go_again_on_the_others() {
+    let mut s = sender(1, 2);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::Complete(ledger(1, 4)), MS);
+    let t = transmits(&mut s, MS);
+    assert_eq!(t.len(), 5, "{t:?}");
+    let on_lane_1: Vec<_> = t
+        .iter()
+        .filter(|t| t.lane == 1)
+        .map(|t| t.unit.key())
+        .collect();
+    assert!(!on_lane_1.is_empty(), "both lanes used: {t:?}");
+    s.handle_lane_down(1, "gone", 2 * MS);
+    let again = transmits(&mut s, 2 * MS);
+    assert_eq!(keys(&again), on_lane_1);
+    assert!(again.iter().all(|t| t.lane == 0));
+    // The dead lane's late failure reports change nothing.
+    for t in t.iter().filter(|t| t.lane == 1) {
+        s.handle_stream_done(t.stream, false, 3 * MS);
+    }
+    assert!(transmits(&mut s, 3 * MS).is_empty());
+    assert_eq!(s.stats().retried, on_lane_1.len() as u64);
+}
+
+#[test]
+fn a_failed_stream_is_sent_again_unless_its_ledger_was_acknowledged() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::Complete(ledger(1, 1)), MS);
+    let t = transmits(&mut s, MS);
+    s.handle_stream_done(t[0].stream, false, 2 * MS);
+    let again = transmits(&mut s, 2 * MS);
+    assert_eq!(keys(&again), vec![(1, 0)]);
+    s.handle_stream_done(t[1].stream, true, 2 * MS);
+    s.handle_frame(Frame::Ack(1), 3 * MS);
+    s.handle_stream_done(again[0].stream, false, 3 * MS);
+    assert!(transmits(&mut s, 3 * MS).is_empty());
+}
+
+#[test]
+fn resends_are_honoured_once_per_copy_in_flight_and_only_for_unacknowledged_ledgers() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    let l = ledger(1, 3);
+    s.handle_loaded(1, LoadResult::Complete(l.clone()), MS);
+    let t = transmits(&mut s, MS);
+    // Chunk 1 is still in flight: asking for 1 and 2 after 0 and 2 were delivered.
+    s.handle_stream_done(t[0].stream, true, MS);
+    s.handle_stream_done(t[2].stream, true, MS);
+    s.handle_frame(
+        Frame::Resend(Resend {
+            seq: 1,
+            whole: false,
+            indices: vec![1, 2],
+        }),
+        2 * MS,
+    );
+    assert!(events(&mut s).contains(&Event::Load(1)));
+    s.handle_loaded(1, LoadResult::Complete(l), 2 * MS);
+    let again = transmits(&mut s, 2 * MS);
+    assert_eq!(keys(&again), vec![(1, 2)], "chunk 1 is still on its way");
+    // A resend of a ledger not sent yet is ignored.
+    s.handle_frame(
+        Frame::Resend(Resend {
+            seq: 9,
+            whole: true,
+            indices: vec![],
+        }),
+        3 * MS,
+    );
+    assert!(!events(&mut s).iter().any(|e| matches!(e, Event::Load(9))));
+    deliver(&mut s, &t, 3 * MS);
+    deliver(&mut s, &again, 3 * MS);
+    s.handle_frame(Frame::Ack(1), 4 * MS);
+    s.handle_frame(
+        Frame::Resend(Resend {
+            seq: 1,
+            whole: true,
+            indices: vec![],
+        }),
+        5 * MS,
+    );
+    assert_eq!(
+        events(&mut s).last(),
+        Some(&Event::Close(CloseReason::Violation(
+            Violation::ResendOfAcked { seq: 1, acked: 1 }
+        )))
+    );
+    assert!(s.is_closed());
+}
+
+#[test]
+fn resend_loads_are_rate_limited() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::Complete(ledger(1, 1)), MS);
+    let _in_flight = transmits(&mut s, MS);
+    let resend = || {
+        Frame::Resend(Resend {
+            seq: 1,
+            whole: true,
+            indices: vec![],
+        })
+    };
+    let mut loads = 0;
+    for _ in 0..1000 {
+        s.handle_frame(resend(), 2 * MS);
+        for e in events(&mut s) {
+            if e == Event::Load(1) {
+                loads += 1;
+                s.handle_loaded(1, LoadResult::Complete(ledger(1, 1)), 2 * MS);
+            }
+        }
+    }
+    let burst = SenderConfig::new(1, 1).resend_loads_per_sec as usize;
+    assert_eq!(loads, burst, "one burst, then nothing until tokens return");
+    assert_eq!(s.stats().resends_limited, 1000 - burst as u64);
+    // Everything asked for is already in flight: nothing was queued twice.
+    assert!(transmits(&mut s, 2 * MS).is_empty());
+    s.handle_frame(resend(), 2 * MS + Duration::from_millis(100));
+    assert!(events(&mut s).contains(&Event::Load(1)), "tokens refill");
+}
+
+#[test]
+fn acks_of_ledgers_not_sent_are_violations() {
+    let mut s = sender(10, 1);
+    s.handle_frame(Frame::Ack(10), MS);
+    assert!(matches!(
+        events(&mut s).last(),
+        Some(Event::Close(CloseReason::Violation(
+            Violation::AckNotSent { seq: 10, next: 10 }
+        )))
+    ));
+    let mut s = sender(10, 1);
+    s.handle_frame(Frame::Ack(3), MS);
+    assert!(s.is_closed(), "below the session's start");
+}
+
+#[test]
+fn other_frames_on_the_control_stream_are_violations() {
+    let mut s = sender(1, 1);
+    s.handle_frame(Frame::LaneAccept(1), MS);
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Close(CloseReason::Violation(
+            Violation::UnexpectedFrame {
+                frame: "lane-accept",
+                place: "the control stream"
+            }
+        ))]
+    );
+}
+
+#[test]
+fn a_ledger_no_longer_held_ends_the_session_after_the_rest_is_acknowledged() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::Complete(ledger(1, 1)), MS);
+    events(&mut s);
+    s.handle_loaded(
+        2,
+        LoadResult::NotHeld {
+            oldest: 5,
+            newest: 9,
+        },
+        MS,
+    );
+    assert!(events(&mut s).is_empty(), "ledger 1 is still on its way");
+    let t = transmits(&mut s, MS);
+    deliver(&mut s, &t, 2 * MS);
+    s.handle_frame(Frame::Ack(1), 3 * MS);
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Close(CloseReason::BelowRetention {
+            seq: 2,
+            oldest: 5,
+            newest: 9
+        })]
+    );
+}
+
+#[test]
+fn the_drain_has_a_time_limit() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::Complete(ledger(1, 1)), MS);
+    events(&mut s);
+    s.handle_loaded(
+        2,
+        LoadResult::Corrupt {
+            detail: "bad".into(),
+        },
+        MS,
+    );
+    let limit = SenderConfig::new(1, 1).drain_limit;
+    assert!(s.poll_timeout().unwrap() <= MS + limit);
+    s.handle_timeout(MS + limit);
+    assert!(events(&mut s)
+        .iter()
+        .any(|e| matches!(e, Event::Close(CloseReason::Corrupt { seq: 2, .. }))));
+}
+
+#[test]
+fn an_unavailable_store_is_asked_again_later() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(
+        1,
+        LoadResult::Unavailable {
+            detail: "store degraded".into(),
+        },
+        MS,
+    );
+    assert_eq!(events(&mut s), vec![]);
+    let retry = SenderConfig::new(1, 1).load_retry;
+    assert!(s.poll_timeout().unwrap() <= MS + retry);
+    s.handle_timeout(MS + retry);
+    let e: Vec<Event> = events(&mut s)
+        .into_iter()
+        .filter(|e| *e != Event::Heartbeat)
+        .collect();
+    assert_eq!(e, vec![Event::Load(1)]);
+    assert!(!s.is_closed());
+}
+
+#[test]
+fn a_source_cut_off_mid_ledger_resets_a_session_that_had_some_of_it() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::NotYet, MS);
+    events(&mut s);
+    s.handle_joined(None, 0);
+    s.handle_live(LiveItem::Abort(1));
+    assert!(!s.is_closed(), "nothing of it was queued");
+    s.handle_live(LiveItem::Chunk(ledger(1, 2).chunks[0].clone()));
+    s.handle_live(LiveItem::Abort(1));
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Close(CloseReason::SourceReset { seq: 1 })]
+    );
+}
+
+#[test]
+fn a_lane_takes_no_more_than_its_target() {
+    let mut cfg = SenderConfig::new(1, 1);
+    cfg.window = 64;
+    cfg.catch_up_queue = 1000;
+    let mut s = Sender::new(cfg, Duration::ZERO);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    // 100 chunks of 10 KB: far more than the lane's first target.
+    let big = Arc::new(CompleteLedger {
+        end: ledger(1, 100).end,
+        chunks: (0..100)
+            .map(|i| Chunk {
+                header: ChunkHeader {
+                    seq: 1,
+                    index: i,
+                    raw_offset: u64::from(i) * 10_000,
+                    raw_len: 10_000,
+                    codec: Codec::None,
+                },
+                payload: Bytes::from(vec![0u8; 10_000]),
+            })
+            .collect(),
+    });
+    s.handle_loaded(1, LoadResult::Complete(big), MS);
+    let t = transmits(&mut s, MS);
+    let info = s.lanes(MS)[0];
+    assert!(t.len() < 100, "late binding: the rest waits in the queue");
+    assert!(info.outstanding >= info.target && info.outstanding < info.target + 10_100);
+    s.handle_stream_done(t[0].stream, true, 2 * MS);
+    assert_eq!(transmits(&mut s, 2 * MS).len(), 1, "one out, one in");
+}
+
+#[test]
+fn streams_per_lane_limits_open_streams() {
+    let mut cfg = SenderConfig::new(1, 1);
+    cfg.streams_per_lane = Some(2);
+    let mut s = Sender::new(cfg, Duration::ZERO);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::Complete(ledger(1, 5)), MS);
+    let t = transmits(&mut s, MS);
+    assert_eq!(t.len(), 2);
+    s.handle_stream_done(t[0].stream, true, 2 * MS);
+    assert_eq!(transmits(&mut s, 2 * MS).len(), 1);
+}
+
+#[test]
+fn closing_stops_all_output() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(1, LoadResult::Complete(ledger(1, 2)), MS);
+    s.handle_close(CloseReason::Revoked {
+        identity: "rpc-1".into(),
+    });
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Close(CloseReason::Revoked {
+            identity: "rpc-1".into()
+        })]
+    );
+    assert!(transmits(&mut s, MS).is_empty());
+    assert_eq!(s.poll_timeout(), None);
+    s.handle_timeout(Duration::from_secs(10));
+    assert!(events(&mut s).is_empty());
+}
+
+#[test]
+fn losing_lane_0_ends_the_session_without_a_frame() {
+    let mut s = sender(1, 2);
+    s.handle_lane_down(0, "connection lost", MS);
+    let e = events(&mut s);
+    let [Event::Close(reason)] = &e[..] else {
+        panic!("{e:?}")
+    };
+    assert_eq!(reason.code(), None);
+}
+
+#[test]
+fn heartbeats_follow_the_interval() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    assert!(events(&mut s).contains(&Event::Heartbeat));
+    let hb = SenderConfig::new(1, 1).heartbeat;
+    assert_eq!(s.poll_timeout(), Some(hb));
+    s.handle_timeout(hb - MS);
+    assert!(!events(&mut s).contains(&Event::Heartbeat));
+    s.handle_timeout(hb);
+    assert!(events(&mut s).contains(&Event::Heartbeat));
+}

@@ -1,0 +1,894 @@
+//! The relay's real [`Sender`] against the subscriber's real [`Reassembler`] over N virtual
+//! lanes, in virtual time, in the spirit of quinn-proto's test `Pair`: no sockets, no sleeps.
+//!
+//! Each lane is a FIFO link with its own rate, one-way delay, jitter and loss, that can die and
+//! rejoin; a lost packet costs a retransmission (link time) and a round trip, as QUIC's own
+//! recovery would, and never loses the stream. A stream is acknowledged back to the sender one
+//! delay after it arrived. The relay side is a small model of the shell: a source that
+//! publishes ledgers chunk by chunk at a cadence, a store of complete ledgers (the ring), a
+//! live channel of bounded capacity, and ledger loads that take time. The subscriber side
+//! delivers to a consumer that may be slow, acknowledges what it delivered and asks for what
+//! stalled.
+//!
+//! Each scenario asserts: every ledger delivered complete, in order, exactly once and
+//! byte-identical; the whole transfer (subscription start to the last ledger delivered) within
+//! a stated tolerance of the fluid bound (bytes over the lanes' summed rates, integrated over
+//! the time each lane is up, plus one round trip); and each lane's share of the bytes within 5%
+//! of its share of the capacity.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ledger_relay_wire::compress::Codec;
+use ledger_relay_wire::frame::{Chunk, ChunkHeader, Frame, LedgerEnd, Resend};
+use ledger_relay_wire::sender::{
+    CompleteLedger, Event, LaneReport, LiveItem, LoadResult, SenderConfig, StreamId, Unit,
+};
+use ledger_relay_wire::{Limits, Reassembler, Sender};
+use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const MS: Duration = Duration::from_millis(1);
+/// The subscriber's default stall timeout.
+const STALL: Duration = Duration::from_millis(500);
+/// Time to read a ledger from the store.
+const LOAD_TIME: Duration = Duration::from_micros(300);
+/// Bytes per second.
+const MBPS: f64 = 1e6;
+
+#[derive(Clone, Debug)]
+struct LaneSpec {
+    rate: f64,
+    delay: Duration,
+    jitter: Duration,
+    loss: f64,
+}
+
+fn lane(rate_mb: f64) -> LaneSpec {
+    LaneSpec {
+        rate: rate_mb * MBPS,
+        delay: MS,
+        jitter: Duration::ZERO,
+        loss: 0.0,
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Scenario {
+    lanes: Vec<LaneSpec>,
+    ledgers: u32,
+    size: usize,
+    chunk: usize,
+    /// Ledgers complete in the store when the session starts; the rest are published live.
+    backlog: u32,
+    cadence: Duration,
+    emit: Duration,
+    /// Time the consumer spends on each ledger.
+    consume: Duration,
+    window: u16,
+    /// (lane, dies at, rejoins at).
+    deaths: Vec<(usize, Duration, Option<Duration>)>,
+    /// (lane, from, to, stream loss probability).
+    loss_burst: Option<(usize, Duration, Duration, f64)>,
+    live_capacity: usize,
+    seed: u64,
+}
+
+impl Scenario {
+    /// The measurement: 96 incompressible 2 MiB ledgers caught up from the store.
+    fn bulk(lanes: Vec<LaneSpec>) -> Scenario {
+        Scenario {
+            lanes,
+            ledgers: 96,
+            size: 2 << 20,
+            chunk: 256 << 10,
+            backlog: 96,
+            cadence: Duration::from_millis(600),
+            emit: Duration::from_millis(8),
+            consume: Duration::ZERO,
+            window: 8,
+            deaths: Vec::new(),
+            loss_burst: None,
+            live_capacity: 512,
+            seed: 1,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    Publish {
+        seq: u32,
+        index: u32,
+    },
+    PublishEnd {
+        seq: u32,
+    },
+    Arrive {
+        lane: usize,
+        epoch: u32,
+        unit: Unit,
+    },
+    StreamAcked {
+        lane: usize,
+        epoch: u32,
+        stream: StreamId,
+        len: u64,
+    },
+    ToRelay(Frame),
+    Heartbeat {
+        newest: u32,
+    },
+    Die {
+        lane: usize,
+    },
+    Rejoin {
+        lane: usize,
+    },
+    Loaded {
+        seq: u32,
+    },
+    Consume,
+}
+
+struct Timed {
+    at: Duration,
+    id: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Timed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.id) == (o.at, o.id)
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timed {
+    // The heap is a max-heap: earliest first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.id).cmp(&(self.at, self.id))
+    }
+}
+
+struct LaneState {
+    spec: LaneSpec,
+    alive: bool,
+    epoch: u32,
+    busy_until: Duration,
+    delivered: u64,
+}
+
+#[derive(Debug)]
+struct Outcome {
+    /// When the last ledger reached the consumer.
+    done_at: Duration,
+    lane_bytes: Vec<u64>,
+    wire_bytes: u64,
+    resent: u64,
+    retried: u64,
+}
+
+struct Sim {
+    sc: Scenario,
+    rng: SmallRng,
+    now: Duration,
+    heap: BinaryHeap<Timed>,
+    next_id: u64,
+    // relay side
+    ledgers: Vec<Arc<CompleteLedger>>,
+    raw: Vec<Bytes>,
+    first: u32,
+    newest: u32,
+    current: Option<(u32, Vec<Chunk>)>,
+    joined: bool,
+    live: VecDeque<LiveItem>,
+    lagged: bool,
+    sender: Sender,
+    lanes: Vec<LaneState>,
+    // subscriber side
+    reasm: Reassembler,
+    to_consume: VecDeque<u32>,
+    consumer_busy: bool,
+    delivered: Vec<u32>,
+    done_at: Option<Duration>,
+}
+
+/// Incompressible, cheap bytes: a 64-bit mix of the seed, the ledger and the offset.
+fn ledger_bytes(seed: u64, seq: u32, len: usize) -> Bytes {
+    let mut v = Vec::with_capacity(len + 8);
+    let mut x = seed ^ (u64::from(seq) << 32) ^ 0x9E37_79B9_7F4A_7C15;
+    while v.len() < len {
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        x ^= x >> 29;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    Bytes::from(v)
+}
+
+fn build_ledger(seq: u32, raw: &Bytes, chunk: usize) -> CompleteLedger {
+    let chunks: Vec<Chunk> = raw
+        .chunks(chunk)
+        .enumerate()
+        .map(|(i, c)| Chunk {
+            header: ChunkHeader {
+                seq,
+                index: i as u32,
+                raw_offset: (i * chunk) as u64,
+                raw_len: c.len() as u32,
+                codec: Codec::None,
+            },
+            payload: raw.slice(i * chunk..i * chunk + c.len()),
+        })
+        .collect();
+    CompleteLedger {
+        end: LedgerEnd {
+            seq,
+            chunk_count: chunks.len() as u32,
+            raw_len: raw.len() as u64,
+            checksum: ledger_relay_wire::checksum(raw),
+            header_hash: [seq as u8; 32],
+            previous_hash: [seq.wrapping_sub(1) as u8; 32],
+            first_byte_ns: 0,
+            last_byte_ns: 0,
+        },
+        chunks,
+    }
+}
+
+impl Sim {
+    fn new(sc: Scenario) -> Sim {
+        let first = 1000;
+        let raw: Vec<Bytes> = (0..sc.ledgers)
+            .map(|i| ledger_bytes(sc.seed, first + i, sc.size))
+            .collect();
+        let ledgers = raw
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Arc::new(build_ledger(first + i as u32, r, sc.chunk)))
+            .collect();
+        let mut cfg = SenderConfig::new(first, sc.lanes.len() as u8);
+        cfg.window = sc.window;
+        cfg.chunk_size = sc.chunk as u32;
+        let mut sender = Sender::new(cfg, Duration::ZERO);
+        let lanes: Vec<LaneState> = sc
+            .lanes
+            .iter()
+            .map(|spec| LaneState {
+                spec: spec.clone(),
+                alive: true,
+                epoch: 0,
+                busy_until: Duration::ZERO,
+                delivered: 0,
+            })
+            .collect();
+        for (i, l) in lanes.iter().enumerate() {
+            if i > 0 {
+                sender.handle_lane_up(i as u8, Duration::ZERO);
+            }
+            sender.handle_lane_report(
+                i as u8,
+                LaneReport {
+                    rtt: l.spec.delay * 2,
+                },
+            );
+        }
+        let limits = Limits {
+            max_ledgers_in_flight: u32::from(sc.window),
+            ..Limits::default()
+        };
+        let mut sim = Sim {
+            rng: SmallRng::seed_from_u64(sc.seed),
+            now: Duration::ZERO,
+            heap: BinaryHeap::new(),
+            next_id: 0,
+            ledgers,
+            raw,
+            first,
+            newest: if sc.backlog > 0 {
+                first + sc.backlog - 1
+            } else {
+                0
+            },
+            current: None,
+            joined: false,
+            live: VecDeque::new(),
+            lagged: false,
+            sender,
+            lanes,
+            reasm: Reassembler::new(limits, first, STALL),
+            to_consume: VecDeque::new(),
+            consumer_busy: false,
+            delivered: Vec::new(),
+            done_at: None,
+            sc,
+        };
+        // Live ledgers: one per cadence after the backlog, each emitted chunk by chunk.
+        for k in sim.sc.backlog..sim.sc.ledgers {
+            let seq = first + k;
+            let start = sim.sc.cadence * (k - sim.sc.backlog + 1);
+            let n = sim.ledgers[k as usize].chunks.len() as u32;
+            for index in 0..n {
+                let at = start + sim.sc.emit * index / n.max(1);
+                sim.at(at, Ev::Publish { seq, index });
+            }
+            sim.at(start + sim.sc.emit, Ev::PublishEnd { seq });
+        }
+        for (lane, die, rejoin) in sim.sc.deaths.clone() {
+            sim.at(die, Ev::Die { lane });
+            if let Some(r) = rejoin {
+                sim.at(r, Ev::Rejoin { lane });
+            }
+        }
+        sim
+    }
+
+    fn at(&mut self, at: Duration, ev: Ev) {
+        self.next_id += 1;
+        self.heap.push(Timed {
+            at,
+            id: self.next_id,
+            ev,
+        });
+    }
+
+    fn d0(&self) -> Duration {
+        self.lanes[0].spec.delay
+    }
+
+    fn ledger(&self, seq: u32) -> &Arc<CompleteLedger> {
+        &self.ledgers[(seq - self.first) as usize]
+    }
+
+    fn load(&self, seq: u32) -> LoadResult {
+        if seq < self.first {
+            return LoadResult::NotHeld {
+                oldest: self.first,
+                newest: self.newest,
+            };
+        }
+        if self.newest != 0 && seq <= self.newest {
+            return LoadResult::Complete(self.ledger(seq).clone());
+        }
+        match &self.current {
+            Some((s, chunks)) if *s == seq => LoadResult::InProgress(chunks.clone()),
+            _ => LoadResult::NotYet,
+        }
+    }
+
+    fn broadcast(&mut self, item: LiveItem) {
+        if !self.joined || self.lagged {
+            return;
+        }
+        if self.live.len() >= self.sc.live_capacity {
+            self.live.clear();
+            self.lagged = true;
+            return;
+        }
+        self.live.push_back(item);
+    }
+
+    fn transmit(&mut self, lane: usize, stream: StreamId, unit: Unit) {
+        let now = self.now;
+        let loss = match self.sc.loss_burst {
+            Some((l, from, to, p)) if l == lane && now >= from && now < to => p,
+            _ => self.lanes[lane].spec.loss,
+        };
+        let lost = loss > 0.0 && self.rng.gen_bool(loss);
+        let l = &mut self.lanes[lane];
+        let len = unit.wire_len();
+        let mut link = Duration::from_secs_f64(len as f64 / l.spec.rate);
+        let mut extra = Duration::ZERO;
+        if lost {
+            // QUIC resends the lost packets (about a tenth of the stream) after a round trip.
+            link += link / 10;
+            extra = l.spec.delay * 2;
+        }
+        let start = now.max(l.busy_until);
+        l.busy_until = start + link;
+        let jitter = l.spec.jitter.mul_f64(self.rng.gen::<f64>());
+        let arrive = l.busy_until + l.spec.delay + extra + jitter;
+        let acked = arrive + l.spec.delay;
+        let epoch = l.epoch;
+        self.at(arrive, Ev::Arrive { lane, epoch, unit });
+        self.at(
+            acked,
+            Ev::StreamAcked {
+                lane,
+                epoch,
+                stream,
+                len,
+            },
+        );
+    }
+
+    /// The shell: carries out everything the sender asks until it asks nothing more.
+    fn pump(&mut self) -> Result<(), String> {
+        loop {
+            let mut busy = false;
+            while let Some(e) = self.sender.poll_event() {
+                busy = true;
+                match e {
+                    Event::Load(seq) => self.at(self.now + LOAD_TIME, Ev::Loaded { seq }),
+                    Event::JoinLive => {
+                        self.joined = true;
+                        self.lagged = false;
+                        self.live.clear();
+                        self.sender.handle_joined(self.current.clone(), self.newest);
+                    }
+                    Event::LeaveLive => {
+                        self.joined = false;
+                        self.live.clear();
+                    }
+                    Event::Heartbeat => {
+                        let newest = self.newest;
+                        self.at(self.now + self.d0(), Ev::Heartbeat { newest });
+                    }
+                    Event::Close(reason) => return Err(format!("session closed: {reason}")),
+                }
+            }
+            while self.sender.wants_live() {
+                let item = if self.lagged {
+                    self.lagged = false;
+                    self.joined = false;
+                    LiveItem::Lagged
+                } else if let Some(item) = self.live.pop_front() {
+                    item
+                } else {
+                    break;
+                };
+                busy = true;
+                self.sender.handle_live(item);
+            }
+            while let Some(t) = self.sender.poll_transmit(self.now) {
+                busy = true;
+                self.transmit(usize::from(t.lane), t.stream, t.unit);
+            }
+            if !busy {
+                return Ok(());
+            }
+        }
+    }
+
+    fn subscriber_took(&mut self) -> Result<(), String> {
+        while let Some(l) = self.reasm.poll_ledger() {
+            let i = (l.seq - self.first) as usize;
+            if l.data != self.raw[i] {
+                return Err(format!("ledger {} delivered with other bytes", l.seq));
+            }
+            self.to_consume.push_back(l.seq);
+        }
+        while let Some(m) = self.reasm.poll_missing() {
+            let r = Resend {
+                seq: m.seq,
+                whole: m.whole,
+                indices: m.indices,
+            };
+            self.at(self.now + self.d0(), Ev::ToRelay(Frame::Resend(r)));
+        }
+        if !self.consumer_busy {
+            self.consume();
+        }
+        Ok(())
+    }
+
+    fn consume(&mut self) {
+        let Some(seq) = self.to_consume.pop_front() else {
+            self.consumer_busy = false;
+            return;
+        };
+        self.delivered.push(seq);
+        if self.delivered.len() == self.sc.ledgers as usize {
+            self.done_at = Some(self.now);
+        }
+        self.at(self.now + self.d0(), Ev::ToRelay(Frame::Ack(seq)));
+        if !self.sc.consume.is_zero() {
+            self.consumer_busy = true;
+            self.at(self.now + self.sc.consume, Ev::Consume);
+        } else {
+            self.consume();
+        }
+    }
+
+    fn apply(&mut self, ev: Ev) -> Result<(), String> {
+        let now = self.now;
+        match ev {
+            Ev::Publish { seq, index } => {
+                let c = self.ledger(seq).chunks[index as usize].clone();
+                match &mut self.current {
+                    Some((s, chunks)) if *s == seq => chunks.push(c.clone()),
+                    _ => self.current = Some((seq, vec![c.clone()])),
+                }
+                self.broadcast(LiveItem::Chunk(c));
+            }
+            Ev::PublishEnd { seq } => {
+                self.current = None;
+                self.newest = seq;
+                let l = self.ledger(seq).clone();
+                self.broadcast(LiveItem::End(l));
+            }
+            Ev::Arrive { lane, epoch, unit } => {
+                if epoch != self.lanes[lane].epoch {
+                    return Ok(()); // the lane died with it on the wire
+                }
+                let r = match &unit {
+                    Unit::Chunk(c) => self.reasm.handle_chunk(c, now),
+                    Unit::End(e) => self.reasm.handle_end(e, now),
+                };
+                r.map_err(|e| format!("reassembler: {e}"))?;
+                self.subscriber_took()?;
+            }
+            Ev::StreamAcked {
+                lane,
+                epoch,
+                stream,
+                len,
+            } => {
+                if epoch == self.lanes[lane].epoch {
+                    self.lanes[lane].delivered += len;
+                    self.sender.handle_stream_done(stream, true, now);
+                }
+            }
+            Ev::ToRelay(f) => self.sender.handle_frame(f, now),
+            Ev::Heartbeat { newest } => {
+                self.reasm.handle_heartbeat(newest, now);
+                self.subscriber_took()?;
+            }
+            Ev::Die { lane } => {
+                let l = &mut self.lanes[lane];
+                l.alive = false;
+                l.epoch += 1;
+                l.busy_until = now;
+                self.sender.handle_lane_down(lane as u8, "killed", now);
+            }
+            Ev::Rejoin { lane } => {
+                let l = &mut self.lanes[lane];
+                l.alive = true;
+                l.busy_until = now;
+                let rtt = l.spec.delay * 2;
+                self.sender.handle_lane_up(lane as u8, now);
+                self.sender
+                    .handle_lane_report(lane as u8, LaneReport { rtt });
+            }
+            Ev::Loaded { seq } => {
+                let r = self.load(seq);
+                self.sender.handle_loaded(seq, r, now);
+            }
+            Ev::Consume => self.consume(),
+        }
+        Ok(())
+    }
+
+    fn run(mut self, limit: Duration) -> Result<Outcome, String> {
+        loop {
+            self.pump()?;
+            if let Some(done_at) = self.done_at {
+                let st = self.sender.stats();
+                let expected: Vec<u32> = (0..self.sc.ledgers).map(|i| self.first + i).collect();
+                if self.delivered != expected {
+                    return Err("ledgers out of order or repeated".into());
+                }
+                return Ok(Outcome {
+                    done_at,
+                    lane_bytes: self.lanes.iter().map(|l| l.delivered).collect(),
+                    wire_bytes: self.ledgers.iter().map(|l| wire_len(l)).sum(),
+                    resent: st.resent,
+                    retried: st.retried,
+                });
+            }
+            let mut next = self.heap.peek().map(|t| t.at);
+            for t in [self.sender.poll_timeout(), self.reasm.poll_timeout()]
+                .into_iter()
+                .flatten()
+            {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+            let Some(next) = next else {
+                return Err("stuck: nothing left to happen".into());
+            };
+            if next > limit {
+                return Err(format!(
+                    "not done by {limit:?}: {} of {} ledgers delivered, sender at {}, acked {}",
+                    self.delivered.len(),
+                    self.sc.ledgers,
+                    self.sender.next_seq(),
+                    self.sender.acked()
+                ));
+            }
+            // `SIM_TRACE=1` prints the session every 20 ms of virtual time.
+            if std::env::var_os("SIM_TRACE").is_some() {
+                let b = |t: Duration| t.as_millis() / 20;
+                if b(next) != b(self.now) {
+                    let lanes: Vec<String> = self
+                        .sender
+                        .lanes(self.now)
+                        .iter()
+                        .map(|l| {
+                            format!(
+                                "{}:{}k/{}k@{:.1}",
+                                l.lane,
+                                l.outstanding >> 10,
+                                l.target >> 10,
+                                l.rate / 1e6
+                            )
+                        })
+                        .collect();
+                    eprintln!(
+                        "{:>5}ms next={} acked={} queued={} delivered={} reasm_next={} {}",
+                        self.now.as_millis(),
+                        self.sender.next_seq(),
+                        self.sender.acked(),
+                        self.sender.queued(),
+                        self.delivered.len(),
+                        self.reasm.next_seq(),
+                        lanes.join(" ")
+                    );
+                }
+            }
+            self.now = self.now.max(next);
+            while self.heap.peek().is_some_and(|t| t.at <= self.now) {
+                let t = self.heap.pop().expect("peeked");
+                self.apply(t.ev)?;
+            }
+            if self.sender.poll_timeout().is_some_and(|t| t <= self.now) {
+                self.sender.handle_timeout(self.now);
+            }
+            if self.reasm.poll_timeout().is_some_and(|t| t <= self.now) {
+                self.reasm.handle_timeout(self.now);
+                self.subscriber_took()?;
+            }
+        }
+    }
+}
+
+/// Wire bytes of a ledger: its chunk frames and its end frame.
+fn wire_len(l: &CompleteLedger) -> u64 {
+    l.chunks
+        .iter()
+        .map(|c| Unit::Chunk(c.clone()).wire_len())
+        .sum::<u64>()
+        + Unit::End(l.end).wire_len()
+}
+
+/// The fluid bound of a transfer of `bytes` that can start at once: the time at which the
+/// lanes, each at its rate while it is up, have carried them all, plus one round trip.
+fn fluid_bound(sc: &Scenario, bytes: u64) -> Duration {
+    let rtt = sc
+        .lanes
+        .iter()
+        .map(|l| l.delay * 2)
+        .max()
+        .unwrap_or_default();
+    let up = |lane: usize, t: Duration| {
+        sc.deaths
+            .iter()
+            .filter(|(l, _, _)| *l == lane)
+            .all(|(_, die, rejoin)| t < *die || rejoin.is_some_and(|r| t >= r))
+    };
+    let step = Duration::from_micros(100);
+    let mut carried = 0.0;
+    let mut t = Duration::ZERO;
+    while carried < bytes as f64 {
+        let rate: f64 = sc
+            .lanes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| up(*i, t))
+            .map(|(_, l)| l.rate)
+            .sum();
+        carried += rate * step.as_secs_f64();
+        t += step;
+    }
+    t + rtt
+}
+
+/// Round trips a transfer may spend finding the lanes' rates, beyond the fluid bound: a lane
+/// starts with one chunk in flight and doubles about every round trip, as a transport's
+/// congestion window does in slow start.
+const RAMP_RTTS: u32 = 10;
+
+/// Runs `sc` and checks that the whole transfer takes at most `1 + tolerance` times the fluid
+/// bound, plus [`RAMP_RTTS`] round trips, plus one chunk's time on the slowest lane (every lane
+/// starts with one chunk before its rate is known; on a lane far slower than the others, that
+/// chunk holds its ledger, and so the window, for that long); returns the outcome.
+fn check(sc: Scenario, tolerance: f64) -> Outcome {
+    let bound_sc = sc.clone();
+    let o = Sim::new(sc).run(Duration::from_secs(600)).unwrap();
+    let bound = fluid_bound(&bound_sc, o.wire_bytes);
+    let rtt = bound_sc
+        .lanes
+        .iter()
+        .map(|l| l.delay * 2)
+        .max()
+        .unwrap_or_default();
+    let slowest = bound_sc
+        .lanes
+        .iter()
+        .map(|l| l.rate)
+        .fold(f64::INFINITY, f64::min);
+    let probe = Duration::from_secs_f64(bound_sc.chunk as f64 / slowest);
+    let allowed = bound.mul_f64(1.0 + tolerance) + rtt * RAMP_RTTS + probe;
+    let ratio = o.done_at.as_secs_f64() / bound.as_secs_f64();
+    assert!(
+        o.done_at <= allowed,
+        "whole transfer {:?} is {ratio:.3}x the fluid bound {bound:?} (allowed {allowed:?}): {o:?}",
+        o.done_at
+    );
+    o
+}
+
+/// Each lane's share of the bytes is within 5% of its share of the capacity.
+fn check_shares(lanes: &[LaneSpec], o: &Outcome) {
+    let total: u64 = o.lane_bytes.iter().sum();
+    let cap: f64 = lanes.iter().map(|l| l.rate).sum();
+    for (i, (l, bytes)) in lanes.iter().zip(&o.lane_bytes).enumerate() {
+        let share = *bytes as f64 / total as f64;
+        let want = l.rate / cap;
+        assert!(
+            (share - want).abs() <= 0.05 * want,
+            "lane {i} carried {share:.4} of the bytes, its capacity share is {want:.4}: {:?}",
+            o.lane_bytes
+        );
+    }
+}
+
+/// Four equal lanes of 100 Mbit/s, the set-up.
+#[test]
+fn equal_lanes_share_evenly_and_finish_at_the_fluid_bound() {
+    let lanes = vec![lane(12.5); 4];
+    let o = check(Scenario::bulk(lanes.clone()), 0.02);
+    check_shares(&lanes, &o);
+    assert_eq!(o.resent, 0, "no stall: nothing asked again");
+}
+
+#[test]
+fn eight_equal_lanes() {
+    let lanes = vec![lane(12.5); 8];
+    let o = check(Scenario::bulk(lanes.clone()), 0.03);
+    check_shares(&lanes, &o);
+}
+
+#[test]
+fn unequal_lanes_carry_in_proportion_to_their_rates() {
+    let lanes = vec![lane(5.0), lane(10.0), lane(15.0), lane(20.0)];
+    let o = check(Scenario::bulk(lanes.clone()), 0.03);
+    check_shares(&lanes, &o);
+}
+
+#[test]
+fn one_lane_at_half_the_others_still_fills_the_sum_of_caps() {
+    // The target: the total reaches at least 90% of the sum of the caps.
+    let lanes = vec![lane(12.5), lane(12.5), lane(12.5), lane(6.25)];
+    let o = check(Scenario::bulk(lanes.clone()), 0.03);
+    check_shares(&lanes, &o);
+}
+
+#[test]
+fn a_lane_at_a_tenth_of_the_others_helps_and_holds_nothing_back() {
+    let lanes = vec![lane(12.5), lane(12.5), lane(12.5), lane(1.25)];
+    let o = check(Scenario::bulk(lanes.clone()), 0.03);
+    check_shares(&lanes, &o);
+}
+
+#[test]
+fn a_lane_dying_mid_ledger_and_rejoining_costs_only_its_capacity() {
+    let lanes = vec![lane(12.5); 4];
+    let mut sc = Scenario::bulk(lanes);
+    sc.deaths = vec![
+        (
+            2,
+            Duration::from_millis(1003),
+            Some(Duration::from_millis(2500)),
+        ),
+        (3, Duration::from_millis(2001), None),
+    ];
+    let o = check(sc, 0.03);
+    assert!(o.retried > 0, "the dead lanes' streams went again: {o:?}");
+}
+
+#[test]
+fn a_loss_burst_on_one_lane_costs_little() {
+    let mut lanes = vec![lane(12.5); 4];
+    lanes[1].jitter = Duration::from_micros(500);
+    let mut sc = Scenario::bulk(lanes);
+    sc.loss_burst = Some((
+        1,
+        Duration::from_millis(500),
+        Duration::from_millis(1500),
+        0.5,
+    ));
+    // The lost packets' resends take link time the fluid bound does not count.
+    check(sc, 0.05);
+}
+
+#[test]
+fn a_slow_consumer_is_paced_by_the_window_and_loses_nothing() {
+    let lanes = vec![lane(12.5); 4];
+    let mut sc = Scenario::bulk(lanes);
+    sc.ledgers = 24;
+    sc.backlog = 24;
+    sc.consume = Duration::from_millis(200);
+    let o = Sim::new(sc.clone()).run(Duration::from_secs(60)).unwrap();
+    // The consumer is the bottleneck: 24 ledgers at 200 ms each, plus the first ledger's
+    // transfer.
+    let floor = sc.consume * (sc.ledgers - 1);
+    assert!(
+        o.done_at >= floor && o.done_at < floor + Duration::from_millis(400),
+        "{o:?}"
+    );
+}
+
+#[test]
+fn catching_up_from_the_store_joins_live_with_no_gap() {
+    // 48 ledgers in the store, then 16 more published live every 600 ms while catching up.
+    let lanes = vec![lane(12.5); 4];
+    let mut sc = Scenario::bulk(lanes);
+    sc.ledgers = 64;
+    sc.backlog = 48;
+    let o = Sim::new(sc.clone()).run(Duration::from_secs(60)).unwrap();
+    // The last ledger is published at 16 x 600 ms + 8 ms; it then needs its own transfer time
+    // over the four lanes (2 MiB at 50 MB/s, ~42 ms) and a round trip.
+    let last_published = sc.cadence * 16 + sc.emit;
+    let one_ledger = Duration::from_secs_f64(o.wire_bytes as f64 / 64.0 / (50.0 * MBPS));
+    assert!(
+        o.done_at <= last_published + one_ledger + Duration::from_millis(10),
+        "{o:?}"
+    );
+}
+
+#[test]
+fn live_ledgers_stream_while_the_source_writes_them() {
+    // 14.5 MiB ledgers emitted over 8 ms, four lanes of 5 Gbit/s: each ledger is delivered
+    // about its transfer time after the source's last byte, not after a store-and-forward.
+    let lanes = vec![lane(625.0); 4];
+    let mut sc = Scenario::bulk(lanes);
+    sc.ledgers = 6;
+    sc.backlog = 0;
+    sc.size = 14_500 << 10;
+    let o = Sim::new(sc.clone()).run(Duration::from_secs(60)).unwrap();
+    let last_published = sc.cadence * 6 + sc.emit;
+    // 14.5 MiB over 2.5 GB/s is ~6 ms, most of it overlapped with the 8 ms emit window.
+    assert!(
+        o.done_at <= last_published + Duration::from_millis(4),
+        "{o:?}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("SIM_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Random lane sets: every ledger arrives in order, and the transfer stays near the bound.
+    #[test]
+    fn random_lane_sets(
+        rates in proptest::collection::vec(1.0f64..40.0, 1..6),
+        delay_us in 100u64..5000,
+        chunk_kib in 16usize..512,
+        seed in 0u64..1000,
+    ) {
+        let lanes: Vec<LaneSpec> = rates
+            .iter()
+            .map(|r| LaneSpec { rate: r * MBPS, delay: Duration::from_micros(delay_us), jitter: Duration::ZERO, loss: 0.0 })
+            .collect();
+        let mut sc = Scenario::bulk(lanes);
+        sc.ledgers = 24;
+        sc.backlog = 24;
+        sc.size = 1 << 20;
+        sc.chunk = chunk_kib << 10;
+        sc.seed = seed;
+        check(sc, 0.05);
+    }
+}
