@@ -13,8 +13,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use ledger_relay_wire::ALPN;
-use quinn::crypto::rustls::QuicServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -23,7 +21,7 @@ use tracing::{error, info};
 use x509_parser::prelude::{FromDer, X509Certificate};
 use x509_parser::revocation_list::CertificateRevocationList;
 
-use ledger_relay_subscriber::transport::{crypto_provider, transport_config, TransportSettings};
+use ledger_relay_transport::{crypto_provider, TransportSettings};
 
 /// Where the relay's certificates are and who may connect.
 #[derive(Debug, Clone)]
@@ -247,18 +245,13 @@ impl Auth {
         let verifier = builder
             .build()
             .map_err(|e| AuthError::Tls(format!("client verifier: {e}")))?;
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| AuthError::Tls(e.to_string()))?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(self.chain.clone(), self.key.clone_key())
-            .map_err(|e| AuthError::Tls(format!("relay certificate: {e}")))?;
-        tls.alpn_protocols = vec![ALPN.to_vec()];
-        tls.max_early_data_size = 0;
-        let quic = QuicServerConfig::try_from(tls).map_err(|e| AuthError::Tls(e.to_string()))?;
-        let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
-        server.transport_config(Arc::new(relay_transport(&self.transport)));
-        Ok(server)
+        ledger_relay_transport::server_config(
+            self.chain.clone(),
+            self.key.clone_key(),
+            verifier,
+            &self.transport,
+        )
+        .map_err(|e| AuthError::Tls(format!("relay certificate: {:#}", anyhow::Error::from(e))))
     }
 
     /// The identity of a connected client, checked against the allow-list and the CRL in force.
@@ -366,21 +359,6 @@ impl Auth {
     pub fn crl_path(&self) -> &std::path::Path {
         &self.config.crl
     }
-}
-
-/// The relay's side of a lane: what it sends is sized by `settings`; what it lets a peer send
-/// is only ever a control stream of small frames. A subscriber opens no unidirectional stream
-/// and one bidirectional stream per lane, so a hostile peer can make the relay hold at most one
-/// control stream's window per connection, not hundreds of streams' worth.
-pub fn relay_transport(settings: &TransportSettings) -> quinn::TransportConfig {
-    let mut t = transport_config(settings);
-    // Room for the largest control frame (a Resend naming every chunk of a maximal ledger).
-    let control_window = quinn::VarInt::from_u32(256 << 10);
-    t.max_concurrent_uni_streams(0u32.into())
-        .max_concurrent_bidi_streams(1u32.into())
-        .stream_receive_window(control_window)
-        .receive_window(control_window);
-    t
 }
 
 /// How often the CRL file is checked for changes: revocations take effect within this.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use ledger_relay_subscriber::transport::TransportSettings;
+use ledger_relay_transport::TransportSettings;
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::Limits;
 use serde::Deserialize;
@@ -171,38 +171,15 @@ pub struct RelayConfig {
 /// concurrent streams per connection), low enough to catch a typo.
 pub const MAX_STREAMS_PER_LANE: u32 = 1024;
 
-/// Parses a duration such as `600ms`, `2s` or `1m`.
+/// Parses a duration such as `600ms`, `2s` or `1m` (the grammar of every command:
+/// [`ledger_relay_transport::units`]).
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    humantime::parse_duration(s.trim()).with_context(|| format!("bad duration {s:?}"))
+    Ok(ledger_relay_transport::parse_duration(s)?)
 }
 
 /// Parses a byte size such as `14.5MiB`, `256KiB`, `64GiB`, `1MB` or `1000`.
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num
-        .parse()
-        .with_context(|| format!("bad size {s:?}: expected a number and a unit like 256KiB"))?;
-    let mult: f64 = match unit.trim() {
-        "" | "B" => 1.0,
-        "K" | "KiB" | "k" => 1024.0,
-        "M" | "MiB" => 1024.0 * 1024.0,
-        "G" | "GiB" => 1024.0 * 1024.0 * 1024.0,
-        "T" | "TiB" => 1024f64.powi(4),
-        "KB" | "kB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "TB" => 1e12,
-        u => bail!("bad size {s:?}: unknown unit {u:?}"),
-    };
-    let v = num * mult;
-    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
-        bail!("bad size {s:?}");
-    }
-    Ok(v.round() as u64)
+    Ok(ledger_relay_transport::parse_size(s)?)
 }
 
 impl RelayConfig {

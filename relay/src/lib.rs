@@ -16,7 +16,6 @@
 
 pub mod auth;
 pub mod config;
-pub mod demo;
 pub mod hub;
 pub mod metrics;
 pub mod pipeline;
@@ -87,10 +86,9 @@ impl Relay {
             .context("loading certificates")?,
         );
         let server_config = auth.server_config().context("tls configuration")?;
-        let socket =
-            ledger_relay_subscriber::transport::udp_socket(config.listen, &config.transport)
-                .with_context(|| format!("binding {}", config.listen))?;
-        let endpoint = ledger_relay_subscriber::transport::endpoint(socket, Some(server_config))
+        let socket = ledger_relay_transport::udp_socket(config.listen, &config.transport)
+            .with_context(|| format!("binding {}", config.listen))?;
+        let endpoint = ledger_relay_transport::endpoint(socket, Some(server_config))
             .context("creating the QUIC endpoint")?;
         let addr = endpoint.local_addr()?;
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ledger_relay_subscriber::transport::{close_with_error, FrameReader, FrameWriter};
+use ledger_relay_transport::{close_with_error, FrameReader, FrameWriter};
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::frame::{ErrorCode, ErrorFrame, Frame, TOKEN_LEN};
 use ledger_relay_wire::PROTOCOL_VERSION;

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ledger_relay_subscriber::transport::{close_with_error, FrameReader, FrameWriter};
+use ledger_relay_transport::{close_with_error, FrameReader, FrameWriter};
 use ledger_relay_wire::frame::{
     ErrorCode, ErrorFrame, Frame, Heartbeat, LedgerEnd, Resend, SessionAccept, Start, TOKEN_LEN,
 };

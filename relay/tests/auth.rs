@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use ledger_relay_certs::CertDir;
-use ledger_relay_subscriber::transport::{crypto_provider, read_single_frame, FrameIo};
 use ledger_relay_subscriber::{connect, AuthReason, SubscribeConfig, SubscribeError};
+use ledger_relay_transport::{crypto_provider, read_single_frame, FrameIo};
 use ledger_relay_wire::frame::{ErrorCode, ErrorFrame, Frame, Start};
 use ledger_relay_wire::{Limits, ALPN};
 use quinn::{ConnectionError, TransportErrorCode};

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ledger_relay_subscriber::transport::FrameIo;
+use ledger_relay_transport::FrameIo;
 use ledger_relay_wire::frame::{ErrorCode, Frame, Resend, Start};
 use quinn::ConnectionError;
 
@@ -225,11 +225,10 @@ async fn connection_session_and_lane_limits_are_enforced() {
     for _ in 0..4 {
         idle.push(raw_connect(&relay, tls_client(&certs, "rpc-1")).await);
     }
-    let settings = ledger_relay_subscriber::transport::TransportSettings::default();
+    let settings = ledger_relay_transport::TransportSettings::default();
     let socket =
-        ledger_relay_subscriber::transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings)
-            .unwrap();
-    let ep = ledger_relay_subscriber::transport::endpoint(socket, None).unwrap();
+        ledger_relay_transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
+    let ep = ledger_relay_transport::endpoint(socket, None).unwrap();
     let over = ep
         .connect_with(tls_client(&certs, "rpc-1"), relay.relay.addr, "127.0.0.1")
         .unwrap();

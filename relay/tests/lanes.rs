@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ledger_relay_subscriber::transport::{read_single_frame, FrameIo};
+use ledger_relay_transport::{read_single_frame, FrameIo};
 use ledger_relay_wire::frame::{Frame, Resend, Start};
 use ledger_relay_wire::{Limits, Reassembler};
 use tokio::sync::mpsc;

@@ -21,10 +21,7 @@ use stellar_xdr::{LedgerCloseMeta, Limits, ReadXdr, ScpStatementPledges, WriteXd
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_util::sync::CancellationToken;
 
-const TESTNET: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
-);
+use crate::support::TESTNET;
 
 /// How long any test waits for an event before failing instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(60);

@@ -2,33 +2,33 @@
 //! subscriptions to it, raw QUIC clients, bounded waits and an HTTP GET for `/metrics` and
 //! `/healthz`.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use ledger_relay::config::{RelayConfig, RunArgs};
 use ledger_relay::Relay;
 use ledger_relay_certs::CertDir;
-use ledger_relay_subscriber::transport::{
-    client_config, endpoint, udp_socket, FrameIo, TransportSettings,
-};
 use ledger_relay_subscriber::{
-    connect, Credentials, Ledger, RelayAddr, SubscribeConfig, SubscribeError,
+    connect, Credentials, Ledger, RelayAddr, Status, SubscribeConfig, SubscribeError, Subscription,
 };
+use ledger_relay_transport::{client_config, endpoint, udp_socket, FrameIo, TransportSettings};
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::frame::{Frame, LaneJoin, SessionOpen, Start};
 use ledger_relay_wire::record::{Records, DEFAULT_MAX_RECORD_LEN};
 use ledger_relay_wire::{Limits, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub const TESTNET: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
-);
+/// The 320 consecutive testnet ledgers (`testdata!` is defined by the test crate that includes
+/// this module: `relay/` and `relay/cli/` sit at different depths).
+pub const TESTNET: &str = testdata!("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr");
 pub const FIRST: u32 = 1_410_048;
 pub const LAST: u32 = 1_410_367;
 
@@ -322,4 +322,204 @@ pub fn lane_join(session_id: u64, token: [u8; 16], lane: u8) -> Frame {
         token,
         lane,
     })
+}
+
+/// The number of testnet ledgers in the sample.
+pub const COUNT: usize = (LAST - FIRST + 1) as usize;
+
+/// A UDP port free a moment ago, for a relay that must come back on the same address.
+pub fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn local(port: u16) -> RelayAddr {
+    RelayAddr::new("127.0.0.1", port)
+}
+
+/// A subscription as `rpc-1` on four lanes from the first testnet ledger, to `relays` in turn.
+pub fn from_first(dir: &TestDir, relays: Vec<RelayAddr>) -> SubscribeConfig {
+    sub_config(relays, dir.certs.path(), "rpc-1", 4, Start::Seq(FIRST))
+}
+
+/// The testnet sample at 10 ms per ledger: 3.2 s for the whole file, slow enough to stop a
+/// relay in the middle of it.
+pub fn testnet_relay(certs: &Path, data: &Path) -> RelayConfig {
+    let mut config = relay_config(certs, data, &file_source());
+    config.source_options.cadence = Duration::from_millis(10);
+    config
+}
+
+/// Starts a relay on 127.0.0.1:`port`, retrying while the port is still held (by the relay
+/// that stopped just before, whose endpoint may take a moment to let go of it).
+pub async fn start_on(mut config: RelayConfig, port: u16) -> Running {
+    config.listen = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stop = CancellationToken::new();
+        match Relay::start(config.clone(), stop.clone()).await {
+            Ok(relay) => return Running { relay, stop },
+            Err(e) if Instant::now() < deadline && addr_in_use(&e) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("starting a relay on port {port}: {e:#}"),
+        }
+    }
+}
+
+pub fn addr_in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    })
+}
+
+/// What a [`Collector`] ends with.
+pub struct Outcome {
+    /// Every ledger the subscription delivered, in delivery order.
+    pub got: Vec<Ledger>,
+    /// The subscription, for its status.
+    pub sub: Subscription,
+    /// The terminal error the stream ended with, if any.
+    pub error: Option<SubscribeError>,
+    /// Whatever the stream yielded after its terminal error (it must end instead).
+    pub after_error: Vec<String>,
+}
+
+impl Outcome {
+    /// Asserts that the subscription delivered every ledger of `want` (the testnet sample)
+    /// once, in order, byte for byte, and ended without an error.
+    pub fn assert_complete(&self, want: &[Bytes]) {
+        assert!(self.error.is_none(), "{:?}", self.error);
+        assert_eq!(self.got.len(), COUNT, "every ledger, once");
+        assert_identical(&self.got, want, FIRST);
+    }
+
+    /// Asserts that exactly the testnet ledgers before `bad` were delivered, byte for byte.
+    pub fn assert_stopped_before(&self, bad: u32) {
+        assert_eq!(
+            self.got.len(),
+            (bad - FIRST) as usize,
+            "nothing from {bad} on"
+        );
+        assert_identical(&self.got, &testnet_ledgers(), FIRST);
+    }
+}
+
+/// A subscription consumed by a task into a shared Vec, until ledger `last`, a terminal error,
+/// or [`Collector::halt`].
+pub struct Collector {
+    got: Arc<Mutex<Vec<Ledger>>>,
+    /// The subscription's status, refreshed every 10 ms while the task runs.
+    status: Arc<Mutex<Status>>,
+    halt: Option<oneshot::Sender<()>>,
+    task: JoinHandle<(Subscription, Option<SubscribeError>, Vec<String>)>,
+}
+
+impl Collector {
+    pub fn start(config: SubscribeConfig, last: u32) -> Collector {
+        let mut sub = connect(config).expect("a valid configuration");
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let out = got.clone();
+        let status = Arc::new(Mutex::new(Status::default()));
+        let shown = status.clone();
+        let (halt, mut halted) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let error = loop {
+                let item = tokio::select! {
+                    item = sub.next() => item,
+                    _ = tick.tick() => {
+                        *shown.lock().unwrap() = sub.status();
+                        continue;
+                    }
+                    _ = &mut halted => break None,
+                };
+                match item {
+                    Some(Ok(ledger)) => {
+                        let done = ledger.seq >= last;
+                        out.lock().unwrap().push(ledger);
+                        if done {
+                            break None;
+                        }
+                    }
+                    Some(Err(e)) => break Some(e),
+                    None => break None,
+                }
+            };
+            // After a terminal error the stream must end, yielding nothing more.
+            let mut after = Vec::new();
+            if error.is_some() {
+                match tokio::time::timeout(Duration::from_secs(5), sub.next()).await {
+                    Ok(None) => {}
+                    Ok(Some(item)) => after.push(format!("{:?}", item.map(|l| l.seq))),
+                    Err(_) => after.push("the stream did not end".into()),
+                }
+            }
+            (sub, error, after)
+        });
+        Collector {
+            got,
+            status,
+            halt: Some(halt),
+            task,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.got.lock().unwrap().len()
+    }
+
+    pub fn status(&self) -> Status {
+        self.status.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` ledgers were delivered; panics (with the count) after `secs`, or if the
+    /// subscription ended before.
+    pub async fn wait_for(&self, n: usize, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while self.len() < n {
+            assert!(
+                !self.task.is_finished(),
+                "the subscription ended after {} of {n} ledgers",
+                self.len()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} ledgers within {secs} s",
+                self.len()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits for the subscription to reach its last ledger or a terminal error.
+    pub async fn finish(self, secs: u64) -> Outcome {
+        let got = self.got.clone();
+        let Ok(joined) = tokio::time::timeout(Duration::from_secs(secs), self.task).await else {
+            panic!(
+                "the subscription neither finished nor failed within {secs} s ({} ledgers)",
+                got.lock().unwrap().len()
+            );
+        };
+        let (sub, error, after_error) = joined.expect("collector task");
+        let got = std::mem::take(&mut *got.lock().unwrap());
+        Outcome {
+            got,
+            sub,
+            error,
+            after_error,
+        }
+    }
+
+    /// Stops consuming (the subscription is stalled, not ended) and returns what it delivered.
+    pub async fn halt(mut self) -> Outcome {
+        if let Some(h) = self.halt.take() {
+            let _ = h.send(());
+        }
+        self.finish(10).await
+    }
 }

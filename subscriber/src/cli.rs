@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use crate::client::{connect, Ledger, Status};
 use crate::config::{parse_start, Credentials, RelayAddr, SubscribeConfig};
 use crate::error::SubscribeError;
-use crate::transport::parse_duration;
+use ledger_relay_transport::parse_duration;
 
 /// Command-line arguments of `ledger-subscribe` (see CONTRACT.md).
 #[derive(Debug, Clone, clap::Parser)]

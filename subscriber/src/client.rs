@@ -17,8 +17,8 @@ use crate::backoff::Backoff;
 use crate::config::SubscribeConfig;
 use crate::error::{ErrorChain, SubscribeError};
 use crate::session::{self, End};
-use crate::transport;
 use crate::verify::Verifier;
+use ledger_relay_transport as transport;
 
 /// A complete, verified ledger, as delivered to the consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::backoff::BackoffConfig;
 use crate::error::SubscribeError;
-use crate::transport::TransportSettings;
+use ledger_relay_transport::TransportSettings;
 
 /// Most lanes a session may have (`SessionOpen.lanes`, counting lane 0).
 pub const MAX_LANES: u8 = 64;

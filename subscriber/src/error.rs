@@ -18,7 +18,7 @@ use ledger_relay_wire::frame::{ErrorCode, ErrorFrame};
 use ledger_relay_wire::header::{ChainError, HeaderError};
 use ledger_relay_wire::AssemblyError;
 
-use crate::transport::{FrameIoError, TlsConfigError};
+use ledger_relay_transport::{FrameIoError, TlsConfigError};
 
 /// Why the client certificate, or the relay's, was not accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 //!   relay's retention are terminal, typed errors.
 //! - The Stream is bounded: a consumer that ingests slowly stops the lanes being read, QUIC
 //!   flow control stops the relay, and memory stays flat.
-//! - [`transport`] holds the QUIC and TLS settings and frame IO the relay shares.
+//! - Lanes, TLS and frame IO come from `ledger-relay-transport`, which the relay shares.
 //! - [`cli`] is `ledger-subscribe`: ledgers written in stellar-core's record-marked framing
 //!   to stdout, a file or a FIFO, so any consumer of core's metadata pipe reads it unchanged.
 //!
@@ -82,7 +82,6 @@ mod client;
 pub mod config;
 pub mod error;
 mod session;
-pub mod transport;
 pub mod verify;
 
 pub use client::{connect, Item, Ledger, Status, Subscription};

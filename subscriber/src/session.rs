@@ -32,8 +32,10 @@ use crate::error::{
     classify_connection, classify_error_frame, classify_frame_io, ErrorChain, Failure,
     SubscribeError, Transient,
 };
-use crate::transport::{self, read_single_frame, FrameIo, FrameIoError, FrameReader, FrameWriter};
 use crate::verify::Verifier;
+use ledger_relay_transport::{
+    self as transport, read_single_frame, FrameIo, FrameIoError, FrameReader, FrameWriter,
+};
 
 /// Data streams read but not yet taken by the session loop, across all lanes. Each holds at
 /// most one chunk (256 KiB by default), so this bounds what sits between QUIC's buffers and

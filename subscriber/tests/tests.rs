@@ -1,5 +1,4 @@
-//! Integration tests of the subscriber: the verify step on real testnet ledgers, the transport
-//! helpers, and sessions over real QUIC on loopback against a tiny in-test relay.
+//! Integration tests of the subscriber: the verify step on real testnet ledgers, and sessions over real QUIC on loopback against a tiny in-test relay.
 
 mod support;
 
@@ -7,5 +6,4 @@ mod auth;
 mod cli;
 mod consume_delay;
 mod session;
-mod transport;
 mod verify;

@@ -1,10 +1,44 @@
-//! The transport helpers shared with the relay.
+//! The transport crate against real sockets and real certificates from the certs crate.
 
-use ledger_relay_subscriber::transport::{
-    self, client_config, udp_socket, TlsConfigError, TransportSettings,
+use std::path::Path;
+
+use ledger_relay_certs::{load_certs, load_key, CertDir};
+use ledger_relay_transport::{
+    self as transport, client_config, udp_socket, TlsConfigError, TransportSettings,
 };
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::support::Pki;
+/// A CA with a relay and a client certificate in a temporary directory.
+struct Pki {
+    _tmp: tempfile::TempDir,
+    dir: std::path::PathBuf,
+}
+
+struct Creds {
+    ca: Vec<CertificateDer<'static>>,
+    cert_chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("certs");
+        let ca = CertDir::init(&dir, 365).unwrap();
+        ca.issue_server("relay", &["localhost".into()], 30).unwrap();
+        ca.issue_client("rpc-1", 30).unwrap();
+        Pki { _tmp: tmp, dir }
+    }
+
+    fn credentials(&self, name: &str) -> Creds {
+        let load = |f: &str| load_certs(&self.dir.join(f)).unwrap();
+        Creds {
+            ca: load("ca.pem"),
+            cert_chain: load(&format!("{name}.pem")),
+            key: load_key(&self.dir.join(Path::new(&format!("{name}.key")))).unwrap(),
+        }
+    }
+}
 
 fn sysctl(name: &str) -> Option<usize> {
     std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))

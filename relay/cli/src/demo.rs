@@ -19,8 +19,8 @@ use ledger_relay_subscriber::{connect, Credentials, RelayAddr, SubscribeConfig};
 use ledger_relay_wire::frame::Start;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{parse_duration, parse_size, RelayConfig, RunArgs};
-use crate::source::{SourceSpec, SyntheticSpec};
+use ledger_relay::config::{parse_duration, parse_size, RelayConfig, RunArgs};
+use ledger_relay::source::{SourceSpec, SyntheticSpec};
 
 /// Flags of `ledger-relay demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -102,7 +102,7 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         args.ratio
     );
     let relay_stop = shutdown.child_token();
-    let relay = crate::Relay::start(config, relay_stop.clone()).await?;
+    let relay = ledger_relay::Relay::start(config, relay_stop.clone()).await?;
     let mut sub_config = SubscribeConfig::new(
         vec![RelayAddr::new("127.0.0.1", relay.addr.port())],
         Credentials::from_cert_dir(certs.path(), "demo")?,

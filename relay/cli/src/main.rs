@@ -1,10 +1,16 @@
 //! `ledger-relay`: runs the relay (`run`) or a self-contained demonstration (`demo`).
+//!
+//! The relay itself is the `ledger-relay` library; this binary only parses arguments and calls
+//! it. It lives in a package of its own because the demo runs a subscriber in the same process,
+//! and the relay library does not depend on the subscriber library.
+
+mod demo;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use demo::DemoArgs;
 use ledger_relay::config::{RelayConfig, RunArgs};
-use ledger_relay::demo::DemoArgs;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -68,7 +74,7 @@ fn main() -> ExitCode {
                 relay.wait().await;
                 Ok(())
             }
-            Command::Demo(args) => ledger_relay::demo::run(args, shutdown).await,
+            Command::Demo(args) => demo::run(args, shutdown).await,
         }
     });
     match result {

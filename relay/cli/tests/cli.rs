@@ -1,5 +1,6 @@
 //! The `ledger-relay` binary's contract (CONTRACT.md): `--help` exits 0, bad arguments exit 2
-//! with a one-line reason; and the metrics endpoint of a running relay.
+//! with a one-line reason (the delivery-mode flags among them); and the metrics endpoint of a
+//! running relay.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -129,4 +130,50 @@ async fn metrics_and_healthz_are_served() {
         .unwrap();
     assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
     relay.stop().await;
+}
+
+#[test]
+fn the_binary_documents_the_flags_and_refuses_bad_values() {
+    let bin = || std::process::Command::new(env!("CARGO_BIN_EXE_ledger-relay"));
+    let help = bin().args(["run", "--help"]).output().unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--store-and-forward", "--streams-per-lane <N>"] {
+        assert!(help.contains(flag), "run --help lacks {flag}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    for (bad, reason) in [
+        (
+            vec!["--streams-per-lane", "0"],
+            "--streams-per-lane 0: expected 1..=1024",
+        ),
+        (vec!["--streams-per-lane", "5000"], "expected 1..=1024"),
+        (vec!["--streams-per-lane", "many"], "invalid value 'many'"),
+        (vec!["--streams-per-lane=-3"], "invalid value '-3'"),
+        (vec!["--store-and-forward=yes"], "--store-and-forward"),
+    ] {
+        let out = bin()
+            .args([
+                "run",
+                "--listen",
+                "127.0.0.1:0",
+                "--certs",
+                &d,
+                "--data-dir",
+                &d,
+            ])
+            .args(["--source", "synthetic"])
+            .args(&bad)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        assert!(
+            first.starts_with("error") && first.contains(reason),
+            "{bad:?}: {err}"
+        );
+    }
 }

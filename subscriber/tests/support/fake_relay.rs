@@ -12,7 +12,7 @@ use ledger_relay_subscriber::frame::{
     Chunk, ChunkHeader, ErrorCode, ErrorFrame, Frame, Heartbeat, LedgerEnd, Resend, SessionAccept,
     SessionOpen, Start,
 };
-use ledger_relay_subscriber::transport::{self, FrameIo, TransportSettings};
+use ledger_relay_transport::{self as transport, FrameIo, TransportSettings};
 use ledger_relay_wire::compress::{Codec, Compressor};
 use ledger_relay_wire::Limits;
 use quinn::VarInt;

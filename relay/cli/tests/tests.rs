@@ -1,0 +1,20 @@
+//! Tests of the `ledger-relay` binary: its command-line contract, and the relay run as a
+//! process of its own (SIGKILL and restart, a slow consumer measured apart, the crash rounds).
+//! They share the relay's test support module.
+
+/// A file of `../shared/testdata`, from this crate's directory (`relay/cli`).
+macro_rules! testdata {
+    ($file:literal) => {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/testdata/",
+            $file
+        )
+    };
+}
+
+mod cli;
+mod process;
+#[allow(dead_code)] // shared with the relay's tests, which use more of it
+#[path = "../../tests/support.rs"]
+mod support;

@@ -1,0 +1,150 @@
+//! A lane's QUIC transport settings, the same on both ends, and the quinn configuration built
+//! from them.
+
+use std::time::Duration;
+
+use quinn::{IdleTimeout, MtuDiscoveryConfig, VarInt};
+use serde::Deserialize;
+
+/// QUIC transport settings of one lane, the same on both ends.
+///
+/// The defaults are sized for the Phase 3 stress profile: a 14.5 MiB ledger every 600 ms that
+/// must arrive in a few milliseconds, over lanes capped at about 5 Gbit/s each (EC2's per-flow
+/// limit outside a placement group) across availability zones with a round trip of about 2 ms.
+/// The bandwidth-delay product of one lane is then 5 Gbit/s x 2 ms = 1.25 MB. quinn's defaults
+/// (1.25 MB stream window, 100 streams) would cap a lane at exactly one BDP of data in flight
+/// and let only a handful of 256 KiB chunk streams run at once; the windows below allow several
+/// BDPs so that many chunk streams are in flight in parallel and a lost packet on one of them
+/// does not stall the lane.
+///
+/// Deserialized from TOML by the relay: every field is optional (missing ones take the
+/// default), durations are written as `"10s"`, `"500ms"`, `"2m"` ([`crate::units`]) or a
+/// number of milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TransportSettings {
+    /// Bytes one stream may have in flight before the receiver reads them (default 4 MiB). A
+    /// stream carries one chunk (256 KiB by default, at most `max_chunk_raw` = 4 MiB), so a
+    /// 4 MiB stream window never holds a chunk back; the connection window below is what
+    /// bounds the total.
+    pub stream_receive_window: u64,
+    /// Bytes all streams of one connection may have in flight unread (default 32 MiB): about
+    /// 25 BDPs of a 5 Gbit/s, 2 ms lane, or two whole stress ledgers. It is also what a slow
+    /// subscriber pushes back with: once its reader stops, the relay can send at most this much
+    /// more on the lane.
+    pub receive_window: u64,
+    /// Bytes a sender keeps buffered for one connection, unacknowledged (default 32 MiB).
+    /// Matching the receive window lets the relay keep a full window in flight; it is also the
+    /// per-connection memory cap on the sending side.
+    pub send_window: u64,
+    /// `SO_RCVBUF` requested for the lane's UDP socket (default 16 MiB). With the kernel's
+    /// default of a few hundred KiB, a burst of a whole chunk stream (thousands of packets)
+    /// overflows the socket and is dropped before quinn reads it; the kernel caps the request
+    /// at `net.core.rmem_max` (what it granted is logged at debug level).
+    pub udp_recv_buffer: usize,
+    /// `SO_SNDBUF` requested for the lane's UDP socket (default 16 MiB; capped by
+    /// `net.core.wmem_max`).
+    pub udp_send_buffer: usize,
+    /// Unidirectional streams the peer may have open at once (default 512). Every chunk travels
+    /// on its own stream: a 14.5 MiB ledger is 58 streams of 256 KiB, and the window admits up
+    /// to 8 ledgers in flight, so 512 keeps stream credit from ever being the limit.
+    pub max_concurrent_uni_streams: u32,
+    /// A lane that hears nothing for this long is dead (default 10 s).
+    #[serde(with = "crate::units::serde_duration")]
+    pub idle_timeout: Duration,
+    /// Keep-alive interval (default 2 s), well inside the idle timeout so an idle but healthy
+    /// lane (a subscriber waiting at the tip) is never timed out.
+    #[serde(with = "crate::units::serde_duration")]
+    pub keep_alive: Duration,
+    /// First packet size (default 1200, the QUIC minimum, safe on any path); path MTU discovery
+    /// then raises it (to 1452 on a 1500-byte Ethernet path, or up to the jumbo-frame size
+    /// within a VPC).
+    pub initial_mtu: u16,
+    /// Generic segmentation offload (default on): quinn hands the kernel up to 64 KiB of
+    /// packets per send call, which roughly halves the CPU cost of sending.
+    pub gso: bool,
+}
+
+impl Default for TransportSettings {
+    fn default() -> Self {
+        TransportSettings {
+            stream_receive_window: 4 << 20,
+            receive_window: 32 << 20,
+            send_window: 32 << 20,
+            udp_recv_buffer: 16 << 20,
+            udp_send_buffer: 16 << 20,
+            max_concurrent_uni_streams: 512,
+            idle_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(2),
+            initial_mtu: 1200,
+            gso: true,
+        }
+    }
+}
+
+/// The quinn transport configuration for `s`.
+///
+/// Values beyond what QUIC can encode (2^62) are clamped, which no real setting reaches.
+pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
+    let varint = |v: u64| VarInt::from_u64(v).unwrap_or(VarInt::MAX);
+    let mut t = quinn::TransportConfig::default();
+    t.stream_receive_window(varint(s.stream_receive_window))
+        .receive_window(varint(s.receive_window))
+        .send_window(s.send_window)
+        .max_concurrent_uni_streams(VarInt::from_u32(s.max_concurrent_uni_streams))
+        // Lanes carry no peer-initiated bidirectional streams beyond the control stream.
+        .max_concurrent_bidi_streams(VarInt::from_u32(4))
+        .max_idle_timeout(Some(
+            IdleTimeout::try_from(s.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX)),
+        ))
+        .keep_alive_interval((!s.keep_alive.is_zero()).then_some(s.keep_alive))
+        .initial_mtu(s.initial_mtu.max(1200))
+        .mtu_discovery_config(Some(MtuDiscoveryConfig::default()))
+        .enable_segmentation_offload(s.gso);
+    t
+}
+
+/// The relay's side of a lane: what it sends is sized by `settings`; what it lets a peer send
+/// is only ever a control stream of small frames. A subscriber opens no unidirectional stream
+/// and one bidirectional stream per lane, so a hostile peer can make the relay hold at most one
+/// control stream's window per connection, not hundreds of streams' worth.
+pub fn server_transport_config(settings: &TransportSettings) -> quinn::TransportConfig {
+    let mut t = transport_config(settings);
+    // Room for the largest control frame (a Resend naming every chunk of a maximal ledger).
+    let control_window = VarInt::from_u32(256 << 10);
+    t.max_concurrent_uni_streams(0u32.into())
+        .max_concurrent_bidi_streams(1u32.into())
+        .stream_receive_window(control_window)
+        .receive_window(control_window);
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_windows_cover_several_bdp() {
+        let s = TransportSettings::default();
+        // 5 Gbit/s x 2 ms.
+        let bdp = 5_000_000_000u64 / 8 * 2 / 1000;
+        assert!(s.receive_window >= 8 * bdp);
+        assert!(s.stream_receive_window >= 4 << 20);
+        assert!(s.send_window >= s.receive_window);
+    }
+
+    #[test]
+    fn settings_read_from_toml() {
+        let s: TransportSettings =
+            toml::from_str("idle_timeout = \"30s\"\nkeep_alive = 500\ngso = false\n").unwrap();
+        assert_eq!(s.idle_timeout, Duration::from_secs(30));
+        assert_eq!(s.keep_alive, Duration::from_millis(500));
+        assert!(!s.gso);
+        assert_eq!(
+            s.receive_window,
+            TransportSettings::default().receive_window
+        );
+        assert!(toml::from_str::<TransportSettings>("idle = 3").is_err());
+        assert!(toml::from_str::<TransportSettings>("idle_timeout = \"3 parsecs\"").is_err());
+    }
+}

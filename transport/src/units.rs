@@ -1,0 +1,101 @@
+//! The one grammar of durations and sizes on every command line and in every config file of
+//! the product: durations as `humantime` reads them (`600ms`, `2s`, `1m 30s`, `1h`), sizes as
+//! `parse-size` reads them (`14.5MiB`, `256KiB`, `64GiB`: binary with `i`; `1MB`, `1.5 KB`,
+//! `1000`: decimal).
+
+use std::time::Duration;
+
+/// Why a duration or size did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad {what} {input:?}: {reason}")]
+pub struct UnitError {
+    /// "duration" or "size".
+    pub what: &'static str,
+    /// What was given.
+    pub input: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// Parses a duration such as `600ms`, `2s`, `1m`, `1h 30m` or `250us`; `0` is zero.
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
+    humantime::parse_duration(s.trim()).map_err(|e| UnitError {
+        what: "duration",
+        input: s.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Parses a byte size such as `14.5MiB`, `256KiB`, `64GiB`, `1MB` or `1000`.
+pub fn parse_size(s: &str) -> Result<u64, UnitError> {
+    parse_size::parse_size(s.trim()).map_err(|e| UnitError {
+        what: "size",
+        input: s.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Serde support for durations written as a string ([`parse_duration`]) or a number of
+/// milliseconds.
+pub mod serde_duration {
+    use std::time::Duration;
+
+    use serde::{de, Deserializer};
+
+    /// Deserializes a duration.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        struct Visitor;
+        impl de::Visitor<'_> for Visitor {
+            type Value = Duration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration such as \"10s\", \"500ms\" or a number of milliseconds")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+                Ok(Duration::from_millis(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+                u64::try_from(v)
+                    .map(Duration::from_millis)
+                    .map_err(|_| E::custom("a duration cannot be negative"))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+                super::parse_duration(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration(" 2m "), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        for bad in ["10", "s", "3 parsecs", "soon", ""] {
+            let e = parse_duration(bad).unwrap_err();
+            assert_eq!(e.what, "duration", "{bad}");
+            assert!(e.to_string().starts_with("bad duration"), "{e}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256KiB"), Ok(256 << 10));
+        assert_eq!(parse_size("14.5MiB"), Ok(15_204_352));
+        assert_eq!(parse_size("64GiB"), Ok(64 << 30));
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_size("1.5 KB"), Ok(1500));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4096B"), Ok(4096));
+        for bad in ["12 parsecs", "MiB", "1.2.3MiB", ""] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}
