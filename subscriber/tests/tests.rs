@@ -6,6 +6,7 @@ mod support;
 mod auth;
 mod cli;
 mod consume_delay;
+mod content;
 mod session;
 mod transport;
 mod verify;
