@@ -246,3 +246,104 @@ pub fn content_hashes(lcm: &[u8], info: &LedgerHeaderInfo) -> Result<ContentHash
         hashed_bytes: hashed_bytes + 4,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes after the header of a v0 ledger with no transactions in its set and one
+    /// `txProcessing` entry whose Soroban return value is `vecs` nested `SCV_VEC`s around an
+    /// `SCV_VOID`: `vecs + 1` levels of SCVal.
+    fn nested_return_value(vecs: usize) -> Vec<u8> {
+        let mut b = Vec::new();
+        let word = |b: &mut Vec<u8>, w: i32| b.extend_from_slice(&w.to_be_bytes());
+        word(&mut b, 0); // LedgerHeaderHistoryEntry.ext
+        b.extend_from_slice(&[0x22; 32]); // TransactionSet.previousLedgerHash
+        word(&mut b, 0); // txs<>
+        word(&mut b, 1); // txProcessing<>: one entry
+        b.extend_from_slice(&[0x33; 32]); // TransactionResultPair.transactionHash
+        b.extend_from_slice(&100i64.to_be_bytes()); // feeCharged
+        word(&mut b, -2); // txTOO_EARLY: no operation results
+        word(&mut b, 0); // TransactionResult.ext
+        word(&mut b, 0); // feeProcessing<>
+        word(&mut b, 3); // TransactionMeta v3
+        for _ in 0..3 {
+            word(&mut b, 0); // ext, txChangesBefore, operations
+        }
+        word(&mut b, 0); // txChangesAfter
+        word(&mut b, 1); // sorobanMeta present
+        word(&mut b, 0); // SorobanTransactionMetaExt v0
+        word(&mut b, 0); // events<>
+        for _ in 0..vecs {
+            word(&mut b, 16); // SCV_VEC
+            word(&mut b, 1); // present
+            word(&mut b, 1); // one element
+        }
+        word(&mut b, 1); // SCV_VOID
+        word(&mut b, 0); // diagnosticEvents<>
+        word(&mut b, 0); // upgradesProcessing<>
+        word(&mut b, 0); // scpInfo<>
+        b
+    }
+
+    fn v0_header() -> LedgerHeaderInfo {
+        LedgerHeaderInfo {
+            lcm_version: 0,
+            ledger_seq: 7,
+            hash: [0; 32],
+            previous_hash: [0; 32],
+            protocol_version: 23,
+            close_time: 0,
+            tx_set_hash: [0; 32],
+            tx_set_result_hash: [0; 32],
+            header_end: 0,
+        }
+    }
+
+    #[test]
+    fn nesting_is_bounded_without_exhausting_the_stack() {
+        let info = v0_header();
+        let ok = content_hashes(&nested_return_value(MAX_DEPTH as usize - 1), &info).unwrap();
+        assert_eq!(ok.transactions, 1);
+        let at_depth = |vecs: usize| match content_hashes(&nested_return_value(vecs), &info) {
+            Err(ContentError::Malformed {
+                ty: "SCVal",
+                problem: Malformation::TooDeep { max: MAX_DEPTH },
+                ..
+            }) => {}
+            other => panic!("{vecs} levels: {other:?}"),
+        };
+        at_depth(MAX_DEPTH as usize);
+        // A million levels stop at the bound, in a test thread's 2 MiB stack.
+        at_depth(1_000_000);
+    }
+
+    #[test]
+    fn v0_tx_set_hash_skips_the_count() {
+        // No transactions: the set hashes as its previous hash alone; the results as the
+        // XDR of a one-entry TransactionResultSet.
+        let bytes = nested_return_value(0);
+        let h = content_hashes(&bytes, &v0_header()).unwrap();
+        assert_eq!(h.tx_set_hash, <[u8; 32]>::from(Sha256::digest([0x22; 32])));
+        let mut results = 1u32.to_be_bytes().to_vec();
+        results.extend_from_slice(&bytes[4 + 36 + 4..4 + 36 + 4 + 48]);
+        assert_eq!(
+            h.tx_set_result_hash,
+            <[u8; 32]>::from(Sha256::digest(&results))
+        );
+        assert_eq!(h.hashed_bytes, 32 + 4 + 48);
+        // And check_content names which hash differs.
+        let mut info = v0_header();
+        info.tx_set_hash = h.tx_set_hash;
+        assert_eq!(
+            check_content(&bytes, &info),
+            Err(ContentError::ResultSetHashMismatch {
+                seq: 7,
+                header: [0; 32],
+                computed: h.tx_set_result_hash
+            })
+        );
+        info.tx_set_result_hash = h.tx_set_result_hash;
+        assert_eq!(check_content(&bytes, &info), Ok(h));
+    }
+}

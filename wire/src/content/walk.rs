@@ -7,10 +7,16 @@
 
 use crate::header::Malformation;
 
-/// Nesting depth of recursive types (SCVal inside SCVal, ClaimPredicate, authorization trees)
-/// beyond which a ledger is refused. 500: the depth limit Soroban's host puts on XDR it reads
-/// and writes, so core cannot have produced anything deeper.
-pub const MAX_DEPTH: u32 = 500;
+/// Nesting depth of recursive types (SCVal inside SCVal, ClaimPredicate, authorization trees,
+/// quorum sets) beyond which a ledger is refused; each level of such a type counts one.
+///
+/// 200: Soroban reads and writes XDR with a depth limit of 500, counted the way `stellar-xdr`
+/// counts, one per type read: an SCVal inside a vector costs it 4 (SCVal, the optional, SCVec,
+/// the array), inside a map 5, so nothing core wrote nests values more than 125 levels (100 in
+/// maps, which count 2 here), and core refuses quorum sets nested more than 4 deep. And the
+/// bound keeps the stack small: a level takes about 200 bytes in a release build, about 4 KiB
+/// in a debug build, where 200 levels fit a 2 MiB thread stack with room to spare.
+pub const MAX_DEPTH: u32 = 200;
 
 /// Why the walk stopped: the XDR type being read, where, and what was wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
