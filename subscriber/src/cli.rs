@@ -55,8 +55,8 @@ pub struct Args {
     /// A trusted ledger to start from: SEQ and its 64-hex header hash (from a history archive
     /// or a previous run). The first ledger written is then verified too: with --from SEQ (the
     /// default) it must be ledger SEQ with that hash; with --from SEQ+1 it must link to it.
-    /// Other starts are refused. Every ledger's transaction set and results are checked
-    /// against its header either way.
+    /// Other starts are refused. With or without it, every ledger's transaction set and
+    /// results are checked against its header, unless --no-content-check.
     #[arg(long, value_name = "SEQ:HASH")]
     pub anchor: Option<Anchor>,
     /// Do not check each ledger's transaction set and results against its header's
