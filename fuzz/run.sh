@@ -31,9 +31,10 @@ done
 command -v cargo-fuzz >/dev/null 2>&1 || fail "cargo-fuzz is not installed (cargo install cargo-fuzz)"
 
 testdata=../../shared/testdata
-mkdir -p corpus/records corpus/header
+mkdir -p corpus/records corpus/header corpus/content
 if [ -d "$testdata" ]; then
-  # The record reader gets the start of a real framed stream; the header peek real ledgers' heads.
+  # The record reader gets the start of a real framed stream; the header peek real ledgers'
+  # heads; the content check whole real ledgers.
   head -c 65536 "$testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr" > corpus/records/testnet-head
   python3 - "$testdata" <<'PY' || fail "seeding the header corpus from $testdata failed"
 import struct, sys
@@ -42,6 +43,7 @@ off, n = 0, 0
 while off < len(data) and n < 16:
     (mark,) = struct.unpack(">I", data[off:off + 4]); ln = mark & 0x7FFFFFFF
     open(f"corpus/header/testnet-{n}", "wb").write(data[off + 4:off + 4 + min(ln, 2048)])
+    open(f"corpus/content/testnet-{n}", "wb").write(data[off + 4:off + 4 + ln])
     off += 4 + ln; n += 1
 PY
 fi

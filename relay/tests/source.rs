@@ -760,6 +760,11 @@ fn check_synthetic_chain(ledgers: &[Vec<u8>], spec: &SyntheticSpec) {
         assert_eq!(info.hash, hash);
         assert_eq!(info.lcm_version, 2);
         chain.check(&info).unwrap();
+        // Its transaction set and (empty) results hash to what the header says, as a
+        // subscriber checks.
+        let content = ledger_relay_wire::content::check_content(ledger, &info)
+            .unwrap_or_else(|e| panic!("ledger {i}: {e}"));
+        assert_eq!(content.transactions, 0);
     }
 }
 

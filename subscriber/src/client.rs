@@ -179,7 +179,12 @@ pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> 
 /// backs off between attempts (reset once a session delivered a ledger).
 async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: CancellationToken) {
     let config = &shared.config;
-    let mut verifier = Verifier::new();
+    let mut verifier = match (config.anchor, config.start) {
+        // `validate` allows an anchor only with a start at its sequence or the next.
+        (Some(anchor), Start::Seq(start)) => Verifier::anchored(anchor, start),
+        _ => Verifier::new(),
+    };
+    verifier.set_content_check(config.content_check);
     let mut backoff = Backoff::new(config.backoff);
     let mut index = 0usize;
     let mut last_at_once = false;

@@ -167,6 +167,70 @@ pub fn parse_start(s: &str) -> Result<Start, ParseError> {
     }
 }
 
+/// A trusted ledger: its sequence and header hash, from a history archive or a previous run.
+///
+/// It makes the subscription's first ledger verified too, not only the ones after it
+/// (`docs/protocol.md` section 4, layer 5): the subscription must start at `seq` or `seq + 1`.
+/// Starting at `seq`, the first ledger must be ledger `seq` and hash to `hash`; starting at
+/// `seq + 1`, the first ledger must link to `hash` (the resume after a previous run). Any other
+/// start is refused by [`SubscribeConfig::validate`]: hashes link each ledger to the one before,
+/// so a ledger before `seq` could only be checked once `seq` arrived, after it had been
+/// delivered, and a start after `seq + 1` leaves ledgers between the anchor and the start that
+/// would have to be fetched to link them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Anchor {
+    /// The ledger's sequence.
+    pub seq: u32,
+    /// Its header hash (`LedgerHeaderHistoryEntry.hash`, the sha256 of its `LedgerHeader`).
+    pub hash: [u8; 32],
+}
+
+impl fmt::Display for Anchor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.seq)?;
+        self.hash.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl FromStr for Anchor {
+    type Err = ParseError;
+
+    /// Parses `SEQ:HASH`, HASH the 64 hex digits of the ledger's header hash.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |reason| ParseError {
+            what: "anchor",
+            input: s.to_owned(),
+            reason,
+        };
+        let (seq, hex) = s
+            .trim()
+            .split_once(':')
+            .ok_or_else(|| err("expected SEQ:HASH"))?;
+        let seq = match seq.parse::<u32>() {
+            Ok(0) => return Err(err("ledger sequence 0 names no ledger")),
+            Ok(seq) => seq,
+            Err(_) => return Err(err("SEQ is not a ledger sequence")),
+        };
+        if hex.len() != 64 {
+            return Err(err("HASH must be 64 hex digits"));
+        }
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        };
+        let mut hash = [0u8; 32];
+        for (byte, pair) in hash.iter_mut().zip(hex.as_bytes().chunks(2)) {
+            match (digit(pair[0]), digit(pair[1])) {
+                (Some(hi), Some(lo)) => *byte = hi << 4 | lo,
+                _ => return Err(err("HASH is not hex")),
+            }
+        }
+        Ok(Anchor { seq, hash })
+    }
+}
+
 /// The subscriber's TLS identity and trust anchors.
 pub struct Credentials {
     /// CA certificates the relay's certificate must chain to.
@@ -232,6 +296,14 @@ pub struct SubscribeConfig {
     /// Where to start (default: the tip). On a resume the subscriber asks for the last
     /// delivered ledger + 1 instead.
     pub start: Start,
+    /// A trusted ledger the subscription starts from (default none): see [`Anchor`]. With an
+    /// anchor, `start` must be `Start::Seq(anchor.seq)` or `Start::Seq(anchor.seq + 1)`.
+    pub anchor: Option<Anchor>,
+    /// Check every ledger's transaction set and results against its header's `txSetHash` and
+    /// `txSetResultHash` (default true). It costs about 3 to 5 ms of CPU per 14.5 MiB ledger
+    /// (`bench/RESULTS.md`, "Content check"); off, a relay can alter transactions and results
+    /// without the subscriber noticing, and only the header chain is checked.
+    pub content_check: bool,
     /// Lanes to open, counting lane 0 (default 4, at most 64). The relay may grant fewer.
     pub lanes: u8,
     /// Local UDP ports for the lanes, an inclusive range: lane k binds `first + k`. `None`
@@ -273,6 +345,8 @@ impl SubscribeConfig {
             credentials,
             server_name: None,
             start: Start::Tip,
+            anchor: None,
+            content_check: true,
             lanes: 4,
             lane_ports: None,
             codecs: Codec::ALL.to_vec(),
@@ -349,6 +423,39 @@ impl SubscribeConfig {
         if let Start::Seq(0) = self.start {
             return invalid("start", "ledger sequence 0 names no ledger".into());
         }
+        if let Some(anchor) = self.anchor {
+            let next = anchor.seq.checked_add(1);
+            match self.start {
+                Start::Seq(seq) if seq == anchor.seq || Some(seq) == next => {}
+                Start::Seq(seq) if seq < anchor.seq => {
+                    return invalid(
+                        "anchor",
+                        format!(
+                            "start {seq} is below the anchor {}: a ledger can only be checked \
+                             against ledgers before it, so start at {} or {}",
+                            anchor.seq,
+                            anchor.seq,
+                            anchor.seq as u64 + 1
+                        ),
+                    )
+                }
+                start => {
+                    let start = match start {
+                        Start::Seq(seq) => seq.to_string(),
+                        Start::Tip => "tip".to_owned(),
+                    };
+                    return invalid(
+                        "anchor",
+                        format!(
+                            "start {start} does not follow the anchor {}: start at {} or {}",
+                            anchor.seq,
+                            anchor.seq,
+                            anchor.seq as u64 + 1
+                        ),
+                    );
+                }
+            }
+        }
         let window = self.limits.max_ledgers_in_flight;
         if window == 0 || window > u32::from(u16::MAX) {
             return invalid(
@@ -414,6 +521,29 @@ mod tests {
     }
 
     #[test]
+    fn anchors_parse() {
+        let hex = "ab".repeat(31) + "0F";
+        let a: Anchor = format!("1410048:{hex}").parse().unwrap();
+        assert_eq!(a.seq, 1_410_048);
+        assert_eq!(a.hash[..31], [0xab; 31]);
+        assert_eq!(a.hash[31], 0x0f);
+        assert_eq!(a.to_string(), format!("1410048:{}0f", "ab".repeat(31)));
+        for (bad, reason) in [
+            ("1410048", "expected SEQ:HASH"),
+            (&format!("0:{hex}")[..], "ledger sequence 0 names no ledger"),
+            (&format!("x:{hex}")[..], "SEQ is not a ledger sequence"),
+            (&format!("-1:{hex}")[..], "SEQ is not a ledger sequence"),
+            ("5:abcd", "HASH must be 64 hex digits"),
+            (&format!("5:{hex}00")[..], "HASH must be 64 hex digits"),
+            (&format!("5:{}", "zz".repeat(32))[..], "HASH is not hex"),
+            (&format!("5:+{}", "a".repeat(63))[..], "HASH is not hex"),
+        ] {
+            let e = bad.parse::<Anchor>().unwrap_err();
+            assert_eq!(e.reason, reason, "{bad}");
+        }
+    }
+
+    #[test]
     fn starts_parse() {
         assert_eq!(parse_start("tip"), Ok(Start::Tip));
         assert_eq!(parse_start("TIP"), Ok(Start::Tip));
@@ -470,6 +600,31 @@ mod tests {
         check(&|c| c.lane_ports = Some((0, 10)), "lane_ports");
         check(&|c| c.start = Start::Seq(0), "start");
         check(&|c| c.channel_capacity = 0, "channel_capacity");
+        let anchor = Some(Anchor {
+            seq: 100,
+            hash: [1; 32],
+        });
+        check(&|c| c.anchor = anchor, "anchor"); // start: tip
+        check(
+            &|c| {
+                c.anchor = anchor;
+                c.start = Start::Seq(99);
+            },
+            "anchor",
+        );
+        check(
+            &|c| {
+                c.anchor = anchor;
+                c.start = Start::Seq(102);
+            },
+            "anchor",
+        );
+        for start in [100, 101] {
+            let mut ok = base.clone();
+            ok.anchor = anchor;
+            ok.start = Start::Seq(start);
+            ok.validate().unwrap();
+        }
         check(
             &|c| c.limits.max_ledgers_in_flight = 0,
             "limits.max_ledgers_in_flight",

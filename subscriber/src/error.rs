@@ -14,6 +14,7 @@
 
 use std::net::SocketAddr;
 
+use ledger_relay_wire::content::ContentError;
 use ledger_relay_wire::frame::{ErrorCode, ErrorFrame};
 use ledger_relay_wire::header::{ChainError, HeaderError};
 use ledger_relay_wire::AssemblyError;
@@ -59,7 +60,16 @@ impl std::fmt::Display for AuthReason {
     }
 }
 
-/// Layer 4 of the integrity checks failed for a ledger (see [`crate::verify`]).
+/// Lowercase hex of a hash, for messages.
+struct Hex<'a>(&'a [u8; 32]);
+
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Layers 4 and 5 of the integrity checks failed for a ledger (see [`crate::verify`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerifyError {
@@ -111,6 +121,64 @@ pub enum VerifyError {
     /// The ledger does not follow the last delivered one (sequence or hash chain).
     #[error("hash chain broken")]
     Chain(#[from] ChainError),
+    /// The transaction set does not hash to the header's `scpValue.txSetHash`: the relay
+    /// changed, added, removed or reordered a transaction (layer 5).
+    #[error(
+        "ledger {seq}: transaction set hash {} differs from the header's txSetHash {}",
+        Hex(computed),
+        Hex(header)
+    )]
+    TxSetHashMismatch {
+        /// The ledger.
+        seq: u32,
+        /// `scpValue.txSetHash` of its header.
+        header: [u8; 32],
+        /// The hash of the transaction set received.
+        computed: [u8; 32],
+    },
+    /// The transaction results do not hash to the header's `txSetResultHash`: the relay
+    /// changed, added, removed or reordered a result (layer 5).
+    #[error(
+        "ledger {seq}: result set hash {} differs from the header's txSetResultHash {}",
+        Hex(computed),
+        Hex(header)
+    )]
+    ResultSetHashMismatch {
+        /// The ledger.
+        seq: u32,
+        /// `txSetResultHash` of its header.
+        header: [u8; 32],
+        /// The hash of the results received.
+        computed: [u8; 32],
+    },
+    /// The ledger's body is not a well-formed `LedgerCloseMeta`, so its content hashes cannot
+    /// be computed (layer 5).
+    #[error("ledger {seq}: malformed body")]
+    Content {
+        /// The ledger.
+        seq: u32,
+        /// What is wrong.
+        #[source]
+        source: ContentError,
+    },
+    /// The first ledger does not match the trusted anchor ([`crate::config::Anchor`]): ledger
+    /// `anchor_seq` has another hash, or ledger `anchor_seq + 1` links to another one.
+    #[error(
+        "ledger {seq} does not match the anchor {anchor_seq}:{}: {} {}",
+        Hex(expected),
+        if *.seq == *.anchor_seq { "its hash is" } else { "its previous hash is" },
+        Hex(got)
+    )]
+    AnchorMismatch {
+        /// The ledger checked: the anchor's, or the one after it.
+        seq: u32,
+        /// The anchor's sequence.
+        anchor_seq: u32,
+        /// The anchor's hash.
+        expected: [u8; 32],
+        /// The ledger's hash (or, for the ledger after the anchor, its previous hash).
+        got: [u8; 32],
+    },
 }
 
 /// A terminal failure of a subscription: the Stream yields it once and then ends.

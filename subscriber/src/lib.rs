@@ -9,8 +9,10 @@
 //! - Every ledger is reassembled from chunks arriving on any lane and checked, fail-closed:
 //!   bounds, codecs and checksum ([`ledger_relay_wire::Reassembler`]), then its header against
 //!   its end record and Stellar's hash chain ([`verify::Verifier`]), across reconnects and relay
-//!   switches. The first failure is a terminal [`SubscribeError`]; nothing after it is
-//!   delivered.
+//!   switches, and its transaction set and results against the header's `txSetHash` and
+//!   `txSetResultHash`. A trusted [`Anchor`] (`SubscribeConfig::anchor`) makes the first
+//!   ledger verified too. The first failure is a terminal [`SubscribeError`]; nothing after it
+//!   is delivered.
 //! - Transient failures (a lost lane or session, a silent relay, a relay shutting down) are
 //!   retried with jittered exponential backoff, resuming from the last ledger *delivered* + 1,
 //!   and failing over round-robin between relays. Authorization failures and a start below the
@@ -85,7 +87,7 @@ mod session;
 pub mod verify;
 
 pub use client::{connect, Item, Ledger, Status, Subscription};
-pub use config::{Credentials, ParseError, RelayAddr, SubscribeConfig};
+pub use config::{Anchor, Credentials, ParseError, RelayAddr, SubscribeConfig};
 pub use error::{AuthReason, SubscribeError, Transient, VerifyError};
 /// The frame types (for [`frame::Start`]), re-exported from `ledger-relay-wire`.
 pub use ledger_relay_wire::frame;

@@ -230,10 +230,9 @@ pub(crate) async fn run(
         lanes = accept.lanes,
         "session open"
     );
-    if verifier.last().is_none() {
-        // Nothing delivered yet: the first ledger must be the one the relay starts at.
-        *verifier = Verifier::starting_at(accept.first_seq);
-    }
+    // Nothing delivered yet: the first ledger must be the one the relay starts at (or the
+    // anchor's).
+    verifier.expect_first(accept.first_seq);
     let mut session = Session::new(peer, lane0, io, &accept, verifier, tx, cancel);
     let end = session.run().await;
     session.finish(end).await

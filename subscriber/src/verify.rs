@@ -1,22 +1,32 @@
-//! Layer 4 of the integrity checks (`docs/protocol.md` section 4): every reassembled ledger's
-//! header is read from its bytes and must match its end record, and the ledgers must form
-//! Stellar's hash chain, across reconnects and relay switches.
+//! Layers 4 and 5 of the integrity checks (`docs/protocol.md` section 4): every reassembled
+//! ledger's header is read from its bytes and must match its end record, the ledgers must form
+//! Stellar's hash chain across reconnects and relay switches (starting from a trusted anchor
+//! when one is given), and each ledger's transaction set and results must hash to what its
+//! header commits to.
 //!
 //! The reassembler has already checked layers 1 to 3 (bounds, codecs, checksum, order); the
-//! checksum only proves that the bytes are the ones the relay meant to send. These checks
-//! prove that they are the next ledger of the chain this subscriber has been following: a relay
-//! (or its ring) serving another network or another run is caught here.
+//! checksum only proves that the bytes are the ones the relay meant to send. The chain proves
+//! that they are the next ledger of the chain this subscriber has been following: a relay (or
+//! its ring) serving another network or another run is caught here. The content hashes prove
+//! that the transactions and results are the ones the header (and so the chain) commits to: a
+//! relay that rewrites them, even with a valid chain of headers, is caught too.
 
+use ledger_relay_wire::content::{check_content, ContentError};
 use ledger_relay_wire::frame::LedgerEnd;
 use ledger_relay_wire::header::{peek_header, ChainVerifier, LedgerHeaderInfo};
 
+use crate::config::Anchor;
 use crate::error::VerifyError;
 
-/// Checks ledgers against their end records and the hash chain. Kept for the life of a
-/// subscription, so the chain is checked across sessions and relays.
+/// Checks ledgers against their end records, the hash chain and their content hashes. Kept for
+/// the life of a subscription, so the chain is checked across sessions and relays.
 #[derive(Debug, Clone, Default)]
 pub struct Verifier {
     chain: ChainVerifier,
+    /// The trusted ledger the first one must match, until the first ledger is accepted.
+    anchor: Option<Anchor>,
+    /// Skip layer 5 (`SubscribeConfig::content_check` off).
+    skip_content: bool,
 }
 
 impl Verifier {
@@ -29,6 +39,7 @@ impl Verifier {
     pub fn starting_at(seq: u32) -> Verifier {
         Verifier {
             chain: ChainVerifier::starting_at(seq),
+            ..Verifier::default()
         }
     }
 
@@ -37,18 +48,58 @@ impl Verifier {
     pub fn after(seq: u32, hash: [u8; 32]) -> Verifier {
         Verifier {
             chain: ChainVerifier::after(seq, hash),
+            ..Verifier::default()
         }
     }
 
-    /// The last ledger accepted (or given to [`Verifier::after`]): sequence and header hash.
+    /// A verifier anchored to a trusted ledger, for a subscription that starts at `start`
+    /// (which [`crate::SubscribeConfig::validate`] requires to be `anchor.seq` or
+    /// `anchor.seq + 1`): the first ledger must be the anchor itself, with its hash, or the
+    /// ledger after it, linking to it.
+    pub fn anchored(anchor: Anchor, start: u32) -> Verifier {
+        if start == anchor.seq {
+            Verifier {
+                chain: ChainVerifier::starting_at(anchor.seq),
+                anchor: Some(anchor),
+                skip_content: false,
+            }
+        } else {
+            Verifier {
+                chain: ChainVerifier::after(anchor.seq, anchor.hash),
+                anchor: Some(anchor),
+                skip_content: false,
+            }
+        }
+    }
+
+    /// Turns the content-hash check (layer 5) on (the default) or off. Off saves its cost
+    /// (about 3 to 5 ms of CPU per 14.5 MiB ledger, see `bench/RESULTS.md`) and leaves a relay
+    /// free to alter transactions and results unseen; the header chain is still checked.
+    pub fn set_content_check(&mut self, on: bool) {
+        self.skip_content = !on;
+    }
+
+    /// Called when a session opens with the relay starting at `first_seq`: before anything
+    /// has been accepted (and without an anchor, which fixes the first ledger already), the
+    /// first ledger must be the one the relay starts at.
+    pub fn expect_first(&mut self, first_seq: u32) {
+        if self.chain.last().is_none() && self.anchor.is_none() {
+            self.chain = ChainVerifier::starting_at(first_seq);
+        }
+    }
+
+    /// The last ledger accepted (or given to [`Verifier::after`] or as the anchor):
+    /// sequence and header hash.
     pub fn last(&self) -> Option<(u32, [u8; 32])> {
         self.chain.last()
     }
 
     /// Checks the ledger `data` that the relay sent as `seq` with end record `end`: its header
     /// parses, `sha256(header) == hash`, the header's sequence, hash and previous hash equal
-    /// the end record's, and it is the next ledger of the chain. On success the chain advances
-    /// to it; on failure the verifier is unchanged.
+    /// the end record's, it is the next ledger of the chain (and matches the anchor, if it is
+    /// the first), and its transaction set and results hash to the header's `txSetHash` and
+    /// `txSetResultHash`. On success the chain advances to it; on failure the verifier is
+    /// unchanged.
     pub fn verify(
         &mut self,
         seq: u32,
@@ -85,7 +136,61 @@ impl Verifier {
                 end: end.previous_hash,
             });
         }
-        self.chain.check(&info)?;
+        // The cheap checks first; the chain advances only once the content checks out too.
+        let mut chain = self.chain.clone();
+        if let Some(anchor) = self.anchor {
+            self.check_anchor(&anchor, &info)?;
+        }
+        chain.check(&info)?;
+        if !self.skip_content {
+            self.content(seq, data, &info)?;
+        }
+        self.chain = chain;
+        // The anchor is checked once: from here on the chain carries it.
+        self.anchor = None;
         Ok(info)
+    }
+
+    /// Layer 5: the transaction set and results against the header's hashes.
+    fn content(&self, seq: u32, data: &[u8], info: &LedgerHeaderInfo) -> Result<(), VerifyError> {
+        check_content(data, info).map_err(|e| match e {
+            ContentError::TxSetHashMismatch {
+                header, computed, ..
+            } => VerifyError::TxSetHashMismatch {
+                seq,
+                header,
+                computed,
+            },
+            ContentError::ResultSetHashMismatch {
+                header, computed, ..
+            } => VerifyError::ResultSetHashMismatch {
+                seq,
+                header,
+                computed,
+            },
+            source => VerifyError::Content { seq, source },
+        })?;
+        Ok(())
+    }
+
+    /// The first ledger against the anchor: the anchor itself must have its hash; the ledger
+    /// after it must link to it. Any other sequence is left to the chain check.
+    fn check_anchor(&self, anchor: &Anchor, info: &LedgerHeaderInfo) -> Result<(), VerifyError> {
+        let (matches, got) = if info.ledger_seq == anchor.seq {
+            (info.hash == anchor.hash, info.hash)
+        } else if Some(info.ledger_seq) == anchor.seq.checked_add(1) {
+            (info.previous_hash == anchor.hash, info.previous_hash)
+        } else {
+            return Ok(());
+        };
+        if matches {
+            return Ok(());
+        }
+        Err(VerifyError::AnchorMismatch {
+            seq: info.ledger_seq,
+            anchor_seq: anchor.seq,
+            expected: anchor.hash,
+            got,
+        })
     }
 }

@@ -11,7 +11,7 @@ use ledger_relay_wire::AssemblyError;
 
 use crate::support::fake_relay::{FakeRelay, Plan};
 use crate::support::{
-    from_another_chain, subscriber_config, testnet_ledgers, within, Pki, FIRST_SEQ,
+    from_another_chain, subscriber_config, testnet_ledgers, with_filler, within, Pki, FIRST_SEQ,
 };
 
 /// Takes `n` ledgers, failing on any error.
@@ -377,19 +377,17 @@ async fn fixed_lane_ports_are_used() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_incompressible_ledgers_cross_four_lanes() {
-    // Real headers (so the chain verifies) followed by 6 MiB of random bytes each: 24 chunks of
-    // 256 KiB per ledger, striped over 4 lanes, nothing to compress.
+    // Real ledgers (so the chain and the content hashes verify) carrying 6 MiB of random bytes
+    // each: 24 chunks of 256 KiB per ledger, striped over 4 lanes, nothing to compress.
     use rand::RngCore;
     let pki = Pki::new();
     let mut rng = rand::thread_rng();
     let ledgers: Vec<bytes::Bytes> = testnet_ledgers(4)
         .into_iter()
         .map(|l| {
-            let mut big = l.to_vec();
             let mut pad = vec![0u8; 6 << 20];
             rng.fill_bytes(&mut pad);
-            big.extend_from_slice(&pad);
-            bytes::Bytes::from(big)
+            with_filler(&l, &pad)
         })
         .collect();
     let mut plan = Plan::new(ledgers.clone());

@@ -5,5 +5,6 @@ mod support;
 mod auth;
 mod cli;
 mod consume_delay;
+mod content;
 mod session;
 mod verify;

@@ -96,6 +96,67 @@ pub fn header(data: &[u8]) {
     }
 }
 
+/// Content check: never panics, and is consistent. A whole ledger whose header checks out
+/// (mutations of real ledgers below their header keep it valid) is walked from its header; any
+/// other input is taken as the bytes after a header, of the `LedgerCloseMeta` version its first
+/// byte names (a fuzzer cannot forge a header's sha256). An input that walks to the end is the
+/// only one of its prefixes that does (XDR is self-delimiting), hashes no more bytes than it
+/// has, and a byte appended to it is refused.
+pub fn content(data: &[u8]) {
+    use crate::content::{check_content, content_hashes, ContentError};
+    use crate::header::peek_header;
+
+    let (body, info) = match peek_header(data) {
+        Ok(Some(info)) => (data, info),
+        _ => {
+            let Some((&version, body)) = data.split_first() else {
+                return;
+            };
+            (body, bare_header(u32::from(version % 3)))
+        }
+    };
+    let walked = content_hashes(body, &info);
+    // Comparing with the header is the walk plus two comparisons: same outcome for the walk.
+    match (&walked, check_content(body, &info)) {
+        (Ok(h), Ok(c)) => assert_eq!(*h, c),
+        (Ok(h), Err(ContentError::TxSetHashMismatch { computed, .. })) => {
+            assert_eq!(computed, h.tx_set_hash)
+        }
+        (Ok(h), Err(ContentError::ResultSetHashMismatch { computed, .. })) => {
+            assert_eq!(computed, h.tx_set_result_hash)
+        }
+        (Err(a), Err(b)) => assert_eq!(*a, b),
+        (a, b) => panic!("walk {a:?} but check {b:?}"),
+    }
+    if let Ok(h) = walked {
+        assert!(h.hashed_bytes <= body.len() as u64 + 4);
+        if body.len() > info.header_end {
+            assert!(content_hashes(&body[..body.len() - 1], &info).is_err());
+        }
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert!(matches!(
+            content_hashes(&longer, &info),
+            Err(ContentError::TrailingBytes { .. })
+        ));
+    }
+}
+
+/// A header of a `LedgerCloseMeta` of `version` that ends where the input starts.
+fn bare_header(version: u32) -> crate::header::LedgerHeaderInfo {
+    crate::header::LedgerHeaderInfo {
+        lcm_version: version,
+        ledger_seq: 1,
+        hash: [0; 32],
+        previous_hash: [0; 32],
+        protocol_version: 23,
+        close_time: 0,
+        tx_set_hash: [0; 32],
+        tx_set_result_hash: [0; 32],
+        header_end: 0,
+    }
+}
+
 /// Reassembler operation sequences: four small ledgers, chunked and compressed, delivered to a
 /// reassembler in the order, with the duplications, drops, tampering and time steps the input
 /// chooses, plus arbitrary frames decoded from the input. Whatever happens, held memory stays
@@ -188,7 +249,23 @@ mod tests {
         super::frames(&seed);
         super::records(&seed);
         super::header(&seed);
+        super::content(&seed);
         super::reassembler(&seed);
+        // A whole ledger (v2, empty transaction set and results) and every prefix of it:
+        // version byte 2, then the bytes after a header.
+        let mut ledger = vec![2u8];
+        ledger.extend_from_slice(&[0, 0, 0, 0]); // LedgerHeaderHistoryEntry.ext
+        ledger.extend_from_slice(&1u32.to_be_bytes()); // GeneralizedTransactionSet v1
+        ledger.extend_from_slice(&[0x11; 32]); // previousLedgerHash
+        ledger.extend_from_slice(&[0; 4]); // phases<>: none
+        ledger.extend_from_slice(&[0; 4 * 3]); // txProcessing, upgrades, scpInfo: empty
+        ledger.extend_from_slice(&[0; 8]); // totalByteSizeOfLiveSorobanState
+        ledger.extend_from_slice(&[0; 4]); // evictedKeys: empty
+        let whole = crate::content::content_hashes(&ledger[1..], &super::bare_header(2)).unwrap();
+        assert_eq!(whole.transactions, 0);
+        for cut in 0..=ledger.len() {
+            super::content(&ledger[..cut]);
+        }
         // An in-order delivery of everything completes every ledger.
         let in_order: Vec<u8> = (0..40u8).flat_map(|i| [0, i]).collect();
         super::reassembler(&in_order);
@@ -204,6 +281,7 @@ mod tests {
         fn records_and_headers(data in prop::collection::vec(any::<u8>(), 0..600)) {
             super::records(&data);
             super::header(&data);
+            super::content(&data);
         }
     }
 }

@@ -38,6 +38,12 @@ pub struct LedgerHeaderInfo {
     pub protocol_version: u32,
     /// `LedgerHeader.scpValue.closeTime`, seconds since the Unix epoch.
     pub close_time: u64,
+    /// `LedgerHeader.scpValue.txSetHash`: what the ledger's transaction set must hash to
+    /// (checked by [`crate::content`]).
+    pub tx_set_hash: [u8; 32],
+    /// `LedgerHeader.txSetResultHash`: what the ledger's transaction results must hash to
+    /// (checked by [`crate::content`]).
+    pub tx_set_result_hash: [u8; 32],
     /// Offset in the `LedgerCloseMeta` just past the `LedgerHeader` XDR. The header's XDR,
     /// which `hash` is the sha256 of, runs from right after `hash` to here.
     pub header_end: usize,
@@ -113,6 +119,18 @@ pub enum Malformation {
     /// Padding after opaque data is not zero, which XDR forbids.
     #[error("non-zero padding")]
     NonZeroPadding,
+    /// A bool (or an optional's presence flag) that is neither 0 nor 1.
+    #[error("bool value {value} is neither 0 nor 1")]
+    InvalidBool {
+        /// The value read.
+        value: u32,
+    },
+    /// Recursive types (such as `SCVal`) nested deeper than the bound.
+    #[error("nested deeper than {max} levels")]
+    TooDeep {
+        /// The bound.
+        max: u32,
+    },
 }
 
 /// Why [`peek_header`] rejected a `LedgerCloseMeta`.
@@ -274,7 +292,7 @@ fn parse(lcm: &[u8]) -> Result<LedgerHeaderInfo, Stop> {
     let protocol_version = c.u32()?;
     let previous_hash: [u8; 32] = c.array()?;
     // StellarValue scpValue
-    c.skip(HASH)?; // txSetHash
+    let tx_set_hash: [u8; 32] = c.array()?;
     let close_time = c.u64()?;
     let upgrades = c.len("scpValue.upgrades", MAX_UPGRADES)?;
     for _ in 0..upgrades {
@@ -302,7 +320,8 @@ fn parse(lcm: &[u8]) -> Result<LedgerHeaderInfo, Stop> {
             c.lc_value_signature()?;
         }
     }
-    c.skip(HASH + HASH)?; // txSetResultHash, bucketListHash
+    let tx_set_result_hash: [u8; 32] = c.array()?;
+    c.skip(HASH)?; // bucketListHash
     let ledger_seq = c.u32()?;
     // totalCoins, feePool, inflationSeq, idPool, baseFee, baseReserve, maxTxSetSize, skipList
     c.skip(U64 + U64 + U32 + U64 + U32 + U32 + U32 + 4 * HASH)?;
@@ -323,12 +342,14 @@ fn parse(lcm: &[u8]) -> Result<LedgerHeaderInfo, Stop> {
         previous_hash,
         protocol_version,
         close_time,
+        tx_set_hash,
+        tx_set_result_hash,
         header_end,
     })
 }
 
 /// Formats a hash as lowercase hex.
-struct Hex<'a>(&'a [u8; 32]);
+pub(crate) struct Hex<'a>(pub(crate) &'a [u8; 32]);
 
 impl std::fmt::Display for Hex<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -560,6 +581,8 @@ mod tests {
         assert_eq!(info.previous_hash, h.previous_ledger_hash.0);
         assert_eq!(info.protocol_version, h.ledger_version);
         assert_eq!(info.close_time, h.scp_value.close_time.0);
+        assert_eq!(info.tx_set_hash, h.scp_value.tx_set_hash.0);
+        assert_eq!(info.tx_set_result_hash, h.tx_set_result_hash.0);
         assert_eq!(
             info.hash,
             <[u8; 32]>::from(Sha256::digest(h.to_xdr(Limits::none()).unwrap()))
@@ -803,6 +826,8 @@ mod tests {
             previous_hash: [previous; 32],
             protocol_version: 19,
             close_time: 0,
+            tx_set_hash: [0; 32],
+            tx_set_result_hash: [0; 32],
             header_end: 0,
         }
     }

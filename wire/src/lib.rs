@@ -11,6 +11,8 @@
 //!   and written back, with bounded lengths; `.zst` dumps read as a stream.
 //! - [`header`]: the ledger sequence, header hash and previous hash peeked from the first bytes of
 //!   a `LedgerCloseMeta`, with `sha256(header) == hash` checked, and the hash-chain verifier.
+//! - [`content`]: the transaction set and results of a ledger hashed in place and checked
+//!   against the header's `txSetHash` and `txSetResultHash`, without decoding the ledger.
 //! - [`frame`]: the relay protocol's frames, encoded and decoded with every length checked
 //!   against [`Limits`] before a body is buffered.
 //! - [`compress`]: the chunk codecs (none, lz4, zstd) with decompression bounded by the declared
@@ -41,6 +43,7 @@
 pub mod assembler;
 pub mod chunker;
 pub mod compress;
+pub mod content;
 pub mod error;
 pub mod frame;
 pub mod fuzzing;

@@ -307,3 +307,30 @@ fn standalone_v23_zstd_stream() {
     );
     assert_eq!(chain.last(), Some((85, infos[1].hash)));
 }
+
+/// Every real ledger of the test data, named by file and sequence: 320 testnet v0, 5 pubnet
+/// v0, pubnet v1 53312000, standalone v1 997 to 999, standalone v2 84, 85 and 88.
+pub fn all_real_ledgers() -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let seq = |lcm: &[u8]| peek_header(lcm).unwrap().unwrap().ledger_seq;
+    for lcm in read_records("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr") {
+        out.push((format!("testnet {}", seq(&lcm)), lcm));
+    }
+    let text = std::fs::read_to_string(path("pubnet/ledgers-base64.txt")).unwrap();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let lcm = base64_decode(line);
+        out.push((format!("pubnet {}", seq(&lcm)), lcm));
+    }
+    for lcm in read_batch("pubnet/FCD285FF--53312000.xdr.zstd") {
+        out.push((format!("pubnet {}", seq(&lcm)), lcm));
+    }
+    for name in ["FFFFFC1A--997", "FFFFFC19--998", "FFFFFC18--999"] {
+        for lcm in read_batch(&format!("standalone/galexie-testbucket/{name}.xdr.zstd")) {
+            out.push((format!("standalone {}", seq(&lcm)), lcm));
+        }
+    }
+    for lcm in read_records("standalone/load-test-ledgers-v23-standalone.xdr.zstd") {
+        out.push((format!("standalone v23 {}", seq(&lcm)), lcm));
+    }
+    out
+}

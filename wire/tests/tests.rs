@@ -2,6 +2,7 @@
 //! lanes (`sender_sim`), the
 //! real Stellar samples from `shared/testdata`, and the fuzz script's failure paths.
 
+mod content;
 mod fuzz_script;
 mod sender_sim;
 mod sim;

@@ -9,7 +9,9 @@
 //!   (zeros for the first), `closeTime` advancing 5 s per ledger, `bucketListHash` a digest of
 //!   the size and ratio (so two specs never make the same chain), and the entry's hash
 //!   `sha256(XDR(LedgerHeader))`;
-//! - an empty generalized transaction set (two empty phases), no transactions, no upgrades;
+//! - an empty generalized transaction set (two empty phases), no transactions, no upgrades,
+//!   with the header's `txSetHash` (the sha256 of that set's XDR) and `txSetResultHash` (the
+//!   sha256 of an empty `TransactionResultSet`) right, so subscribers' content checks pass;
 //! - one `SCPHistoryEntry` with one EXTERNALIZE envelope whose ballot `Value` (an `opaque<>`
 //!   with no bound) is the filler that brings the ledger to `size` bytes (exactly, but for up to
 //!   3 bytes of XDR alignment; a size below the empty ledger, about 600 bytes, gives the empty
@@ -444,7 +446,8 @@ fn build(
             upgrades: VecM::default(),
             ext: StellarValueExt::Basic,
         },
-        tx_set_result_hash: Hash(Sha256::digest([]).into()),
+        // The XDR of `TransactionResultSet { results<> }` with no results: its count, 0.
+        tx_set_result_hash: Hash(Sha256::digest(0u32.to_be_bytes()).into()),
         bucket_list_hash: Hash(spec_tag),
         ledger_seq: seq,
         total_coins: 1_000_000_000_000_000_000,

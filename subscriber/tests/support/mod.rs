@@ -49,6 +49,48 @@ pub fn from_another_chain(ledger: &Bytes) -> Bytes {
     Bytes::from(data)
 }
 
+/// A copy of `ledger` (a v0 testnet ledger) that carries `filler` where the schema allows any
+/// bytes and the header commits to none: the value of an extra SCP message in `scpInfo`. The
+/// header, the hash chain and the content hashes are unchanged, so it verifies as the
+/// original does, at any size.
+pub fn with_filler(ledger: &Bytes, filler: &[u8]) -> Bytes {
+    use stellar_xdr::{
+        BytesM, Hash, LedgerCloseMeta, LedgerScpMessages, Limits, NodeId, PublicKey, ReadXdr,
+        ScpBallot, ScpEnvelope, ScpHistoryEntry, ScpHistoryEntryV0, ScpStatement,
+        ScpStatementExternalize, ScpStatementPledges, Signature, Uint256, Value, VecM, WriteXdr,
+    };
+    let LedgerCloseMeta::V0(mut v0) = LedgerCloseMeta::from_xdr(ledger, Limits::none()).unwrap()
+    else {
+        panic!("the testnet sample is v0")
+    };
+    let seq = v0.ledger_header.header.ledger_seq;
+    let envelope = ScpEnvelope {
+        statement: ScpStatement {
+            node_id: NodeId(PublicKey::PublicKeyTypeEd25519(Uint256([7; 32]))),
+            slot_index: u64::from(seq),
+            pledges: ScpStatementPledges::Externalize(ScpStatementExternalize {
+                commit: ScpBallot {
+                    counter: 1,
+                    value: Value(BytesM::try_from(filler.to_vec()).unwrap()),
+                },
+                n_h: 1,
+                commit_quorum_set_hash: Hash([0; 32]),
+            }),
+        },
+        signature: Signature(vec![9u8; 64].try_into().unwrap()),
+    };
+    let mut scp = v0.scp_info.to_vec();
+    scp.push(ScpHistoryEntry::V0(ScpHistoryEntryV0 {
+        quorum_sets: VecM::default(),
+        ledger_messages: LedgerScpMessages {
+            ledger_seq: seq,
+            messages: vec![envelope].try_into().unwrap(),
+        },
+    }));
+    v0.scp_info = scp.try_into().unwrap();
+    Bytes::from(LedgerCloseMeta::V0(v0).to_xdr(Limits::none()).unwrap())
+}
+
 /// A certificate directory with a relay certificate (`relay`, SANs localhost and 127.0.0.1)
 /// and a client certificate (`rpc-1`).
 pub struct Pki {
