@@ -17,6 +17,7 @@
 pub mod auth;
 pub mod config;
 pub mod demo;
+pub mod health;
 pub mod hub;
 pub mod metrics;
 pub mod pipeline;
@@ -35,6 +36,7 @@ use tracing::info;
 
 use crate::auth::{Auth, AuthConfig};
 use crate::config::RelayConfig;
+use crate::health::Health;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::pipeline::StartState;
@@ -61,7 +63,7 @@ impl Relay {
     /// Opens the ring, loads certificates, binds the endpoint and starts the source, the
     /// pipeline and the accept loop. Everything stops when `shutdown` is cancelled.
     pub async fn start(config: RelayConfig, shutdown: CancellationToken) -> anyhow::Result<Relay> {
-        let metrics = Metrics::new();
+        let metrics = Metrics::with_health(Health::new(config.stale_after));
         let ring = Arc::new(
             Ring::open(&RingConfig {
                 dir: config.data_dir.join("ring"),
@@ -96,11 +98,9 @@ impl Relay {
 
         let metrics_addr = match config.metrics {
             Some(a) => {
-                let listener = metrics::bind(a)
-                    .await
+                let bound = metrics::spawn(a, metrics.clone(), shutdown.clone())
                     .with_context(|| format!("binding metrics on {a}"))?;
-                let bound = listener.local_addr()?;
-                tokio::spawn(metrics::serve(listener, metrics.clone(), shutdown.clone()));
+                info!(addr = %bound, "metrics listening");
                 Some(bound)
             }
             None => None,

@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{certs, relay_config, Running, FIRST, TESTNET};
+use crate::support::{certs, relay_config, Running, LAST, SYNTHETIC, TESTNET};
 
 fn relay_bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ledger-relay"))
@@ -97,14 +97,10 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 async fn metrics_and_healthz_are_served() {
     let dir = tempfile::tempdir().unwrap();
     let certs = certs(dir.path());
-    let mut config = relay_config(
-        certs.path(),
-        &dir.path().join("data"),
-        &format!("file:{TESTNET}"),
-    );
+    let mut config = relay_config(certs.path(), &dir.path().join("data"), SYNTHETIC);
     config.metrics = Some("127.0.0.1:0".parse().unwrap());
     let relay = Running::start(config).await;
-    relay.wait_for(FIRST + 10).await;
+    relay.wait_for(12).await;
     let addr = relay.relay.metrics_addr.unwrap();
     let metrics = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
         .await
@@ -116,6 +112,10 @@ async fn metrics_and_healthz_are_served() {
         "ledger_relay_ring_newest ",
         "ledger_relay_ring_degraded 0",
         "# TYPE ledger_relay_sessions_open gauge",
+        "ledger_relay_source_last_ledger_age_seconds ",
+        "ledger_relay_source_last_byte_age_seconds ",
+        "ledger_relay_healthy 1",
+        "ledger_relay_health_reason{reason=\"ring_degraded\"} 0",
     ] {
         assert!(metrics.contains(series), "missing {series}");
     }
@@ -124,9 +124,55 @@ async fn metrics_and_healthz_are_served() {
         .unwrap();
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(health.contains("\"status\":\"ok\""), "{health}");
+    assert!(health.contains("\"reasons\":[]"), "{health}");
     let missing = tokio::task::spawn_blocking(move || http_get(addr, "/nope"))
         .await
         .unwrap();
     assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
     relay.stop().await;
+}
+
+/// A file replayed to its end: no more ledgers will come, and `/healthz` says so at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_source_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certs(dir.path());
+    let mut config = relay_config(
+        certs.path(),
+        &dir.path().join("data"),
+        &format!("file:{TESTNET}"),
+    );
+    config.metrics = Some("127.0.0.1:0".parse().unwrap());
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+    let addr = relay.relay.metrics_addr.unwrap();
+    let health = eventually_get(addr, "/healthz", |h| h.contains("\"source\":\"finished\"")).await;
+    assert!(health.starts_with("HTTP/1.1 503"), "{health}");
+    assert!(
+        health.contains("\"reasons\":[\"source finished: no more ledgers will come\"]"),
+        "{health}"
+    );
+    assert!(
+        health.contains("\"reason_codes\":[\"source_finished\"]"),
+        "{health}"
+    );
+    relay.stop().await;
+}
+
+/// `GET path` every 20 ms until the answer satisfies `want` (5 s at most).
+async fn eventually_get(
+    addr: std::net::SocketAddr,
+    path: &'static str,
+    want: impl Fn(&str) -> bool,
+) -> String {
+    for _ in 0..250 {
+        let got = tokio::task::spawn_blocking(move || http_get(addr, path))
+            .await
+            .unwrap();
+        if want(&got) {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("GET {path}: no wanted answer within 5 s")
 }

@@ -4,6 +4,7 @@ mod auth;
 mod cli;
 mod e2e;
 mod faults;
+mod health;
 mod hostile;
 mod lanes;
 mod modes;
