@@ -73,7 +73,21 @@ enum Command {
         /// Certificate directory.
         dir: PathBuf,
     },
-    /// Print every certificate of DIR: name, role, serial, expiry (not_after) and revoked.
+    /// Issue a fresh certificate (new key, same role and SANs) for NAME before its current
+    /// one expires. The old NAME.pem/NAME.key move to DIR/renewed/ and stay valid until they
+    /// expire; deploy the new files, then restart the relay or subscriber that uses them.
+    Renew {
+        /// Certificate directory.
+        dir: PathBuf,
+        /// Name of the certificate to renew.
+        #[arg(long)]
+        name: String,
+        /// Validity of the new certificate in days (at most the CA's remaining validity).
+        #[arg(long, default_value_t = DEFAULT_LEAF_DAYS)]
+        days: u32,
+    },
+    /// Print every certificate of DIR: name, role, serial, expiry (not_after), revoked, and a
+    /// note: `expires-in-Nd` within 30 days, `expired`, or `renewed`.
     List {
         /// Certificate directory.
         dir: PathBuf,
@@ -90,7 +104,7 @@ fn main() -> ExitCode {
         Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             eprintln!(
                 "error: a command is required: init, issue-server, issue-client, revoke, \
-                 refresh-crl or list (see --help)"
+                 refresh-crl, renew or list (see --help)"
             );
             return ExitCode::from(2);
         }
@@ -158,8 +172,17 @@ fn run(command: Command) -> anyhow::Result<()> {
                 ca.crl_path().display()
             );
         }
+        Command::Renew { dir, name, days } => {
+            let issued = CertDir::open(&dir)?.renew(&name, days)?;
+            print_issued(issued.role.as_str(), &issued);
+            println!(
+                "the previous {name} certificate is in {} and stays valid until it expires",
+                dir.join("renewed").display()
+            );
+        }
         Command::List { dir } => {
-            print!("{}", format_list(&CertDir::open(&dir)?.list()?));
+            let entries = CertDir::open(&dir)?.list()?;
+            print!("{}", format_list(&entries, time::OffsetDateTime::now_utc()));
         }
     }
     Ok(())
