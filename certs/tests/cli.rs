@@ -288,6 +288,19 @@ fn renew_issues_a_fresh_certificate_and_keeps_the_old_one_valid() {
 }
 
 #[test]
+fn man_pages_and_completions_cover_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = ok(["man".as_ref(), tmp.path().as_os_str()]);
+    assert_eq!(run.stdout.lines().count(), 10, "{}", run.stdout);
+    let renew = fs::read_to_string(tmp.path().join("ledger-certs-renew.1")).unwrap();
+    assert!(renew.contains(".TH"), "{renew}");
+    let run = ok(["completions", "bash"]);
+    for command in ["issue-server", "renew", "refresh-crl", "list"] {
+        assert!(run.stdout.contains(command), "{command}");
+    }
+}
+
+#[test]
 fn every_mistake_is_one_line_and_exit_2() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().join("pki");

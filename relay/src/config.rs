@@ -363,7 +363,34 @@ impl RelayConfig {
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    toml::from_str(&text).map_err(|e| {
+        // toml's own message spans several lines (a source excerpt); the reason is one.
+        let at = e.span().and_then(|span| {
+            // `get`: a span off a character boundary gives no location rather than a panic.
+            let start = span.start.min(text.len());
+            let before = text.get(..start)?;
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            let line = before.matches('\n').count() + 1;
+            let column = start - line_start + 1;
+            // The line itself names the key, which toml's message alone does not.
+            let source: String = text
+                .get(line_start..)?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .chars()
+                .take(80)
+                .collect();
+            Some(format!("line {line}, column {column} (`{source}`): "))
+        });
+        let at = at.unwrap_or_default();
+        anyhow::anyhow!(
+            "parsing {}: {at}{}",
+            path.display(),
+            e.message().trim().replace('\n', " ")
+        )
+    })
 }
 
 #[cfg(test)]

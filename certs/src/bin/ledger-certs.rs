@@ -8,10 +8,11 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::error::ErrorKind;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use ledger_relay_certs::{
     format_list, rfc3339, CertDir, Issued, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS,
 };
+use ledger_relay_cli::Shell;
 
 /// Certificate authority for Ledger Relay: a CA, relay (server) and subscriber (client)
 /// certificates, and the CRL relays load.
@@ -92,6 +93,17 @@ enum Command {
         /// Certificate directory.
         dir: PathBuf,
     },
+    /// Print the shell completion script for SHELL on stdout.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write man pages (ledger-certs.1 and one per subcommand) into DIR.
+    Man {
+        /// Directory, created if missing.
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -104,7 +116,7 @@ fn main() -> ExitCode {
         Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             eprintln!(
                 "error: a command is required: init, issue-server, issue-client, revoke, \
-                 refresh-crl, renew or list (see --help)"
+                 refresh-crl, renew, list, completions or man (see --help)"
             );
             return ExitCode::from(2);
         }
@@ -179,6 +191,16 @@ fn run(command: Command) -> anyhow::Result<()> {
                 "the previous {name} certificate is in {} and stays valid until it expires",
                 dir.join("renewed").display()
             );
+        }
+        Command::Completions { shell } => {
+            ledger_relay_cli::write_completions(Cli::command(), shell, &mut std::io::stdout());
+        }
+        Command::Man { dir } => {
+            let pages = ledger_relay_cli::write_man_pages(Cli::command(), &dir)
+                .with_context(|| format!("writing man pages to {}", dir.display()))?;
+            for page in pages {
+                println!("{}", page.display());
+            }
         }
         Command::List { dir } => {
             let entries = CertDir::open(&dir)?.list()?;
