@@ -628,6 +628,52 @@ mod tests {
     }
 
     #[test]
+    fn every_reason_has_a_listed_kind() {
+        let all = [
+            Reason::NoLedger {
+                age: Duration::ZERO,
+                limit: Duration::ZERO,
+            },
+            Reason::NoLedgerYet {
+                since_start: Duration::ZERO,
+            },
+            Reason::SourceDown {
+                restarts: 0,
+                cause: String::new(),
+            },
+            Reason::SourceRestarted {
+                restarts: 1,
+                cause: String::new(),
+            },
+            Reason::SourceFinished,
+            Reason::SourceFailed {
+                cause: String::new(),
+            },
+            Reason::RingDegraded {
+                error: String::new(),
+            },
+        ];
+        let mut seen: Vec<ReasonKind> = Vec::new();
+        for r in &all {
+            // An exhaustive match: a new variant fails to compile here until it is listed.
+            match r {
+                Reason::NoLedger { .. }
+                | Reason::NoLedgerYet { .. }
+                | Reason::SourceDown { .. }
+                | Reason::SourceRestarted { .. }
+                | Reason::SourceFinished
+                | Reason::SourceFailed { .. }
+                | Reason::RingDegraded { .. } => {}
+            }
+            assert!(ReasonKind::ALL.contains(&r.kind()), "{r:?}");
+            assert!(!r.to_string().contains('\n'), "{r:?}");
+            seen.push(r.kind());
+        }
+        seen.dedup();
+        assert_eq!(seen, ReasonKind::ALL, "every kind has a reason");
+    }
+
+    #[test]
     fn defaults_and_durations() {
         assert_eq!(
             paced_stale_after(Duration::from_millis(600)),

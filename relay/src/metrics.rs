@@ -1,8 +1,10 @@
 //! Prometheus text metrics and `/healthz`, served over plain HTTP on `--metrics ADDR`.
 //!
-//! Counters are atomics updated on the hot paths; the exposition is rendered on request. The
-//! HTTP side is deliberately minimal (GET only, one response per connection): it serves a
-//! scraper on a management network, not browsers.
+//! Counters are atomics updated on the hot paths; the exposition is rendered on request, and
+//! `/healthz` from [`crate::health`] (clocks and a short list of conditions: no ring read, no
+//! lock across IO). Both are served on a thread of their own ([`spawn`]), so a busy relay
+//! still answers probes at once. The HTTP side is deliberately minimal (GET only, one
+//! response per connection): it serves a scraper on a management network, not browsers.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
