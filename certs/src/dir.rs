@@ -37,6 +37,8 @@ const ORGANIZATION: &str = "Ledger Relay";
 const SERIAL_LEN: usize = 16;
 /// Subdirectory where the files of a revoked certificate go when its name is issued again.
 const REVOKED_DIR: &str = "revoked";
+/// Subdirectory where `renew` moves the files of the certificate it replaces.
+const RENEWED_DIR: &str = "renewed";
 
 /// What is being issued, with what only that kind needs.
 enum Kind<'a> {
@@ -158,6 +160,7 @@ impl CertDir {
             not_before,
             not_after,
             revoked_at: None,
+            renewed_at: None,
         });
         let crl_pem = sign_crl(&issuer, &index, now)?;
 
@@ -278,17 +281,24 @@ impl CertDir {
         self.issue(name, Kind::Client, not_before, not_after)
     }
 
-    /// Revokes the current certificate named `name` and writes a new signed `crl.pem`
-    /// listing every revoked serial, with the next CRL number.
-    pub fn revoke(&self, name: &str) -> Result<(), CertError> {
+    /// Issues a fresh certificate (new key, new serial, `days` days from now) for `name`, which
+    /// must have a current certificate: the same role, and for a server the same subject
+    /// alternative names, read from `NAME.pem`. The new pair becomes `NAME.pem` + `NAME.key`;
+    /// the old one moves to `renewed/NAME.SERIAL.{pem,key}` and stays valid until it expires
+    /// (it is marked `renewed_at` in the index, and `revoke` revokes it with the new one).
+    ///
+    /// This is how a certificate is replaced before it expires without a moment in which the
+    /// peer holds no valid certificate: deploy the new files, restart, and the old ones simply
+    /// run out.
+    pub fn renew(&self, name: &str, days: u32) -> Result<Issued, CertError> {
         names::validate_name(name)?;
+        check_days(days)?;
         let index_path = self.index_path();
         let mut index = Index::load(&index_path)?;
-        let now = now();
         let Some(pos) = index
             .certificates
             .iter()
-            .position(|r| r.name == name && r.revoked_at.is_none())
+            .position(|r| r.name == name && r.is_current())
         else {
             return Err(match index.latest(name) {
                 Some(r) => CertError::AlreadyRevoked {
@@ -300,11 +310,108 @@ impl CertDir {
                 },
             });
         };
-        index.certificates[pos].revoked_at = Some(now);
+        let current = index.certificates[pos].clone();
+        let cert_path = self.cert_path(name);
+        let key_path = self.key_path(name);
+        let der = load::load_certs(&cert_path)?.remove(0);
+        let (_, cert) = X509Certificate::from_der(&der).map_err(|e| CertError::Pem {
+            path: cert_path.clone(),
+            reason: format!("invalid certificate: {e}"),
+        })?;
+        let on_disk = encode_hex(cert.raw_serial());
+        if on_disk != current.serial {
+            return Err(CertError::NotCurrent {
+                path: cert_path,
+                serial: on_disk,
+                current: current.serial,
+            });
+        }
+        let sans = match current.role {
+            Role::Server => Some(sans_of(&cert, &cert_path)?),
+            _ => None,
+        };
+        let now = now();
+        let not_after = now + Duration::days(i64::from(days));
+        if not_after > self.ca_not_after {
+            return Err(CertError::OutlivesCa {
+                not_after,
+                ca_not_after: self.ca_not_after,
+            });
+        }
+
+        // The old files go to the archive first (nothing is overwritten), then the index says
+        // so, then the new certificate is issued under the name. A failure puts back what was
+        // done.
+        let archive = self.dir.join(RENEWED_DIR);
+        fsutil::create_dir(&archive)?;
+        let old_cert = archive.join(format!("{name}.{}.pem", current.serial));
+        let old_key = archive.join(format!("{name}.{}.key", current.serial));
+        fsutil::move_new(&cert_path, &old_cert)?;
+        if let Err(e) = fsutil::move_new(&key_path, &old_key) {
+            let _ = fsutil::move_new(&old_cert, &cert_path);
+            return Err(e);
+        }
+        let restore = |index: &mut Index| {
+            index.certificates[pos].renewed_at = None;
+            let _ = index.store(&index_path);
+            let _ = fsutil::move_new(&old_key, &key_path);
+            let _ = fsutil::move_new(&old_cert, &cert_path);
+        };
+        index.certificates[pos].renewed_at = Some(now);
+        if let Err(e) = index.store(&index_path) {
+            restore(&mut index);
+            return Err(e);
+        }
+        let kind = match &sans {
+            Some(sans) => Kind::Server(sans),
+            None => Kind::Client,
+        };
+        match self.issue(name, kind, now - CLOCK_SKEW, not_after) {
+            Ok(issued) => Ok(issued),
+            Err(e) => {
+                restore(&mut index);
+                Err(e)
+            }
+        }
+    }
+
+    /// Revokes every certificate named `name` that is not revoked yet (the current one, and
+    /// any that [`CertDir::renew`] replaced) and writes a new signed `crl.pem` listing every
+    /// revoked serial, with the next CRL number.
+    pub fn revoke(&self, name: &str) -> Result<(), CertError> {
+        names::validate_name(name)?;
+        let index_path = self.index_path();
+        let mut index = Index::load(&index_path)?;
+        let now = now();
+        // Every certificate of the name that is not revoked yet: the current one and any that
+        // `renew` replaced but that are still valid.
+        let positions: Vec<usize> = index
+            .certificates
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.name == name && r.revoked_at.is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if positions.is_empty() {
+            return Err(match index.latest(name) {
+                Some(r) => CertError::AlreadyRevoked {
+                    name: name.to_owned(),
+                    serial: r.serial.clone(),
+                },
+                None => CertError::UnknownName {
+                    name: name.to_owned(),
+                },
+            });
+        }
+        for &pos in &positions {
+            index.certificates[pos].revoked_at = Some(now);
+        }
         if let Err(e) = self.publish_crl(&mut index, now) {
             // Take the revocation back out of the index so that the operator can simply run
             // `revoke` again; keep the bumped CRL number, which must never be reused.
-            index.certificates[pos].revoked_at = None;
+            for &pos in &positions {
+                index.certificates[pos].revoked_at = None;
+            }
             let _ = index.store(&index_path);
             return Err(e);
         }
@@ -335,6 +442,7 @@ impl CertDir {
                 not_after: r.not_after,
                 revoked: r.revoked_at.is_some(),
                 revoked_at: r.revoked_at,
+                renewed_at: r.renewed_at,
             })
             .collect())
     }
@@ -475,6 +583,7 @@ impl CertDir {
             not_before,
             not_after,
             revoked_at: None,
+            renewed_at: None,
         });
         index.store(&index_path)?;
         let written =
@@ -540,6 +649,41 @@ impl CertDir {
         index.store(&self.index_path())?;
         fsutil::write_replace(&self.crl_path(), crl_pem.as_bytes(), fsutil::PUBLIC_MODE)
     }
+}
+
+/// The subject alternative names of a server certificate, as `issue-server` takes them.
+fn sans_of(cert: &X509Certificate<'_>, path: &Path) -> Result<Vec<San>, CertError> {
+    use x509_parser::extensions::GeneralName;
+    let bad = |reason: String| CertError::Pem {
+        path: path.to_owned(),
+        reason,
+    };
+    let ext = cert
+        .subject_alternative_name()
+        .map_err(|e| bad(format!("invalid subject alternative names: {e}")))?
+        .ok_or_else(|| bad("a server certificate without subject alternative names".into()))?;
+    let mut sans = Vec::new();
+    for name in &ext.value.general_names {
+        match name {
+            GeneralName::DNSName(dns) => sans.push(San::Dns((*dns).to_owned())),
+            GeneralName::IPAddress(ip) => {
+                let ip: std::net::IpAddr = match ip.len() {
+                    4 => <[u8; 4]>::try_from(*ip).map(Into::into),
+                    16 => <[u8; 16]>::try_from(*ip).map(Into::into),
+                    _ => return Err(bad(format!("an IP SAN of {} bytes", ip.len()))),
+                }
+                .map_err(|_| bad("an IP SAN of a bad length".into()))?;
+                sans.push(San::Ip(ip));
+            }
+            other => return Err(bad(format!("a SAN this tool does not issue: {other:?}"))),
+        }
+    }
+    if sans.is_empty() {
+        return Err(bad(
+            "a server certificate without subject alternative names".into(),
+        ));
+    }
+    Ok(sans)
 }
 
 /// A signed CRL in PEM listing every revoked serial of `index`, numbered `index.crl_number`.

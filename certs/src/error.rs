@@ -85,6 +85,17 @@ pub enum CertError {
         serial: String,
     },
 
+    /// `NAME.pem` is not the certificate the index holds as current for that name.
+    #[error("{} has serial {serial}, but the current certificate of that name is {current}: restore it before renewing", path.display())]
+    NotCurrent {
+        /// The certificate file.
+        path: PathBuf,
+        /// Its serial, in hex.
+        serial: String,
+        /// The current serial per the index, in hex.
+        current: String,
+    },
+
     /// A subject alternative name for a server certificate is neither an IP address nor a
     /// valid DNS name.
     #[error("invalid subject alternative name {san:?}: {reason}")]

@@ -21,11 +21,13 @@
 //! not_before = "2025-01-01T11:55:00Z"
 //! not_after = "2026-01-01T12:00:00Z"
 //! revoked_at = "2025-03-01T09:00:00Z"   # present only once revoked
+//! renewed_at = "2025-12-01T09:00:00Z"   # present only once `renew` replaced it
 //! ```
 //!
 //! A name may appear more than once: after a revocation the name can be issued again, and
-//! the old entry stays (its serial is still listed in the CRL). At most one entry per name is
-//! not revoked.
+//! the old entry stays (its serial is still listed in the CRL); after `renew`, the old entry
+//! stays too, valid until it expires. At most one entry per name is neither revoked nor
+//! renewed: the current one, whose files are `NAME.pem` and `NAME.key`.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -73,6 +75,21 @@ pub(crate) struct Record {
         with = "time::serde::rfc3339::option"
     )]
     pub revoked_at: Option<OffsetDateTime>,
+    /// When `renew` replaced this certificate with a newer one of the same name; the old one
+    /// stays valid (and revocable) until it expires.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub renewed_at: Option<OffsetDateTime>,
+}
+
+impl Record {
+    /// Neither revoked nor replaced by `renew`.
+    pub fn is_current(&self) -> bool {
+        self.revoked_at.is_none() && self.renewed_at.is_none()
+    }
 }
 
 impl Index {
@@ -122,11 +139,11 @@ impl Index {
         fsutil::write_new(path, text.as_bytes(), fsutil::PUBLIC_MODE)
     }
 
-    /// The entry of `name` that is not revoked, if any.
+    /// The current entry of `name`: neither revoked nor renewed, if any.
     pub fn active(&self, name: &str) -> Option<&Record> {
         self.certificates
             .iter()
-            .find(|r| r.name == name && r.revoked_at.is_none())
+            .find(|r| r.name == name && r.is_current())
     }
 
     /// The most recent entry of `name`, revoked or not.
@@ -169,9 +186,9 @@ impl Index {
             if !serials.insert(r.serial.as_str()) {
                 return Err(format!("serial {} appears twice", r.serial));
             }
-            if r.revoked_at.is_none() && !active.insert(r.name.as_str()) {
+            if r.is_current() && !active.insert(r.name.as_str()) {
                 return Err(format!(
-                    "{} has two certificates that are not revoked",
+                    "{} has two certificates that are neither revoked nor renewed",
                     r.name
                 ));
             }
@@ -221,6 +238,7 @@ mod tests {
             not_before: datetime!(2025-01-01 0:00 UTC),
             not_after: datetime!(2026-01-01 0:00 UTC),
             revoked_at: None,
+            renewed_at: None,
         }
     }
 

@@ -8,6 +8,7 @@
 //!   `ledger-certs` binary is a thin command line over it.
 //! - [`client_identity`] reads the name the relay authorizes out of a client certificate.
 //! - [`load_certs`], [`load_key`], [`load_crls`] read PEM files into rustls' types.
+//! - [`cert_not_after`] and [`crl_next_update`] say when a certificate or a CRL runs out.
 //!
 //! What it does not do: it verifies nothing at connection time (rustls' webpki verifiers do,
 //! with the CA and CRL loaded from here), it does not distribute files or reload anything, and
@@ -23,6 +24,7 @@
 //! DIR/NAME.pem       an issued certificate
 //! DIR/NAME.key       its private key, mode 0600
 //! DIR/revoked/       NAME.SERIAL.{pem,key} of revoked certificates whose name was reissued
+//! DIR/renewed/       NAME.SERIAL.{pem,key} of certificates `renew` replaced (valid until they expire)
 //! ```
 //!
 //! # Index format
@@ -30,14 +32,15 @@
 //! `index.toml`, version 1: top-level `version = 1` and `crl_number` (the number of the
 //! current `crl.pem`, strictly increasing), then one `[[certificate]]` table per issued
 //! certificate in issue order, with `name`, `role` (`ca`, `server` or `client`), `serial`
-//! (lowercase hex), `not_before` and `not_after` (RFC 3339, UTC), and `revoked_at` once
-//! revoked. The file is rewritten whole through a temporary file and a rename.
+//! (lowercase hex), `not_before` and `not_after` (RFC 3339, UTC), `revoked_at` once revoked
+//! and `renewed_at` once `renew` replaced it. The file is rewritten whole through a temporary file and a rename.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod dir;
 mod error;
+mod expiry;
 mod fsutil;
 mod identity;
 mod index;
@@ -54,6 +57,7 @@ pub use dir::{
     CertDir, Issued, CLOCK_SKEW, CRL_VALIDITY, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS, MAX_DAYS,
 };
 pub use error::CertError;
+pub use expiry::{cert_not_after, crl_next_update};
 pub use identity::{client_identity, CLIENT_URI_PREFIX};
 pub use load::{load_certs, load_crls, load_key};
 pub use names::{validate_name, MAX_NAME_LEN};
@@ -118,19 +122,43 @@ pub struct Entry {
     pub revoked: bool,
     /// When it was revoked, if it was.
     pub revoked_at: Option<OffsetDateTime>,
+    /// When `renew` replaced it with a newer certificate of the same name, if it did.
+    pub renewed_at: Option<OffsetDateTime>,
 }
+
+/// Certificates that expire within this many days are marked in `list`: time to renew.
+pub const EXPIRY_WARNING_DAYS: i64 = 30;
 
 impl Entry {
     /// The serial number in lowercase hex.
     pub fn serial_hex(&self) -> String {
         index::encode_hex(&self.serial)
     }
+
+    /// What `list` notes about it at `now`: `revoked` and `renewed` ones need nothing, so
+    /// `-`; else `expired`, or `expires-in-Nd` within [`EXPIRY_WARNING_DAYS`] days (`N`
+    /// rounded down), else `-`.
+    pub fn note(&self, now: OffsetDateTime) -> String {
+        if self.revoked || self.renewed_at.is_some() {
+            return "-".into();
+        }
+        let left = self.not_after - now;
+        if left <= time::Duration::ZERO {
+            "expired".into()
+        } else if left < time::Duration::days(EXPIRY_WARNING_DAYS) {
+            format!("expires-in-{}d", left.whole_days())
+        } else {
+            "-".into()
+        }
+    }
 }
 
 /// The table `ledger-certs list` prints: a header line, then one line per entry with name,
-/// role, serial (hex), not_after (RFC 3339) and revoked (yes/no), in aligned columns.
-pub fn format_list(entries: &[Entry]) -> String {
-    let rows: Vec<[String; 5]> = entries
+/// role, serial (hex), not_after (RFC 3339), revoked (yes/no) and a note ([`Entry::note`] at
+/// `now`, plus `renewed` for a certificate `renew` replaced), in aligned columns. Every cell
+/// is one word, so scripts can split on whitespace.
+pub fn format_list(entries: &[Entry], now: OffsetDateTime) -> String {
+    let rows: Vec<[String; 6]> = entries
         .iter()
         .map(|e| {
             [
@@ -139,10 +167,15 @@ pub fn format_list(entries: &[Entry]) -> String {
                 e.serial_hex(),
                 rfc3339(e.not_after),
                 if e.revoked { "yes" } else { "no" }.to_owned(),
+                if e.renewed_at.is_some() && !e.revoked {
+                    "renewed".to_owned()
+                } else {
+                    e.note(now)
+                },
             ]
         })
         .collect();
-    let header = ["NAME", "ROLE", "SERIAL", "NOT_AFTER", "REVOKED"].map(str::to_owned);
+    let header = ["NAME", "ROLE", "SERIAL", "NOT_AFTER", "REVOKED", "NOTE"].map(str::to_owned);
     let mut widths = header.clone().map(|h| h.len());
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -190,6 +223,7 @@ mod tests {
                 not_after: datetime!(2035-01-01 0:00 UTC),
                 revoked: false,
                 revoked_at: None,
+                renewed_at: None,
             },
             Entry {
                 name: "a-much-longer-name".into(),
@@ -199,9 +233,10 @@ mod tests {
                 not_after: datetime!(2026-01-01 12:30:15 UTC),
                 revoked: true,
                 revoked_at: Some(datetime!(2025-06-01 0:00 UTC)),
+                renewed_at: None,
             },
         ];
-        let table = format_list(&entries);
+        let table = format_list(&entries, datetime!(2025-07-01 0:00 UTC));
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("NAME"));
@@ -210,11 +245,40 @@ mod tests {
             "{table}"
         );
         assert!(
-            lines[2].ends_with("7fff    2026-01-01T12:30:15Z  yes"),
+            lines[2].ends_with("7fff    2026-01-01T12:30:15Z  yes      -"),
             "{table}"
         );
         let col = lines[0].find("ROLE").unwrap();
         assert_eq!(&lines[2][col..col + 6], "client");
+    }
+
+    #[test]
+    fn notes_mark_expiry_within_30_days() {
+        let mut e = Entry {
+            name: "relay".into(),
+            role: Role::Server,
+            serial: vec![1],
+            not_before: datetime!(2025-01-01 0:00 UTC),
+            not_after: datetime!(2026-01-31 12:00 UTC),
+            revoked: false,
+            revoked_at: None,
+            renewed_at: None,
+        };
+        assert_eq!(e.note(datetime!(2025-12-01 0:00 UTC)), "-", "61 days left");
+        assert_eq!(e.note(datetime!(2026-01-01 12:00 UTC)), "-", "30 days left");
+        assert_eq!(e.note(datetime!(2026-01-01 12:00:01 UTC)), "expires-in-29d");
+        assert_eq!(e.note(datetime!(2026-01-31 11:00 UTC)), "expires-in-0d");
+        assert_eq!(e.note(datetime!(2026-01-31 12:00 UTC)), "expired");
+        e.renewed_at = Some(datetime!(2026-01-20 0:00 UTC));
+        assert_eq!(e.note(datetime!(2026-01-25 0:00 UTC)), "-", "renewed");
+        let table = format_list(&[e.clone()], datetime!(2026-01-25 0:00 UTC));
+        assert!(
+            table.lines().nth(1).unwrap().ends_with("no       renewed"),
+            "{table}"
+        );
+        e.renewed_at = None;
+        e.revoked = true;
+        assert_eq!(e.note(datetime!(2026-01-25 0:00 UTC)), "-", "revoked");
     }
 
     #[test]

@@ -12,7 +12,10 @@ fn list_rows(dir: &Path) -> Vec<Vec<String>> {
     let run = ok(["list".as_ref(), dir.as_os_str()]);
     let mut lines = run.stdout.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "ROLE", "SERIAL", "NOT_AFTER", "REVOKED"]);
+    assert_eq!(
+        header,
+        ["NAME", "ROLE", "SERIAL", "NOT_AFTER", "REVOKED", "NOTE"]
+    );
     lines
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
         .collect()
@@ -136,6 +139,168 @@ fn reissue_after_revoke_keeps_the_old_files() {
 }
 
 #[test]
+fn list_marks_certificates_expiring_within_30_days() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    ok(["init", d]);
+    ok([
+        "issue-server",
+        d,
+        "--name",
+        "relay",
+        "--san",
+        "127.0.0.1",
+        "--days",
+        "10",
+    ]);
+    ok(["issue-client", d, "--name", "rpc-1", "--days", "30"]);
+    ok(["issue-client", d, "--name", "rpc-2", "--days", "31"]);
+    ok(["issue-client", d, "--name", "rpc-3", "--days", "20"]);
+    ok(["revoke", d, "--name", "rpc-3"]);
+    let notes: Vec<(String, String)> = list_rows(tmp.path())
+        .into_iter()
+        .map(|r| (r[0].clone(), r[5].clone()))
+        .collect();
+    let want = [
+        ("ca", "-"),
+        // Issued a moment ago: just under the days asked for are left.
+        ("relay", "expires-in-9d"),
+        ("rpc-1", "expires-in-29d"),
+        ("rpc-2", "-"),
+        ("rpc-3", "-"),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(notes, want);
+}
+
+#[test]
+fn renew_issues_a_fresh_certificate_and_keeps_the_old_one_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().to_str().unwrap();
+    ok(["init", d]);
+    ok([
+        "issue-server",
+        d,
+        "--name",
+        "relay",
+        "--san",
+        "relay.example",
+        "--san",
+        "127.0.0.1",
+        "--days",
+        "5",
+    ]);
+    ok(["issue-client", d, "--name", "rpc-1", "--days", "5"]);
+    let old = cert_der(&tmp.path().join("relay.pem"));
+    let old_key = fs::read(tmp.path().join("relay.key")).unwrap();
+    let old_serial = hex(parse(&old).raw_serial());
+
+    let run = ok(["renew", d, "--name", "relay", "--days", "90"]);
+    assert!(
+        run.stdout.starts_with("issued server certificate relay"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("stays valid until it expires"),
+        "{}",
+        run.stdout
+    );
+    let new = cert_der(&tmp.path().join("relay.pem"));
+    assert_ne!(new, old);
+    assert_ne!(
+        fs::read(tmp.path().join("relay.key")).unwrap(),
+        old_key,
+        "a new key"
+    );
+    let (old_cert, new_cert) = (parse(&old), parse(&new));
+    let new_serial = hex(new_cert.raw_serial());
+    assert_ne!(new_serial, old_serial);
+    // Same subject, issuer and names; a later expiry.
+    assert_eq!(new_cert.subject(), old_cert.subject());
+    assert_eq!(new_cert.issuer(), old_cert.issuer());
+    let sans = |c: &x509_parser::certificate::X509Certificate<'_>| {
+        format!("{:?}", c.subject_alternative_name().unwrap().unwrap().value)
+    };
+    assert_eq!(sans(&new_cert), sans(&old_cert));
+    let days = (new_cert.validity().not_after.to_datetime()
+        - new_cert.validity().not_before.to_datetime())
+    .whole_days();
+    assert_eq!(days, 90);
+    // The old pair is archived, not deleted.
+    let archived = tmp
+        .path()
+        .join("renewed")
+        .join(format!("relay.{old_serial}.pem"));
+    assert_eq!(cert_der(&archived), old);
+    let archived_key = tmp
+        .path()
+        .join("renewed")
+        .join(format!("relay.{old_serial}.key"));
+    assert_eq!(fs::read(archived_key).unwrap(), old_key);
+
+    // Both listed, neither revoked; the old one marked renewed, the new one not expiring.
+    let rows: Vec<Vec<String>> = list_rows(tmp.path())
+        .into_iter()
+        .filter(|r| r[0] == "relay")
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        (
+            rows[0][2].as_str(),
+            rows[0][4].as_str(),
+            rows[0][5].as_str()
+        ),
+        (old_serial.as_str(), "no", "renewed")
+    );
+    assert_eq!(
+        (
+            rows[1][2].as_str(),
+            rows[1][4].as_str(),
+            rows[1][5].as_str()
+        ),
+        (new_serial.as_str(), "no", "-")
+    );
+
+    // A client renews the same way, and again.
+    ok(["renew", d, "--name", "rpc-1"]);
+    ok(["renew", d, "--name", "rpc-1"]);
+    assert_eq!(fs::read_dir(tmp.path().join("renewed")).unwrap().count(), 6);
+    assert_eq!(
+        ledger_relay_certs::client_identity(&cert_der(&tmp.path().join("rpc-1.pem"))).unwrap(),
+        "rpc-1"
+    );
+
+    // Revoking the name revokes the renewed certificate too: no valid one is left behind.
+    ok(["revoke", d, "--name", "relay"]);
+    let revoked: Vec<String> = list_rows(tmp.path())
+        .into_iter()
+        .filter(|r| r[0] == "relay")
+        .map(|r| r[4].clone())
+        .collect();
+    assert_eq!(revoked, ["yes", "yes"]);
+    let run = ledger_certs(["renew", d, "--name", "relay"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("already revoked"), "{}", run.stderr);
+}
+
+#[test]
+fn man_pages_and_completions_cover_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = ok(["man".as_ref(), tmp.path().as_os_str()]);
+    assert_eq!(run.stdout.lines().count(), 10, "{}", run.stdout);
+    let renew = fs::read_to_string(tmp.path().join("ledger-certs-renew.1")).unwrap();
+    assert!(renew.contains(".TH"), "{renew}");
+    let run = ok(["completions", "bash"]);
+    for command in ["issue-server", "renew", "refresh-crl", "list"] {
+        assert!(run.stdout.contains(command), "{command}");
+    }
+}
+
+#[test]
 fn every_mistake_is_one_line_and_exit_2() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().join("pki");
@@ -219,6 +384,16 @@ fn every_mistake_is_one_line_and_exit_2() {
         ),
         (&["revoke", d, "--name", "gone"], "already revoked"),
         (&["revoke", d, "--name", "ca"], "reserved"),
+        (
+            &["renew", d, "--name", "nobody"],
+            "no certificate named nobody",
+        ),
+        (&["renew", d, "--name", "gone"], "already revoked"),
+        (&["renew", d, "--name", "ca"], "reserved"),
+        (
+            &["renew", d, "--name", "rpc-1", "--days", "0"],
+            "invalid validity",
+        ),
         (
             &["revoke", empty, "--name", "rpc-1"],
             "no certificate authority",

@@ -14,6 +14,7 @@ use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::Limits;
 use serde::Deserialize;
 
+use crate::health;
 use crate::pipeline::PipelineConfig;
 use crate::server::ServerConfig;
 use crate::session::SessionConfig;
@@ -56,6 +57,10 @@ pub struct RunArgs {
     /// Address for Prometheus /metrics and /healthz, e.g. 127.0.0.1:9100.
     #[arg(long)]
     pub metrics: Option<SocketAddr>,
+    /// /healthz reports degraded (HTTP 503) after this long without a new ledger [default: 30s;
+    /// file and synthetic sources: 5 cadences, at least 1s].
+    #[arg(long = "stale-after", value_name = "DURATION")]
+    pub stale_after: Option<String>,
     /// TOML file with the same settings; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -116,6 +121,7 @@ struct FileConfig {
     #[serde(default)]
     allow: Vec<String>,
     metrics: Option<SocketAddr>,
+    stale_after: Option<String>,
     network: Option<String>,
     codec: Option<String>,
     zstd_level: Option<i32>,
@@ -154,6 +160,8 @@ pub struct RelayConfig {
     pub allow: Vec<String>,
     /// Metrics address.
     pub metrics: Option<SocketAddr>,
+    /// Time without a new ledger after which `/healthz` reports degraded.
+    pub stale_after: Duration,
     /// Network name for the ring.
     pub network: Option<String>,
     /// Chunking and compression.
@@ -212,6 +220,23 @@ impl RelayConfig {
         if source_options.emit > source_options.cadence {
             bail!("--emit must not exceed --cadence");
         }
+        let stale_after = match pick!(stale_after) {
+            Some(s) => {
+                let d = parse_duration(&s).context("--stale-after")?;
+                if d.is_zero() {
+                    bail!("--stale-after must be more than 0");
+                }
+                d
+            }
+            None => match source {
+                SourceSpec::File { .. } | SourceSpec::Synthetic(_) => {
+                    health::paced_stale_after(source_options.cadence)
+                }
+                SourceSpec::Pipe { .. } | SourceSpec::Fifo { .. } | SourceSpec::Stdin => {
+                    health::DEFAULT_STALE_AFTER
+                }
+            },
+        };
         let retention = pick!(retention).unwrap_or(10_000);
         if retention == 0 {
             bail!("--retention must be at least 1");
@@ -302,6 +327,7 @@ impl RelayConfig {
             retention_bytes,
             allow,
             metrics: pick!(metrics),
+            stale_after,
             network: pick!(network),
             pipeline,
             server,
@@ -314,7 +340,34 @@ impl RelayConfig {
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    toml::from_str(&text).map_err(|e| {
+        // toml's own message spans several lines (a source excerpt); the reason is one.
+        let at = e.span().and_then(|span| {
+            // `get`: a span off a character boundary gives no location rather than a panic.
+            let start = span.start.min(text.len());
+            let before = text.get(..start)?;
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            let line = before.matches('\n').count() + 1;
+            let column = start - line_start + 1;
+            // The line itself names the key, which toml's message alone does not.
+            let source: String = text
+                .get(line_start..)?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .chars()
+                .take(80)
+                .collect();
+            Some(format!("line {line}, column {column} (`{source}`): "))
+        });
+        let at = at.unwrap_or_default();
+        anyhow::anyhow!(
+            "parsing {}: {at}{}",
+            path.display(),
+            e.message().trim().replace('\n', " ")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -350,6 +403,11 @@ mod tests {
         assert_eq!(c.name, "relay");
         assert_eq!(c.pipeline.codec, Codec::Zstd);
         assert_eq!(c.source_options.cadence, Duration::from_millis(600));
+        assert_eq!(
+            c.stale_after,
+            Duration::from_secs(3),
+            "5 cadences of a paced source"
+        );
         let mut a = base();
         a.listen = None;
         let e = RelayConfig::from_args(a).unwrap_err().to_string();
@@ -360,6 +418,38 @@ mod tests {
         let mut a = base();
         a.window = Some(0);
         assert!(RelayConfig::from_args(a).is_err());
+    }
+
+    #[test]
+    fn stale_after_defaults_by_source_and_parses() {
+        let mut a = base();
+        a.source = Some("pipe:stellar-core run".into());
+        assert_eq!(
+            RelayConfig::from_args(a).unwrap().stale_after,
+            Duration::from_secs(30)
+        );
+        let mut a = base();
+        a.cadence = Some("10s".into());
+        assert_eq!(
+            RelayConfig::from_args(a).unwrap().stale_after,
+            Duration::from_secs(50)
+        );
+        let mut a = base();
+        a.source = Some("stdin".into());
+        a.stale_after = Some("1m 30s".into());
+        assert_eq!(
+            RelayConfig::from_args(a).unwrap().stale_after,
+            Duration::from_secs(90)
+        );
+        for (bad, want) in [
+            ("0s", "--stale-after must be more than 0"),
+            ("soon", "--stale-after: bad duration \"soon\""),
+        ] {
+            let mut a = base();
+            a.stale_after = Some(bad.into());
+            let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+            assert!(e.starts_with(want), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -398,7 +488,7 @@ mod tests {
         std::fs::write(
             &path,
             "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
-             retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\n[transport]\nsend_window = 1000000\n",
+             retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\nstale_after = \"45s\"\n[transport]\nsend_window = 1000000\n",
         )
         .unwrap();
         let args = RunArgs {
@@ -412,6 +502,7 @@ mod tests {
         assert_eq!(c.pipeline.codec, Codec::Lz4);
         assert_eq!(c.transport.send_window, 1_000_000);
         assert_eq!(c.listen.port(), 7400);
+        assert_eq!(c.stale_after, Duration::from_secs(45));
         std::fs::write(&path, "listen = \"127.0.0.1:7400\"\nbogus = 1\n").unwrap();
         let args = RunArgs {
             config: Some(path),

@@ -15,7 +15,9 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod certinfo;
 pub mod config;
+pub mod health;
 pub mod hub;
 pub mod metrics;
 pub mod pipeline;
@@ -34,6 +36,7 @@ use tracing::info;
 
 use crate::auth::{Auth, AuthConfig};
 use crate::config::RelayConfig;
+use crate::health::Health;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::pipeline::StartState;
@@ -60,7 +63,7 @@ impl Relay {
     /// Opens the ring, loads certificates, binds the endpoint and starts the source, the
     /// pipeline and the accept loop. Everything stops when `shutdown` is cancelled.
     pub async fn start(config: RelayConfig, shutdown: CancellationToken) -> anyhow::Result<Relay> {
-        let metrics = Metrics::new();
+        let metrics = Metrics::with_health(Health::new(config.stale_after));
         let ring = Arc::new(
             Ring::open(&RingConfig {
                 dir: config.data_dir.join("ring"),
@@ -73,19 +76,11 @@ impl Relay {
         pipeline::update_ring_metrics(&ring, &metrics);
         let hub = Arc::new(Hub::new(config.live_capacity, 4));
         let auth = Arc::new(
-            Auth::load(
-                AuthConfig {
-                    ca: config.certs.join("ca.pem"),
-                    cert: config.certs.join(format!("{}.pem", config.name)),
-                    key: config.certs.join(format!("{}.key", config.name)),
-                    crl: config.certs.join("crl.pem"),
-                    allow: config.allow.clone(),
-                },
-                config.transport.clone(),
-            )
-            .context("loading certificates")?,
+            Auth::load(auth_config(&config), config.transport.clone())
+                .context("loading certificates")?,
         );
         let server_config = auth.server_config().context("tls configuration")?;
+        certinfo::record_certificate(&auth_config(&config).cert, &metrics);
         let socket = ledger_relay_transport::udp_socket(config.listen, &config.transport)
             .with_context(|| format!("binding {}", config.listen))?;
         let endpoint = ledger_relay_transport::endpoint(socket, Some(server_config))
@@ -94,15 +89,19 @@ impl Relay {
 
         let metrics_addr = match config.metrics {
             Some(a) => {
-                let listener = metrics::bind(a)
-                    .await
+                let bound = metrics::spawn(a, metrics.clone(), shutdown.clone())
                     .with_context(|| format!("binding metrics on {a}"))?;
-                let bound = listener.local_addr()?;
-                tokio::spawn(metrics::serve(listener, metrics.clone(), shutdown.clone()));
+                info!(addr = %bound, "metrics listening");
                 Some(bound)
             }
             None => None,
         };
+
+        tokio::spawn(certinfo::watch_crl(
+            auth_config(&config).crl,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let source_stop = shutdown.child_token();
@@ -156,4 +155,60 @@ impl Relay {
     pub async fn wait(self) {
         let _ = self.task.await;
     }
+}
+
+/// Where the relay's certificates are: `--certs DIR --name NAME`.
+fn auth_config(config: &RelayConfig) -> AuthConfig {
+    AuthConfig {
+        ca: config.certs.join("ca.pem"),
+        cert: config.certs.join(format!("{}.pem", config.name)),
+        key: config.certs.join(format!("{}.key", config.name)),
+        crl: config.certs.join("crl.pem"),
+        allow: config.allow.clone(),
+    }
+}
+
+/// `ledger-relay check-config --config FILE`: everything `run` would refuse at start, without
+/// binding, opening the ring or starting the source. Checks every key and value of the file
+/// (as `run` reads it, with no flags), that the certificates load and make a TLS configuration
+/// (CA, this relay's certificate and key, the CRL when present), and that a `file:` or
+/// `fifo:` source exists. Returns a one-line summary.
+pub fn check_config(path: &std::path::Path) -> anyhow::Result<String> {
+    let config = RelayConfig::from_args(config::RunArgs {
+        config: Some(path.to_path_buf()),
+        ..config::RunArgs::default()
+    })?;
+    let auth = Auth::load(auth_config(&config), config.transport.clone())
+        .with_context(|| format!("loading certificates from {}", config.certs.display()))?;
+    auth.server_config().context("tls configuration")?;
+    match &config.source {
+        source::SourceSpec::File { path } | source::SourceSpec::Fifo { path } => {
+            std::fs::metadata(path).with_context(|| format!("source {}", config.source))?;
+        }
+        _ => {}
+    }
+    let cert = auth_config(&config).cert;
+    let expiry = ledger_relay_certs::load_certs(&cert)
+        .ok()
+        .and_then(|c| {
+            c.first()
+                .and_then(|c| ledger_relay_certs::cert_not_after(c).ok())
+        })
+        .map(|t| {
+            format!(
+                ", certificate expires {}",
+                humantime::format_rfc3339_seconds(t)
+            )
+        })
+        .unwrap_or_default();
+    Ok(format!(
+        "{}: ok (listen {}, source {}, data {}, metrics {}{expiry})",
+        path.display(),
+        config.listen,
+        config.source,
+        config.data_dir.display(),
+        config
+            .metrics
+            .map_or_else(|| "off".to_owned(), |m| m.to_string()),
+    ))
 }

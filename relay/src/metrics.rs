@@ -1,8 +1,10 @@
 //! Prometheus text metrics and `/healthz`, served over plain HTTP on `--metrics ADDR`.
 //!
-//! Counters are atomics updated on the hot paths; the exposition is rendered on request. The
-//! HTTP side is deliberately minimal (GET only, one response per connection): it serves a
-//! scraper on a management network, not browsers.
+//! Counters are atomics updated on the hot paths; the exposition is rendered on request, and
+//! `/healthz` from [`crate::health`] (clocks and a short list of conditions: no ring read, no
+//! lock across IO). Both are served on a thread of their own ([`spawn`]), so a busy relay
+//! still answers probes at once. The HTTP side is deliberately minimal (GET only, one
+//! response per connection): it serves a scraper on a management network, not browsers.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,6 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::Health;
+
 macro_rules! counters {
     ($($name:ident: $help:literal),* $(,)?) => {
         /// Every counter and gauge of the relay.
@@ -24,6 +28,8 @@ macro_rules! counters {
             pub ring_degraded: AtomicBool,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
+            /// Ledger ages and the reasons `/healthz` lists.
+            pub health: Health,
         }
 
         impl Metrics {
@@ -77,6 +83,8 @@ counters! {
     protocol_errors_total: "Connections closed for protocol violations.",
     handshakes_failed_total: "QUIC/TLS handshakes that failed (no client certificate, another CA, expired, revoked at the handshake, or a broken handshake).",
     handshakes_timed_out_total: "QUIC/TLS handshakes not finished within the handshake timeout.",
+    certificate_not_after_timestamp_seconds: "Unix time at which the certificate this relay serves expires (0: unreadable).",
+    crl_next_update_timestamp_seconds: "Unix time of the next update DIR/crl.pem promises, as last read (0: no CRL, or none stated).",
 }
 
 /// What the metrics show of one session.
@@ -93,9 +101,17 @@ pub struct SessionInfo {
 }
 
 impl Metrics {
-    /// A shared, zeroed metrics set.
+    /// A shared, zeroed metrics set, with the default health limit.
     pub fn new() -> Arc<Metrics> {
         Arc::new(Metrics::default())
+    }
+
+    /// A shared, zeroed metrics set whose health counts from now with `health`'s limit.
+    pub fn with_health(health: Health) -> Arc<Metrics> {
+        Arc::new(Metrics {
+            health,
+            ..Metrics::default()
+        })
     }
 
     /// Adds to a counter.
@@ -112,6 +128,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         self.render_counters(&mut out);
+        self.health.report().render_prometheus(&mut out);
         let degraded = u8::from(self.ring_degraded.load(Ordering::Relaxed));
         let _ = writeln!(out, "# HELP ledger_relay_ring_degraded 1 when the ring cannot write (disk read-only or full).");
         let _ = writeln!(out, "# TYPE ledger_relay_ring_degraded gauge");
@@ -145,21 +162,22 @@ impl Metrics {
         out
     }
 
-    /// The `/healthz` answer: status code and body.
+    /// The `/healthz` answer: status code and body (see [`crate::health::HealthReport::render_json`]).
     pub fn health(&self) -> (u16, String) {
         let degraded = self.ring_degraded.load(Ordering::Relaxed);
-        let body = format!(
-            "{{\"status\":\"{}\",\"ring\":\"{}\",\"source_newest\":{},\"ring_oldest\":{},\"ring_newest\":{},\"sessions\":{}}}\n",
-            if degraded { "degraded" } else { "ok" },
-            if degraded { "degraded" } else { "ok" },
-            self.source_newest.load(Ordering::Relaxed),
-            self.ring_oldest.load(Ordering::Relaxed),
-            self.ring_newest.load(Ordering::Relaxed),
-            self.sessions_open.load(Ordering::Relaxed),
+        let n = |c: &AtomicU64| serde_json::Value::from(c.load(Ordering::Relaxed));
+        let mut details = serde_json::Map::new();
+        details.insert(
+            "ring".into(),
+            (if degraded { "degraded" } else { "ok" }).into(),
         );
-        // Degraded still serves live ledgers: report it, but as 200 so load balancers keep
-        // sending subscribers; the body and the metric say what is wrong.
-        (200, body)
+        details.insert("source_newest".into(), n(&self.source_newest));
+        details.insert("ledgers_in".into(), n(&self.ledgers_in_total));
+        details.insert("source_restarts".into(), n(&self.source_restarts_total));
+        details.insert("ring_oldest".into(), n(&self.ring_oldest));
+        details.insert("ring_newest".into(), n(&self.ring_newest));
+        details.insert("sessions".into(), n(&self.sessions_open));
+        self.health.report().render_json(details)
     }
 }
 
@@ -221,7 +239,11 @@ pub async fn serve(
             };
             let head = format!(
                 "HTTP/1.1 {code} {}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                if code == 200 { "OK" } else { "Not Found" },
+                match code {
+                    200 => "OK",
+                    503 => "Service Unavailable",
+                    _ => "Not Found",
+                },
                 body.len()
             );
             let _ = sock.write_all(head.as_bytes()).await;
@@ -230,9 +252,36 @@ pub async fn serve(
     }
 }
 
-/// Binds the metrics listener.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+/// Binds `addr` and serves `/metrics` and `/healthz` on a thread of their own (with a
+/// single-threaded runtime) until `shutdown`; returns the bound address.
+///
+/// Not on the relay's runtime: its workers carry every session's QUIC work, and a probe must
+/// get its answer within milliseconds while they are busy (on the shared runtime, the loaded
+/// relay of the `/healthz` load test missed its 10 ms bound).
+pub fn spawn(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        let _ = serve(listener, metrics, shutdown).await;
+                    }
+                    Err(e) => tracing::error!(error = %e, "metrics: cannot serve"),
+                }
+            });
+        })?;
+    Ok(bound)
 }
 
 #[cfg(test)]
@@ -261,6 +310,13 @@ mod tests {
             "ledger_relay_subscriber_lag_ledgers{session=\"7\",identity=\"rpc-\\\"1\"} 2"
         ));
         m.ring_degraded.store(true, Ordering::Relaxed);
-        assert!(m.health().1.contains("\"ring\":\"degraded\""));
+        let (code, body) = m.health();
+        assert_eq!(code, 503, "no ledger yet: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["ring"], "degraded");
+        assert_eq!(v["source_newest"], 10);
+        assert_eq!(v["ledgers_in"], 3);
+        assert!(text.contains("ledger_relay_source_last_ledger_age_seconds "));
+        assert!(text.contains("ledger_relay_health_reason{reason=\"no_ledger\"} 1\n"));
     }
 }

@@ -31,6 +31,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::health::{self, Reason};
 use crate::hub::{ChunkItem, CompleteLedger, Hub};
 use crate::metrics::Metrics;
 use crate::ring::{Ring, RingError, StoredChunk};
@@ -259,6 +260,7 @@ impl Cutter {
         while let Some(ev) = events.blocking_recv() {
             let r = match ev {
                 SourceEvent::Begin { at_ns, .. } => {
+                    self.metrics.health.source_bytes();
                     self.abort("a new record began before the previous ended");
                     self.state = Ledger::Peeking {
                         first_ns: at_ns,
@@ -266,7 +268,10 @@ impl Cutter {
                     };
                     Ok(())
                 }
-                SourceEvent::Data(piece) => self.data(piece),
+                SourceEvent::Data(piece) => {
+                    self.metrics.health.source_bytes();
+                    self.data(piece)
+                }
                 SourceEvent::End { at_ns } => {
                     self.end(at_ns);
                     Ok(())
@@ -275,25 +280,55 @@ impl Cutter {
                     self.abort(&reason);
                     Ok(())
                 }
+                SourceEvent::Down { reason } => {
+                    let restarts = self.metrics.source_restarts_total.load(Ordering::Relaxed);
+                    self.metrics.health.raise(
+                        health::SOURCE,
+                        Reason::SourceDown {
+                            restarts: u32::try_from(restarts).unwrap_or(u32::MAX),
+                            cause: reason,
+                        },
+                    );
+                    Ok(())
+                }
                 SourceEvent::Restarted { attempt, reason } => {
                     Metrics::add(&self.metrics.source_restarts_total, 1);
                     warn!(attempt, %reason, "source restarted");
+                    self.metrics.health.raise(
+                        health::SOURCE,
+                        Reason::SourceRestarted {
+                            restarts: attempt,
+                            cause: reason,
+                        },
+                    );
                     Ok(())
                 }
                 SourceEvent::Finished => {
                     info!("source finished");
+                    self.metrics
+                        .health
+                        .raise(health::SOURCE, Reason::SourceFinished);
                     Ok(())
                 }
                 SourceEvent::Failed(reason) => {
                     Metrics::add(&self.metrics.source_errors_total, 1);
                     error!(%reason, "source failed");
                     self.abort(&reason);
+                    self.metrics
+                        .health
+                        .raise(health::SOURCE, Reason::SourceFailed { cause: reason });
                     Ok(())
                 }
             };
             if let Err(e) = r {
                 Metrics::add(&self.metrics.source_errors_total, 1);
                 error!(error = %e, "source stopped: its output is refused");
+                self.metrics.health.raise(
+                    health::SOURCE,
+                    Reason::SourceFailed {
+                        cause: format!("its output is refused: {e}"),
+                    },
+                );
                 self.abort("refused");
                 stop.cancel();
                 return;
@@ -443,6 +478,7 @@ impl Cutter {
                 Metrics::add(&self.metrics.ledgers_in_total, 1);
                 Metrics::add(&self.metrics.bytes_in_total, summary.raw_len);
                 Metrics::set(&self.metrics.source_newest, u64::from(seq));
+                self.metrics.health.ledger();
                 self.last = Some((seq, info.hash));
                 self.recent.insert(seq, info.hash);
                 while self.recent.len() > RECENT_HASHES {
@@ -684,13 +720,23 @@ fn ring_writer(
             });
         }
         match r {
+            // The health condition changes before the flag, so that whoever sees the flag
+            // change finds /healthz already saying the same (this thread is the only writer).
             Ok(()) => {
-                if metrics.ring_degraded.swap(false, Ordering::Relaxed) {
+                if metrics.ring_degraded.load(Ordering::Relaxed) {
+                    metrics.health.clear(health::RING);
+                    metrics.ring_degraded.store(false, Ordering::Relaxed);
                     info!("ring writes succeed again");
                 }
             }
             Err(e) => {
                 Metrics::add(&metrics.ring_write_errors_total, 1);
+                metrics.health.raise(
+                    health::RING,
+                    Reason::RingDegraded {
+                        error: e.to_string(),
+                    },
+                );
                 if !metrics.ring_degraded.swap(true, Ordering::Relaxed) {
                     error!(error = %e, seq = ledger.end.seq, "ring write failed: ring degraded, live streaming continues");
                 }

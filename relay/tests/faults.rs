@@ -99,6 +99,15 @@ async fn expect_source_stopped(relay: &Running, valid: u32) {
     .await;
     assert_eq!(load(&m.ledgers_in_total), u64::from(valid));
     assert_eq!(relay.relay.ring.range(), Some((FIRST, FIRST + valid - 1)));
+    // /healthz: no new ledgers will come, and why.
+    eventually(5, "/healthz: source failed", || {
+        m.health().1.contains("\"source\":\"failed\"")
+    })
+    .await;
+    let (code, body) = m.health();
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("\"source_failed\""), "{body}");
+    assert!(body.contains("source stopped: "), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,8 +351,18 @@ impl Streaming {
         })
         .await;
         let health = http_get(self.metrics_addr, "/healthz").await;
+        // Degraded, but live ledgers still flow: 200, and the reason names the ring.
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
         assert!(health.contains("\"status\":\"degraded\""), "{health}");
         assert!(health.contains("\"ring\":\"degraded\""), "{health}");
+        assert!(
+            health.contains("\"reasons\":[\"ring degraded: "),
+            "{health}"
+        );
+        assert!(
+            health.contains("\"reason_codes\":[\"ring_degraded\"]"),
+            "{health}"
+        );
         let text = http_get(self.metrics_addr, "/metrics").await;
         assert!(text.contains("\nledger_relay_ring_degraded 1\n"), "{text}");
         assert!(load(&m.ring_write_errors_total) >= 1);
@@ -368,8 +387,10 @@ impl Streaming {
         })
         .await;
         let health = http_get(self.metrics_addr, "/healthz").await;
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
         assert!(health.contains("\"status\":\"ok\""), "{health}");
         assert!(health.contains("\"ring\":\"ok\""), "{health}");
+        assert!(health.contains("\"reasons\":[]"), "{health}");
         let text = http_get(self.metrics_addr, "/metrics").await;
         assert!(text.contains("\nledger_relay_ring_degraded 0\n"), "{text}");
     }

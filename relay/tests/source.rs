@@ -139,7 +139,7 @@ struct Parsed {
     restarts: Vec<(u32, String)>,
     finished: bool,
     failed: Option<String>,
-    /// Event indices of Abort, Restarted, in order, as letters: "A", "R".
+    /// Ledgers, Aborts, Downs and Restarts in order, as letters: "L", "A", "D", "R".
     trail: String,
 }
 
@@ -180,8 +180,14 @@ fn parse(events: &[SourceEvent]) -> Parsed {
                 p.aborts.push(reason.clone());
                 p.trail.push('A');
             }
+            SourceEvent::Down { reason } => {
+                assert!(current.is_none(), "event {i}: Down inside a ledger");
+                assert!(!reason.is_empty());
+                p.trail.push('D');
+            }
             SourceEvent::Restarted { attempt, reason } => {
                 assert!(current.is_none(), "event {i}: Restarted inside a ledger");
+                assert!(p.trail.ends_with('D'), "event {i}: Restarted without Down");
                 p.restarts.push((*attempt, reason.clone()));
                 p.trail.push('R');
             }
@@ -560,7 +566,7 @@ fn pipe_restarts_the_child_and_delivers_each_run() {
     let p = parse(&events);
     assert!(p.aborts.is_empty(), "{:?}", p.aborts);
     assert!(p.failed.is_none() && !p.finished);
-    assert_eq!(p.trail, "LLRLLR");
+    assert_eq!(p.trail, "LLDRLLDR");
     assert_eq!(p.ledgers.len(), 4);
     for pair in p.ledgers.chunks(2) {
         assert!(pair == records, "ledgers differ");
@@ -595,7 +601,7 @@ fn pipe_child_dying_mid_record_is_aborted_never_ended() {
     source.stop();
     let p = parse(&events);
     assert!(p.ledgers.is_empty(), "a partial ledger was ended");
-    assert_eq!(p.trail, "ARARAR");
+    assert_eq!(p.trail, "ADRADRADR");
     for reason in &p.aborts {
         assert!(reason.contains("exit status: 3"), "{reason}");
         assert!(reason.contains("stream ended inside a record"), "{reason}");
@@ -665,7 +671,7 @@ fn pipe_grandchild_holding_the_pipe_does_not_stall_restart() {
     let first_grandchild = wait_for_file(&grandchild_file);
     source.stop();
     let p = parse(&events);
-    assert_eq!(p.trail, "LR");
+    assert_eq!(p.trail, "LDR");
     assert!(p.ledgers[0] == *record);
     wait_gone(first_grandchild);
 }
@@ -703,7 +709,7 @@ fn pipe_child_exiting_at_once_is_restarted_with_backoff() {
     // Backoff 10, 20, 40, 40 ms: runs that deliver nothing back off.
     let events = source.until(|e| matches!(e, SourceEvent::Restarted { attempt: 4, .. }));
     source.stop();
-    assert_eq!(parse(&events).trail, "RRRR");
+    assert_eq!(parse(&events).trail, "DRDRDRDR");
     assert!(started.elapsed() >= Duration::from_millis(110));
 }
 

@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::future::Future;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, IsTerminal as _, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::client::{connect, Ledger, Status};
 use crate::config::{parse_start, Anchor, Credentials, RelayAddr, SubscribeConfig};
 use crate::error::SubscribeError;
+use ledger_relay_cli::{LogFormat, Shell};
 use ledger_relay_transport::parse_duration;
 
 /// Command-line arguments of `ledger-subscribe` (see CONTRACT.md).
@@ -39,15 +40,23 @@ pub struct Args {
         long,
         value_name = "ADDR[,ADDR...]",
         value_delimiter = ',',
-        required = true
+        required_unless_present_any = ["completions", "man"]
     )]
     pub relay: Vec<RelayAddr>,
     /// Certificate directory: DIR/ca.pem, DIR/NAME.pem and DIR/NAME.key are used.
-    #[arg(long, value_name = "DIR")]
-    pub certs: PathBuf,
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present_any = ["completions", "man"]
+    )]
+    pub certs: Option<PathBuf>,
     /// Our certificate's name in the certificate directory.
-    #[arg(long, value_name = "NAME")]
-    pub name: String,
+    #[arg(
+        long,
+        value_name = "NAME",
+        required_unless_present_any = ["completions", "man"]
+    )]
+    pub name: Option<String>,
     /// First ledger: a sequence, or `tip` for the newest the relay holds [default: tip, or
     /// the anchor's SEQ with --anchor].
     #[arg(long, value_name = "SEQ|tip", value_parser = parse_start)]
@@ -90,6 +99,53 @@ pub struct Args {
     /// back by its window. Cut short when the run stops (--count reached, SIGINT or SIGTERM).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub consume_delay: Option<Duration>,
+    /// Give up with exit 2 when no relay can be reached for this long at the start, e.g. a
+    /// mistyped address [default: 60s]. A relay reached once is retried forever.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub connect_timeout: Option<Duration>,
+    /// Retry unreachable relays forever at the start too (no --connect-timeout).
+    #[arg(long, conflicts_with = "connect_timeout")]
+    pub retry_forever: bool,
+    /// How often progress is shown on stderr: the live status line when stderr is a terminal
+    /// [default: 2s], else a summary line in the log [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub status_interval: Option<Duration>,
+    /// No status line and no summaries (warnings and errors are still logged).
+    #[arg(long)]
+    pub quiet: bool,
+    /// Log format on stderr: text (human-readable) or json (one object per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Print the shell completion script for SHELL on stdout and exit.
+    #[arg(long, value_enum, value_name = "SHELL", exclusive = true)]
+    pub completions: Option<Shell>,
+    /// Write the man page ledger-subscribe.1 into DIR and exit.
+    #[arg(long, value_name = "DIR", exclusive = true)]
+    pub man: Option<PathBuf>,
+}
+
+/// Default of `--connect-timeout`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of `--status-interval` when stderr is a terminal.
+pub const LIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// Default of `--status-interval` otherwise.
+pub const SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
+/// The log target of summary lines (`RUST_LOG=ledger_subscribe::summary=off` hides them).
+pub const SUMMARY_TARGET: &str = "ledger_subscribe::summary";
+/// The default log filter: warnings, and the summary lines.
+pub const DEFAULT_LOG_FILTER: &str = "warn,ledger_subscribe::summary=info";
+
+/// How progress is shown on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Progress {
+    /// One status line, redrawn in place (stderr is a terminal).
+    Live,
+    /// A summary line in the log every interval and one at the end (stderr is a file, a pipe
+    /// or a journal).
+    Summary,
+    /// Nothing (`--quiet`).
+    Quiet,
 }
 
 /// Where ledgers are written.
@@ -112,8 +168,12 @@ pub struct CliConfig {
     pub out: Output,
     /// Per-ledger CSV.
     pub stats: Option<PathBuf>,
-    /// How often the status line is printed on stderr (default 2 s).
+    /// How progress is shown.
+    pub progress: Progress,
+    /// How often progress is shown.
     pub status_interval: Duration,
+    /// How log lines, summaries included, are written.
+    pub log_format: LogFormat,
     /// Pause after writing each ledger (`--consume-delay`; zero: none).
     pub consume_delay: Duration,
 }
@@ -121,7 +181,14 @@ pub struct CliConfig {
 impl Args {
     /// Loads the credentials and checks the arguments.
     pub fn into_config(self) -> Result<CliConfig, SubscribeError> {
-        let credentials = Credentials::from_cert_dir(&self.certs, &self.name)?;
+        // clap requires both unless --completions or --man, which never get here.
+        let missing = |field| SubscribeError::InvalidConfig {
+            field,
+            reason: "required".into(),
+        };
+        let certs = self.certs.ok_or_else(|| missing("certs"))?;
+        let name = self.name.ok_or_else(|| missing("name"))?;
+        let credentials = Credentials::from_cert_dir(&certs, &name)?;
         let mut subscribe = SubscribeConfig::new(self.relay, credentials);
         subscribe.server_name = self.server_name;
         subscribe.anchor = self.anchor;
@@ -132,6 +199,11 @@ impl Args {
             (None, None) => Start::Tip,
         };
         subscribe.lanes = self.lanes;
+        subscribe.first_connect_timeout = if self.retry_forever {
+            None
+        } else {
+            Some(self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT))
+        };
         if let Some(base) = self.lane_ports {
             let last = u16::try_from(u32::from(base) + u32::from(self.lanes.max(1)) - 1).map_err(
                 |_| SubscribeError::InvalidConfig {
@@ -146,12 +218,32 @@ impl Args {
             "-" => Output::Stdout,
             path => Output::Path(path.into()),
         };
+        let progress = if self.quiet {
+            Progress::Quiet
+        } else if std::io::stderr().is_terminal() {
+            Progress::Live
+        } else {
+            Progress::Summary
+        };
+        let status_interval = match (self.status_interval, progress) {
+            (Some(d), _) if d.is_zero() => {
+                return Err(SubscribeError::InvalidConfig {
+                    field: "status_interval",
+                    reason: "must be positive".into(),
+                })
+            }
+            (Some(d), _) => d,
+            (None, Progress::Live) => LIVE_INTERVAL,
+            (None, _) => SUMMARY_INTERVAL,
+        };
         Ok(CliConfig {
             subscribe,
             count: self.count,
             out,
             stats: self.stats,
-            status_interval: Duration::from_secs(2),
+            progress,
+            status_interval,
+            log_format: self.log_format,
             consume_delay: self.consume_delay.unwrap_or(Duration::ZERO),
         })
     }
@@ -240,6 +332,7 @@ pub async fn run(
     let mut meter = Meter::new();
     let mut ticker = tokio::time::interval(config.status_interval);
     ticker.tick().await;
+    let mut progress = ProgressOut::new(config.progress, config.log_format);
     tokio::pin!(shutdown);
     let mut failure: Option<RunError> = None;
     if config.count != Some(0) {
@@ -250,16 +343,24 @@ pub async fn run(
                         meter.add(&ledger);
                         let seq = ledger.seq;
                         // A slow writer (a FIFO's reader, --consume-delay) holds the send up:
-                        // a stop request must not wait for it.
-                        tokio::select! {
-                            sent = write_tx.send(ledger) => if sent.is_err() {
-                                // The writer stopped: its error is collected below.
-                                break;
-                            },
-                            _ = &mut shutdown => {
+                        // a stop request must not wait for it, and progress goes on showing.
+                        let send = write_tx.send(ledger);
+                        tokio::pin!(send);
+                        let sent = loop {
+                            tokio::select! {
+                                sent = &mut send => break Some(sent),
+                                _ = ticker.tick() => progress.tick(&mut meter, &sub.status()),
+                                _ = &mut shutdown => break None,
+                            }
+                        };
+                        match sent {
+                            None => {
                                 summary.interrupted = true;
                                 break;
                             }
+                            // The writer stopped: its error is collected below.
+                            Some(Err(_)) => break,
+                            Some(Ok(())) => {}
                         }
                         summary.ledgers += 1;
                         summary.last_seq = seq;
@@ -276,7 +377,7 @@ pub async fn run(
                         break;
                     }
                 },
-                _ = ticker.tick() => eprintln!("{}", meter.line(&sub.status())),
+                _ = ticker.tick() => progress.tick(&mut meter, &sub.status()),
                 _ = &mut shutdown => {
                     summary.interrupted = true;
                     break;
@@ -285,6 +386,7 @@ pub async fn run(
         }
     }
     drop(write_tx);
+    let status = sub.status();
     let closing = sub.close();
     let written = tokio::task::spawn_blocking(move || writer.join());
     let (_, written) = tokio::join!(closing, written);
@@ -296,6 +398,9 @@ pub async fn run(
             source: std::io::Error::other("the writer thread failed"),
         }),
     };
+    // After the writer is done: the last summary counts ledgers written.
+    let failed = failure.is_some() || written.is_err();
+    progress.finish(&mut meter, &status, &summary, failed);
     match (failure, written) {
         (Some(e), _) => Err(e),
         (None, Err(e)) => Err(e),
@@ -398,6 +503,124 @@ pub fn stats_row(ledger: &Ledger, previous_received_ns: Option<u64>) -> String {
     )
 }
 
+/// Writes progress as [`Progress`] says.
+struct ProgressOut {
+    mode: Progress,
+    format: LogFormat,
+    /// A live line is on screen (so the end moves past it).
+    drawn: bool,
+}
+
+impl ProgressOut {
+    fn new(mode: Progress, format: LogFormat) -> ProgressOut {
+        ProgressOut {
+            mode,
+            format,
+            drawn: false,
+        }
+    }
+
+    fn tick(&mut self, meter: &mut Meter, status: &Status) {
+        match self.mode {
+            Progress::Live => {
+                // Redrawn in place; the cursor goes back to the start, so that a log line
+                // written meanwhile overwrites it instead of running on after it.
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[K{}\r", meter.line(status));
+                let _ = err.flush();
+                self.drawn = true;
+            }
+            Progress::Summary => summary(self.format, &meter.summary(status), "progress"),
+            Progress::Quiet => {}
+        }
+    }
+
+    fn finish(&mut self, meter: &mut Meter, status: &Status, run: &RunSummary, failed: bool) {
+        match self.mode {
+            Progress::Live if self.drawn => {
+                let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
+            }
+            // A run that failed before its first ledger ends with its error line alone.
+            Progress::Summary if failed && run.ledgers == 0 => {}
+            Progress::Summary => {
+                let mut s = meter.summary(status);
+                s.total = run.ledgers;
+                let what = if failed {
+                    "failed"
+                } else if run.interrupted {
+                    "stopped"
+                } else {
+                    "done"
+                };
+                summary(self.format, &s, what);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One summary: the interval's numbers and where the subscription stands.
+#[derive(Debug, Clone, PartialEq)]
+struct Summary {
+    seconds: f64,
+    ledgers: u64,
+    mib: f64,
+    seq: u32,
+    lag: Option<u32>,
+    lanes_up: u8,
+    lanes_granted: u8,
+    relay: String,
+    /// Ledgers written over the whole run (set at the end).
+    total: u64,
+}
+
+impl Summary {
+    /// `last 60 s: 100 ledgers (1.7/s), 1445.3 MiB | seq 1410100 | lag 2 | lanes 4/4 |
+    /// relay 10.0.0.1:7000`.
+    fn line(&self, event: &str) -> String {
+        let lag = self.lag.map_or_else(|| "?".to_owned(), |l| l.to_string());
+        let head = match event {
+            "progress" => format!("last {:.0} s", self.seconds),
+            other => format!(
+                "{other} after {} ledgers; last {:.0} s",
+                self.total, self.seconds
+            ),
+        };
+        format!(
+            "{head}: {} ledgers ({:.1}/s), {:.1} MiB | seq {} | lag {lag} | lanes {}/{} | {}",
+            self.ledgers,
+            self.ledgers as f64 / self.seconds.max(1e-3),
+            self.mib,
+            self.seq,
+            self.lanes_up,
+            self.lanes_granted,
+            self.relay
+        )
+    }
+}
+
+/// Logs a summary at info level under [`SUMMARY_TARGET`]: one readable message in text
+/// logs, structured fields in JSON logs.
+fn summary(format: LogFormat, s: &Summary, event: &str) {
+    match format {
+        LogFormat::Json => tracing::info!(
+            target: SUMMARY_TARGET,
+            event,
+            seconds = s.seconds,
+            ledgers = s.ledgers,
+            mib = s.mib,
+            seq = s.seq,
+            lag = s.lag,
+            lanes_up = s.lanes_up,
+            lanes_granted = s.lanes_granted,
+            relay = %s.relay,
+            total = s.total,
+            "summary"
+        ),
+        _ => tracing::info!(target: SUMMARY_TARGET, "{}", s.line(event)),
+    }
+}
+
 /// Rates for the status line, over the interval since the last line.
 struct Meter {
     since: Instant,
@@ -422,6 +645,30 @@ impl Meter {
         self.last_seq = ledger.seq;
     }
 
+    /// The numbers since the last call, and resets the counters.
+    fn summary(&mut self, status: &Status) -> Summary {
+        let seq = if self.last_seq == 0 {
+            status.last_delivered
+        } else {
+            self.last_seq
+        };
+        let s = Summary {
+            seconds: self.since.elapsed().as_secs_f64(),
+            ledgers: self.ledgers,
+            mib: self.bytes as f64 / f64::from(1 << 20),
+            seq,
+            lag: (status.newest != 0 && seq != 0).then(|| status.newest.saturating_sub(seq)),
+            lanes_up: status.lanes_up,
+            lanes_granted: status.lanes_granted,
+            relay: relay_state(status),
+            total: 0,
+        };
+        self.since = Instant::now();
+        self.ledgers = 0;
+        self.bytes = 0;
+        s
+    }
+
     /// `seq 1410100 | lag 2 | 1.7 ledgers/s | 23.4 MiB/s | lanes 4/4 | relay 10.0.0.1:7000`,
     /// and resets the counters.
     fn line(&mut self, status: &Status) -> String {
@@ -436,13 +683,7 @@ impl Meter {
         } else {
             status.newest.saturating_sub(seq).to_string()
         };
-        let relay = match status.relay {
-            Some(addr) => format!("relay {addr}"),
-            None => match &status.last_error {
-                Some(e) => format!("reconnecting: {e}"),
-                None => "connecting".to_owned(),
-            },
-        };
+        let relay = relay_state(status);
         let line = format!(
             "seq {seq} | lag {lag} | {:.1} ledgers/s | {:.1} MiB/s | lanes {}/{} | {relay}",
             self.ledgers as f64 / secs,
@@ -454,6 +695,17 @@ impl Meter {
         self.ledgers = 0;
         self.bytes = 0;
         line
+    }
+}
+
+/// `relay ADDR`, `reconnecting: WHY` or `connecting`.
+fn relay_state(status: &Status) -> String {
+    match status.relay {
+        Some(addr) => format!("relay {addr}"),
+        None => match &status.last_error {
+            Some(e) => format!("reconnecting: {e}"),
+            None => "connecting".to_owned(),
+        },
     }
 }
 

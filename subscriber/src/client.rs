@@ -1,14 +1,16 @@
 //! The public face of the library: [`connect`] and the [`Subscription`] Stream of verified
 //! ledgers, and the supervisor that resumes and fails over behind it.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use ledger_relay_wire::frame::Start;
+use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -67,16 +69,59 @@ pub struct Status {
     pub sessions: u64,
     /// Why the last session ended, if one did.
     pub last_error: Option<String>,
+    /// Whether a relay was reached at least once (lane 0's QUIC and TLS handshake completed).
+    pub reached: bool,
 }
+
+/// A relay certificate that expires within this long is warned about in the log.
+pub const RELAY_CERT_WARNING: Duration = Duration::from_secs(30 * 86_400);
 
 /// Shared state of one subscription.
 pub(crate) struct Shared {
     pub(crate) config: SubscribeConfig,
     pub(crate) client: quinn::ClientConfig,
     status: Mutex<Status>,
+    /// Relays whose expiring certificate was already warned about: once per relay, not once
+    /// per reconnect.
+    warned: Mutex<HashSet<String>>,
 }
 
 impl Shared {
+    /// Lane 0 of a session to `relay` completed its handshake: the relay is reachable, and
+    /// its certificate (verified by then) is checked for an expiry within
+    /// [`RELAY_CERT_WARNING`].
+    pub(crate) fn lane0_connected(&self, relay: &str, conn: &quinn::Connection) {
+        self.status().reached = true;
+        let not_after = conn
+            .peer_identity()
+            .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .and_then(|chain| {
+                chain
+                    .first()
+                    .and_then(|leaf| ledger_relay_certs::cert_not_after(leaf).ok())
+            });
+        let Some(not_after) = not_after else { return };
+        let left = not_after
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        if left >= RELAY_CERT_WARNING {
+            return;
+        }
+        let first = self
+            .warned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(relay.to_owned());
+        if first {
+            let days_left = left.as_secs() / 86_400;
+            tracing::warn!(
+                relay = %relay,
+                days_left,
+                "the relay's certificate expires within 30 days: renew it (ledger-certs renew) and restart the relay"
+            );
+        }
+    }
+
     /// The status, for updating. A panic while it was held cannot leave it inconsistent in a
     /// way that matters (it is only counters), so a poisoned lock is used as is.
     pub(crate) fn status(&self) -> MutexGuard<'_, Status> {
@@ -163,6 +208,7 @@ pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> 
         config,
         client,
         status: Mutex::new(Status::default()),
+        warned: Mutex::new(HashSet::new()),
     });
     let cancel = CancellationToken::new();
     let task = runtime.spawn(supervise(shared.clone(), tx, cancel.clone()));
@@ -188,6 +234,33 @@ async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: Cancella
     let mut backoff = Backoff::new(config.backoff);
     let mut index = 0usize;
     let mut last_at_once = false;
+    let give_up_at = config
+        .first_connect_timeout
+        .map(|t| tokio::time::Instant::now() + t);
+    // Until a relay is reached: completes at `give_up_at` (never without one).
+    let unreached_deadline = |shared: &Shared| {
+        let deadline = give_up_at.filter(|_| !shared.status().reached);
+        async move {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        }
+    };
+    let unreachable = |shared: &Shared| {
+        let status = shared.status();
+        SubscribeError::Unreachable {
+            relays: shared
+                .config
+                .relays
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            waited: shared.config.first_connect_timeout.unwrap_or_default(),
+            last_error: status.last_error.clone(),
+        }
+    };
     loop {
         let relay = &config.relays[index % config.relays.len()];
         let start = match verifier.last() {
@@ -197,7 +270,23 @@ async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: Cancella
             None => config.start,
         };
         shared.status().sessions += 1;
-        let outcome = session::run(&shared, relay, start, &mut verifier, &tx, &cancel).await;
+        let deadline = unreached_deadline(&shared);
+        let run = session::run(&shared, relay, start, &mut verifier, &tx, &cancel);
+        tokio::pin!(run);
+        let outcome = tokio::select! {
+            outcome = &mut run => outcome,
+            _ = deadline => {
+                if shared.status().reached {
+                    // Reached during this very attempt: it goes on, with no deadline now.
+                    run.await
+                } else {
+                    let e = unreachable(&shared);
+                    shared.status().last_error = Some(e.to_string());
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        };
         {
             let mut status = shared.status();
             status.relay = None;
@@ -241,6 +330,11 @@ async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: Cancella
                     _ = tokio::time::sleep(delay) => {}
                     _ = cancel.cancelled() => return,
                     _ = tx.closed() => return,
+                    _ = unreached_deadline(&shared) => {
+                        let e = unreachable(&shared);
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
                 }
             }
         }

@@ -329,6 +329,10 @@ pub struct SubscribeConfig {
     pub accept_timeout: Duration,
     /// Reconnect backoff (default 100 ms to 10 s, reset after a delivered ledger).
     pub backoff: BackoffConfig,
+    /// Give up with [`SubscribeError::Unreachable`] if no relay has been reached (a QUIC and
+    /// TLS handshake completed) this long after [`crate::connect`]. `None` (default): retry
+    /// forever. Once a relay was reached, failures are retried forever either way.
+    pub first_connect_timeout: Option<Duration>,
     /// Verified ledgers buffered for the consumer (default 4). When they are not taken, the
     /// subscriber stops reading its lanes, QUIC flow control stops the relay, and the relay
     /// moves this subscriber to reading from its ring: memory does not grow.
@@ -356,6 +360,7 @@ impl SubscribeConfig {
             progress_timeout: None,
             accept_timeout: Duration::from_secs(30),
             backoff: BackoffConfig::default(),
+            first_connect_timeout: None,
             channel_capacity: 4,
             transport: TransportSettings::default(),
         }
@@ -465,6 +470,9 @@ impl SubscribeConfig {
         }
         if self.channel_capacity == 0 {
             return invalid("channel_capacity", "must be at least 1".into());
+        }
+        if self.first_connect_timeout.is_some_and(|t| t.is_zero()) {
+            return invalid("first_connect_timeout", "must be positive".into());
         }
         if self.stall_timeout.is_zero() {
             return invalid("stall_timeout", "must be positive".into());

@@ -228,6 +228,18 @@ pub enum SubscribeError {
         /// The newest ledger the relay holds (0 if unknown).
         newest: u32,
     },
+    /// No relay could be reached (no QUIC and TLS handshake completed) within
+    /// [`crate::SubscribeConfig::first_connect_timeout`] of the start: a wrong address, a
+    /// relay that is down, or a firewall. Not retried further (CLI exit 2).
+    #[error("cannot reach relay {relays} within {}: {}", secs(*.waited), last_error.as_deref().unwrap_or("no answer to the QUIC handshake"))]
+    Unreachable {
+        /// The relays tried, as configured, comma-separated.
+        relays: String,
+        /// How long they were tried.
+        waited: std::time::Duration,
+        /// Why the last attempt failed, if one had ended.
+        last_error: Option<String>,
+    },
     /// Reassembly failed (layers 1 to 3: bounds, codec, checksum, order); nothing after it is
     /// delivered.
     #[error("integrity check failed on data from relay {relay}")]
@@ -248,6 +260,15 @@ pub enum SubscribeError {
         #[source]
         source: VerifyError,
     },
+}
+
+/// `60 s`, `1.5 s`.
+fn secs(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
 }
 
 fn detail_suffix(detail: &str) -> String {

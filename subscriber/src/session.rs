@@ -260,6 +260,7 @@ async fn open(
         },
     };
     let lane0 = peer.connect_lane(0).await?;
+    shared.lane0_connected(&peer.name, &lane0.conn);
     let result = async {
         let mut io = peer.open_control(&lane0).await?;
         let window = u16::try_from(config.limits.max_ledgers_in_flight).unwrap_or(u16::MAX);

@@ -8,10 +8,11 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::error::ErrorKind;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use ledger_relay_certs::{
     format_list, rfc3339, CertDir, Issued, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS,
 };
+use ledger_relay_cli::Shell;
 
 /// Certificate authority for Ledger Relay: a CA, relay (server) and subscriber (client)
 /// certificates, and the CRL relays load.
@@ -73,9 +74,34 @@ enum Command {
         /// Certificate directory.
         dir: PathBuf,
     },
-    /// Print every certificate of DIR: name, role, serial, expiry (not_after) and revoked.
+    /// Issue a fresh certificate (new key, same role and SANs) for NAME before its current
+    /// one expires. The old NAME.pem/NAME.key move to DIR/renewed/ and stay valid until they
+    /// expire; deploy the new files, then restart the relay or subscriber that uses them.
+    Renew {
+        /// Certificate directory.
+        dir: PathBuf,
+        /// Name of the certificate to renew.
+        #[arg(long)]
+        name: String,
+        /// Validity of the new certificate in days (at most the CA's remaining validity).
+        #[arg(long, default_value_t = DEFAULT_LEAF_DAYS)]
+        days: u32,
+    },
+    /// Print every certificate of DIR: name, role, serial, expiry (not_after), revoked, and a
+    /// note: `expires-in-Nd` within 30 days, `expired`, or `renewed`.
     List {
         /// Certificate directory.
+        dir: PathBuf,
+    },
+    /// Print the shell completion script for SHELL on stdout.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write man pages (ledger-certs.1 and one per subcommand) into DIR.
+    Man {
+        /// Directory, created if missing.
         dir: PathBuf,
     },
 }
@@ -90,7 +116,7 @@ fn main() -> ExitCode {
         Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             eprintln!(
                 "error: a command is required: init, issue-server, issue-client, revoke, \
-                 refresh-crl or list (see --help)"
+                 refresh-crl, renew, list, completions or man (see --help)"
             );
             return ExitCode::from(2);
         }
@@ -158,8 +184,27 @@ fn run(command: Command) -> anyhow::Result<()> {
                 ca.crl_path().display()
             );
         }
+        Command::Renew { dir, name, days } => {
+            let issued = CertDir::open(&dir)?.renew(&name, days)?;
+            print_issued(issued.role.as_str(), &issued);
+            println!(
+                "the previous {name} certificate is in {} and stays valid until it expires",
+                dir.join("renewed").display()
+            );
+        }
+        Command::Completions { shell } => {
+            ledger_relay_cli::write_completions(Cli::command(), shell, &mut std::io::stdout());
+        }
+        Command::Man { dir } => {
+            let pages = ledger_relay_cli::write_man_pages(Cli::command(), &dir)
+                .with_context(|| format!("writing man pages to {}", dir.display()))?;
+            for page in pages {
+                println!("{}", page.display());
+            }
+        }
         Command::List { dir } => {
-            print!("{}", format_list(&CertDir::open(&dir)?.list()?));
+            let entries = CertDir::open(&dir)?.list()?;
+            print!("{}", format_list(&entries, time::OffsetDateTime::now_utc()));
         }
     }
     Ok(())

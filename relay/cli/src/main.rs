@@ -1,4 +1,5 @@
-//! `ledger-relay`: runs the relay (`run`) or a self-contained demonstration (`demo`).
+//! `ledger-relay`: runs the relay (`run`) or a self-contained demonstration (`demo`), checks a
+//! config file (`check-config`), and writes its shell completions and man pages.
 //!
 //! The relay itself is the `ledger-relay` library; this binary only parses arguments and calls
 //! it. It lives in a package of its own because the demo runs a subscriber in the same process,
@@ -6,11 +7,13 @@
 
 mod demo;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use demo::DemoArgs;
 use ledger_relay::config::{RelayConfig, RunArgs};
+use ledger_relay_cli::{logging, LogFormat, Shell};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -20,6 +23,9 @@ use tokio_util::sync::CancellationToken;
     about = "Relays stellar-core's ledgers to subscribers over multi-lane QUIC"
 )]
 struct Cli {
+    /// Log format on stderr: text (human-readable) or json (one object per line).
+    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -31,6 +37,24 @@ enum Command {
     /// Everything on loopback with an ephemeral CA: a relay fed synthetic Phase 3 ledgers and an
     /// in-process 4-lane subscriber; prints each ledger's delivery latency and a summary.
     Demo(DemoArgs),
+    /// Check a config file as `run --config FILE` would read it, and the certificates it names:
+    /// exit 0 with a summary, or 2 with the reason.
+    CheckConfig {
+        /// The TOML file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Print the shell completion script for SHELL on stdout.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write man pages (ledger-relay.1 and one per subcommand) into DIR.
+    Man {
+        /// Directory, created if missing.
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -42,27 +66,50 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    let format = cli.log_format;
     // The demo prints its own table; its logs show only problems unless RUST_LOG asks.
     let default_filter = match cli.command {
-        Command::Demo(_) => "warn",
         Command::Run(_) => "info",
+        _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init(format, default_filter);
+    let fail = |e: anyhow::Error| {
+        logging::fatal(format, "ledger-relay", &format!("error: {e:#}"));
+        ExitCode::from(2)
+    };
+    match cli.command {
+        Command::CheckConfig { config } => {
+            return match ledger_relay::check_config(&config) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            };
+        }
+        Command::Completions { shell } => {
+            ledger_relay_cli::write_completions(Cli::command(), shell, &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man { dir } => {
+            return match ledger_relay_cli::write_man_pages(Cli::command(), &dir) {
+                Ok(pages) => {
+                    for page in pages {
+                        println!("{}", page.display());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(anyhow::Error::new(e).context(format!("writing {}", dir.display()))),
+            };
+        }
+        Command::Run(_) | Command::Demo(_) => {}
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail(anyhow::Error::new(e).context("starting the runtime")),
     };
     let shutdown = CancellationToken::new();
     runtime.spawn(shutdown_on_signal(shutdown.clone()));
@@ -75,14 +122,15 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Demo(args) => demo::run(args, shutdown).await,
+            // Handled above.
+            Command::CheckConfig { .. } | Command::Completions { .. } | Command::Man { .. } => {
+                Ok(())
+            }
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
+        Err(e) => fail(e),
     }
 }
 

@@ -16,7 +16,9 @@
 //! deliver the record bodies byte for byte. They do not look inside a ledger: ordering,
 //! deduplication and chain checks belong to the pipeline.
 //!
-//! Event grammar, per source: `(Begin Data* (End | Abort) | Restarted)* (Finished | Failed)?`.
+//! Event grammar, per source:
+//! `(Begin Data* (End | Abort) | Down | Restarted)* (Finished | Failed)?`; only the pipe source
+//! sends `Down` (its child's run ended) and `Restarted` (a new child runs).
 //! Every `Begin` is closed by `End` or `Abort` before anything else but `Data` (an `Abort` also
 //! precedes a `Failed` that cuts a ledger short). After `Finished` or `Failed` nothing follows.
 //! On shutdown the source stops without `Finished`: the paced sources (file, synthetic) first
@@ -248,6 +250,12 @@ pub enum SourceEvent {
     /// a record, shutdown): the consumer must discard it.
     Abort {
         /// Why, for logs.
+        reason: String,
+    },
+    /// Pipe source: the child's run ended (it exited, or closed its stream), or starting its
+    /// replacement failed; a new child is started after a backoff, then `Restarted` follows.
+    Down {
+        /// Why, for logs and `/healthz`.
         reason: String,
     },
     /// Pipe source: the child exited and was restarted.

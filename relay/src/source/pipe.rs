@@ -11,9 +11,9 @@
 //! itself) or when the child exits (then whatever it wrote is drained first, in case a
 //! descendant still holds the pipe open). Its process group is then stopped and the child
 //! reaped. If the run ended inside a ledger, `Abort` (the partial ledger is never forwarded);
-//! then, after a backoff, the command is started again and `Restarted` sent. The backoff
-//! doubles from the least to the greatest of `pipe_restart_backoff` while runs keep failing,
-//! and goes back to the least after a run that produced a ledger or lasted
+//! then `Down`, and after a backoff the command is started again and `Restarted` sent. The
+//! backoff doubles from the least to the greatest of `pipe_restart_backoff` while runs keep
+//! failing, and goes back to the least after a run that produced a ledger or lasted
 //! [`HEALTHY_RUN`].
 //!
 //! Stopping a process group: SIGTERM to the group, up to [`KILL_GRACE`] for the child to
@@ -82,6 +82,9 @@ pub(super) fn run(command: &str, opts: &SourceOptions, out: &Out) -> Result<(), 
                     return Err(Stop::Failed(reason));
                 }
                 tracing::warn!(%reason, ?delay, "pipe source: restart failed, retrying");
+                out.send(SourceEvent::Down {
+                    reason: format!("restart failed: {reason}"),
+                })?;
                 out.sleep_until(Instant::now() + delay)?;
                 delay = (delay * 2).min(most);
                 continue;
@@ -112,6 +115,9 @@ pub(super) fn run(command: &str, opts: &SourceOptions, out: &Out) -> Result<(), 
             ?delay,
             "pipe source: child ended, restarting"
         );
+        out.send(SourceEvent::Down {
+            reason: run.reason.clone(),
+        })?;
         previous = Some(run.reason);
         drop(child);
         out.sleep_until(Instant::now() + delay)?;

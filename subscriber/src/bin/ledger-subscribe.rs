@@ -4,22 +4,37 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::Parser as _;
-use ledger_relay_subscriber::cli::{self, Args, RunError};
+use clap::{CommandFactory as _, Parser as _};
+use ledger_relay_cli::{logging, LogFormat};
+use ledger_relay_subscriber::cli::{self, Args, RunError, DEFAULT_LOG_FILTER};
 
 fn main() -> ExitCode {
     // clap prints usage errors and exits 2 itself (0 for --help and --version).
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    let format = args.log_format;
+    if let Some(shell) = args.completions {
+        ledger_relay_cli::write_completions(Args::command(), shell, &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
+    if let Some(dir) = &args.man {
+        return match ledger_relay_cli::write_man_pages(Args::command(), dir) {
+            Ok(pages) => {
+                for page in pages {
+                    println!("{}", page.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(
+                format,
+                &anyhow::Error::new(e).context(format!("writing {}", dir.display())),
+                2,
+            ),
+        };
+    }
+    logging::init(format, DEFAULT_LOG_FILTER);
     let config = match args.into_config() {
         Ok(config) => config,
-        Err(e) => return fail(&anyhow::Error::new(e).context("bad arguments"), 2),
+        Err(e) => return fail(format, &anyhow::Error::new(e).context("bad arguments"), 2),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -27,20 +42,24 @@ fn main() -> ExitCode {
         .context("cannot start the async runtime")
     {
         Ok(rt) => rt,
-        Err(e) => return fail(&e, 2),
+        Err(e) => return fail(format, &e, 2),
     };
     match runtime.block_on(cli::run(config, shutdown_signal())) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();
-            fail(&anyhow::Error::new::<RunError>(e), code)
+            fail(format, &anyhow::Error::new::<RunError>(e), code)
         }
     }
 }
 
-/// One line on stderr, the error and its causes.
-fn fail(e: &anyhow::Error, code: u8) -> ExitCode {
-    eprintln!("ledger-subscribe: {e:#}");
+/// One line on stderr, the error and its causes (a JSON object with `--log-format json`).
+fn fail(format: LogFormat, e: &anyhow::Error, code: u8) -> ExitCode {
+    logging::fatal(
+        format,
+        "ledger-subscribe",
+        &format!("ledger-subscribe: {e:#}"),
+    );
     ExitCode::from(code)
 }
 

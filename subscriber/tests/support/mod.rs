@@ -102,10 +102,17 @@ pub struct Pki {
 
 impl Pki {
     pub fn new() -> Pki {
+        // Beyond the 30 days within which the subscriber warns of an expiring relay
+        // certificate.
+        Pki::with_relay_days(90)
+    }
+
+    /// A CA whose relay certificate is valid for `days` days.
+    pub fn with_relay_days(days: u32) -> Pki {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("certs");
         let ca = CertDir::init(&dir, 365).unwrap();
-        ca.issue_server("relay", &["localhost".into(), "127.0.0.1".into()], 30)
+        ca.issue_server("relay", &["localhost".into(), "127.0.0.1".into()], days)
             .unwrap();
         ca.issue_client("rpc-1", 30).unwrap();
         Pki { _tmp: tmp, dir }

@@ -1,0 +1,19 @@
+//! What Ledger Relay's command-line tools (`ledger-relay`, `ledger-subscribe`,
+//! `ledger-certs`) share, so each binary stays thin and they behave alike:
+//!
+//! - [`logging`]: the log format of the long-running commands, human (tracing's default,
+//!   unchanged) or one JSON object per line (`--log-format json`) for a journal or a log
+//!   shipper, and how a fatal error is written in either;
+//! - [`assets`]: man pages and shell completions generated from each tool's clap definitions,
+//!   for packagers.
+//!
+//! It holds no product logic and parses no arguments of its own.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod assets;
+pub mod logging;
+
+pub use assets::{write_completions, write_man_pages, Shell};
+pub use logging::LogFormat;
