@@ -18,6 +18,8 @@
 //! - [`chunker`]: cuts a ledger into chunks while it is still arriving.
 //! - [`assembler`]: the reassembler state machine that turns chunks from any lane, in any order,
 //!   into complete, checksum-verified ledgers in sequence order.
+//! - [`lake`]: SEP-54 data lakes (what Galexie writes): object names, the bounded
+//!   `LedgerCloseMetaBatch` codec and the `.config.json` manifest.
 //!
 //! What it does not do: open connections, spawn tasks, read clocks, or decide policy such as
 //! which lane gets a chunk. Those live in the `ledger-relay` and `ledger-subscribe` crates.
@@ -43,6 +45,7 @@ pub mod error;
 pub mod frame;
 pub mod fuzzing;
 pub mod header;
+pub mod lake;
 pub mod limits;
 pub mod record;
 

@@ -25,12 +25,12 @@ fn assert_fails(out: &Output, reason: &str) {
         "exit {:?}, stderr: {stderr}",
         out.status
     );
-    assert!(
-        stderr.contains(reason),
-        "stderr lacks {reason:?}: {stderr}"
-    );
+    assert!(stderr.contains(reason), "stderr lacks {reason:?}: {stderr}");
     assert_eq!(
-        stderr.lines().filter(|l| l.starts_with("fuzz: error:")).count(),
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("fuzz: error:"))
+            .count(),
         1,
         "one reason line: {stderr}"
     );
