@@ -261,8 +261,9 @@ fn parse_range_name(stem: &str, single_allowed: bool) -> Option<(u32, u32)> {
     let (first, last) = match range.split_once('-') {
         Some((a, b)) => {
             let (first, last) = (decimal(a)?, decimal(b)?);
-            // A range name always spans at least two ledgers: `N-N` is written `N`.
-            if last <= first {
+            // A batch of one ledger is written `N`, never `N-N`; a partition always as a
+            // range, which the clamp at u32::MAX can make `N-N`.
+            if last < first || (single_allowed && last == first) {
                 return None;
             }
             (first, last)
@@ -932,6 +933,11 @@ mod tests {
         );
         assert_eq!(parse_partition_name("FFF159FF--960000"), None);
         assert_eq!(parse_partition_name("FFF159FE--960000-1023999"), None);
+        // The last partition of the sequence space, clamped to one ledger.
+        let s = Schema::new(1, 65535).unwrap();
+        let dir = s.partition_dir(u32::MAX).unwrap();
+        assert_eq!(dir, "00000000--4294967295-4294967295");
+        assert_eq!(parse_partition_name(&dir), Some((u32::MAX, u32::MAX)));
     }
 
     #[test]
