@@ -319,6 +319,18 @@ impl Lake {
         self.counted(r)
     }
 
+    /// Whether the object holding `seq` exists (one HEAD request): how a reader following a
+    /// lake polls for the next batch without listing.
+    pub async fn holds(&self, seq: u32) -> Result<bool, LakeError> {
+        let key = self.key(seq);
+        let r = match self.store.head(&Path::from(key.as_str())).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(LakeError::from_store(&key, e)),
+        };
+        self.counted(r)
+    }
+
     /// The oldest and newest ledger the lake holds, from a listing (and, for the oldest, the
     /// header of its object: a batch may start after its key's first sequence). `None` for an
     /// empty lake. Gaps in between are not looked for.

@@ -56,10 +56,20 @@ impl S3Server {
         Ok(s)
     }
 
+    /// Starts a server on `port` of 127.0.0.1 (to bring back a store a client already points
+    /// at).
+    pub fn start_on(port: u16) -> std::io::Result<S3Server> {
+        Self::spawn_on(port, false)
+    }
+
     fn spawn(auth: bool) -> std::io::Result<S3Server> {
         // A free port: bound and released (a race with another process is possible, and then
         // the start fails and says so).
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        Self::spawn_on(port, auth)
+    }
+
+    fn spawn_on(port: u16, auth: bool) -> std::io::Result<S3Server> {
         let mut cmd = Command::new("moto_server");
         cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())

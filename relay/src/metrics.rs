@@ -22,6 +22,8 @@ macro_rules! counters {
             $(#[doc = $help] pub $name: AtomicU64,)*
             /// The ring failed to write and is not keeping ledgers (disk read-only or full).
             pub ring_degraded: AtomicBool,
+            /// Data lakes: export, backfill and a `datalake:` source.
+            pub lake: crate::lake::LakeMetrics,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
         }
@@ -117,6 +119,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE ledger_relay_ring_degraded gauge");
         let _ = writeln!(out, "ledger_relay_ring_degraded {degraded}");
         let newest = self.source_newest.load(Ordering::Relaxed);
+        self.lake.render(&mut out, newest);
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# HELP ledger_relay_subscriber_lag_ledgers Ledgers between the source's newest and the subscriber's last acknowledged.");
         let _ = writeln!(out, "# TYPE ledger_relay_subscriber_lag_ledgers gauge");
@@ -147,11 +150,13 @@ impl Metrics {
 
     /// The `/healthz` answer: status code and body.
     pub fn health(&self) -> (u16, String) {
-        let degraded = self.ring_degraded.load(Ordering::Relaxed);
+        let ring_degraded = self.ring_degraded.load(Ordering::Relaxed);
+        let lake_export = self.lake.export_health();
+        let degraded = ring_degraded || lake_export == "degraded";
         let body = format!(
-            "{{\"status\":\"{}\",\"ring\":\"{}\",\"source_newest\":{},\"ring_oldest\":{},\"ring_newest\":{},\"sessions\":{}}}\n",
+            "{{\"status\":\"{}\",\"ring\":\"{}\",\"lake_export\":\"{lake_export}\",\"source_newest\":{},\"ring_oldest\":{},\"ring_newest\":{},\"sessions\":{}}}\n",
             if degraded { "degraded" } else { "ok" },
-            if degraded { "degraded" } else { "ok" },
+            if ring_degraded { "degraded" } else { "ok" },
             self.source_newest.load(Ordering::Relaxed),
             self.ring_oldest.load(Ordering::Relaxed),
             self.ring_newest.load(Ordering::Relaxed),
@@ -262,5 +267,38 @@ mod tests {
         ));
         m.ring_degraded.store(true, Ordering::Relaxed);
         assert!(m.health().1.contains("\"ring\":\"degraded\""));
+    }
+
+    #[test]
+    fn a_failing_export_lake_shows_in_health_and_metrics() {
+        let m = Metrics::new();
+        assert!(m.health().1.contains("\"lake_export\":\"off\""));
+        m.lake.export_enabled.store(true, Ordering::Relaxed);
+        assert!(m.health().1.starts_with("{\"status\":\"ok\""));
+        m.lake.export_degraded.store(true, Ordering::Relaxed);
+        let (code, body) = m.health();
+        assert_eq!(code, 200, "live streaming goes on");
+        assert!(
+            body.starts_with(
+                "{\"status\":\"degraded\",\"ring\":\"ok\",\"lake_export\":\"degraded\""
+            ),
+            "{body}"
+        );
+        m.lake
+            .export
+            .count(&ledger_relay_lake::LakeError::Unreachable {
+                key: ".config.json".into(),
+                reason: "connection refused".into(),
+            });
+        Metrics::set(&m.source_newest, 100);
+        Metrics::set(&m.lake.export_newest, 90);
+        let text = m.render();
+        assert!(text.contains("ledger_relay_lake_export_degraded 1\n"));
+        assert!(text.contains("ledger_relay_lake_export_lag_ledgers 10\n"));
+        assert!(text
+            .contains("ledger_relay_lake_errors_total{lake=\"export\",kind=\"unreachable\"} 1\n"));
+        assert!(text.contains(
+            "ledger_relay_lake_errors_total{lake=\"backfill\",kind=\"unreachable\"} 0\n"
+        ));
     }
 }

@@ -5,6 +5,7 @@ mod cli;
 mod e2e;
 mod faults;
 mod hostile;
+mod lake;
 mod lanes;
 mod modes;
 mod resume;
