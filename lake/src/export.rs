@@ -157,7 +157,96 @@ impl Backoff {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+    use ledger_relay_wire::header::LedgerHeaderInfo;
+
     use super::*;
+
+    /// A ledger `seq` whose hash is `[seq; 32]` and which links to `seq - 1`'s.
+    fn ledger(seq: u32) -> BatchLedger {
+        let h = |s: u32| [s as u8; 32];
+        BatchLedger {
+            info: LedgerHeaderInfo {
+                lcm_version: 0,
+                ledger_seq: seq,
+                hash: h(seq),
+                previous_hash: h(seq - 1),
+                protocol_version: 19,
+                close_time: 0,
+                header_end: 0,
+            },
+            raw: Bytes::from(vec![seq as u8]),
+        }
+    }
+
+    fn seqs(batch: Option<Vec<BatchLedger>>) -> Vec<u32> {
+        batch
+            .unwrap_or_default()
+            .iter()
+            .map(|l| l.info.ledger_seq)
+            .collect()
+    }
+
+    #[test]
+    fn batches_follow_their_ranges_and_a_gap_drops_the_incomplete_one() {
+        let mut a = BatchAssembler::new(Schema::new(4, 8).unwrap(), None);
+        assert_eq!(a.wanted(), None);
+        // An empty lake: the first batch starts at the first ledger, inside 8-11.
+        assert_eq!(a.offer(ledger(10)).unwrap(), Offer::Taken);
+        assert!(a.take_ready().is_none());
+        a.offer(ledger(11)).unwrap();
+        assert_eq!(seqs(a.take_ready()), [10, 11]);
+        assert_eq!(a.wanted(), Some(12));
+        // 12 never comes: the batch 12-15 starts again at 13.
+        assert_eq!(
+            a.offer(ledger(13)).unwrap(),
+            Offer::AfterGap {
+                expected: 12,
+                got: 13,
+                dropped: 0
+            }
+        );
+        a.offer(ledger(14)).unwrap();
+        a.offer(ledger(15)).unwrap();
+        assert_eq!(seqs(a.take_ready()), [13, 14, 15]);
+        // 16 and 17 are taken, 18 never comes: they can never be a whole batch.
+        a.offer(ledger(16)).unwrap();
+        a.offer(ledger(17)).unwrap();
+        assert_eq!(a.pending(), 2);
+        assert_eq!(
+            a.offer(ledger(19)).unwrap(),
+            Offer::AfterGap {
+                expected: 18,
+                got: 19,
+                dropped: 2
+            }
+        );
+        assert_eq!(seqs(a.take_ready()), [19]);
+        // What the lake holds is not taken again.
+        assert_eq!(a.offer(ledger(19)).unwrap(), Offer::AlreadyHeld);
+        assert_eq!(a.offer(ledger(3)).unwrap(), Offer::AlreadyHeld);
+    }
+
+    #[test]
+    fn the_tail_must_match_and_the_next_ledger_must_link() {
+        let mut a = BatchAssembler::new(Schema::new(1, 1).unwrap(), Some((9, [9; 32])));
+        assert_eq!(a.wanted(), Some(10));
+        let mut other = ledger(9);
+        other.info.hash = [1; 32];
+        assert!(matches!(a.offer(other), Err(LakeError::Conflict { .. })));
+        let mut unlinked = ledger(10);
+        unlinked.info.previous_hash = [1; 32];
+        assert!(matches!(
+            a.offer(unlinked),
+            Err(LakeError::BrokenChain {
+                seq: 10,
+                prev: 9,
+                ..
+            })
+        ));
+        assert_eq!(a.offer(ledger(10)).unwrap(), Offer::Taken);
+        assert_eq!(seqs(a.take_ready()), [10]);
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap_and_resets() {

@@ -111,7 +111,7 @@ pub struct RunArgs {
     /// Objects per partition of a new export lake [default: 64000; an existing lake's own].
     #[arg(long = "export-files-per-partition", value_name = "N")]
     pub export_files_per_partition: Option<u32>,
-    /// zstd level of exported objects [default: 3].
+    /// zstd level of exported objects, 1..=22 [default: 1].
     #[arg(long = "export-zstd-level", value_name = "L")]
     pub export_zstd_level: Option<i32>,
     /// Serve history below the ring from this SEP-54 data lake (same URL forms as --export).
@@ -534,7 +534,7 @@ mod tests {
         assert_eq!(e.network, ledger_relay_lake::PUBNET_PASSPHRASE);
         assert_eq!(e.layout.ledgers_per_batch, Some(8));
         assert_eq!(e.layout.batches_per_partition, None, "the lake's, or 64000");
-        assert_eq!(e.zstd_level, 3);
+        assert_eq!(e.zstd_level, 1);
         let b = c.backfill.unwrap();
         assert_eq!(b.url.to_string(), "file:///var/lake");
         assert_eq!(

@@ -568,6 +568,28 @@ async fn backfill_serves_the_lake_in_chunked_form_and_joins_the_ring() {
         prev = Some(l.end.header_hash);
         served.push((l.end.seq, raw));
     }
+    // Going on after a cursor that reached its stop (the ring pruned meanwhile) keeps the
+    // chain: the next cursor must link to the last ledger given, and refuses another hash.
+    let last = cursor.last().unwrap();
+    assert_eq!(last.0, ring_oldest - 1);
+    let mut more = backfill
+        .cursor_after(FIRST + 100, FIRST + 101, (FIRST + 99, [3; 32]))
+        .await
+        .unwrap();
+    assert!(matches!(
+        more.fetch(FIRST + 100).await,
+        Err(LakeError::BrokenChain { .. })
+    ));
+    let prev = (FIRST + 99, served[99].1.clone());
+    let prev_hash = peek_header(&prev.1).unwrap().unwrap().hash;
+    let mut more = backfill
+        .cursor_after(FIRST + 100, FIRST + 101, (prev.0, prev_hash))
+        .await
+        .unwrap();
+    assert_eq!(
+        more.fetch(FIRST + 100).await.unwrap().unwrap().end.seq,
+        FIRST + 100
+    );
     let (first_ring_end, _) = ring.get(ring_oldest).unwrap().unwrap();
     cursor.verify_join(&first_ring_end).unwrap();
     // A ring that does not continue the lake is refused.

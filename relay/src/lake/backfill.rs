@@ -7,7 +7,9 @@
 //!    seconds), to decide whether a start the ring lacks can be served at all; when it cannot,
 //!    the "too far behind" error carries the lake's oldest ledger.
 //! 2. [`Backfill::cursor`]`(start, stop)`: a [`BackfillCursor`] over `start..=stop`, `stop`
-//!    being the ledger before the oldest the ring (or memory) holds.
+//!    being the ledger before the oldest the ring (or memory) holds
+//!    ([`Backfill::cursor_after`] goes on from a previous cursor's last ledger, chain kept, if
+//!    the ring pruned further meanwhile).
 //! 3. [`BackfillCursor::fetch`]`(seq)`, in order: the ledger `seq` as an
 //!    `Arc<`[`CompleteLedger`]`>`, cut and compressed exactly as the live pipeline does
 //!    ([`crate::pipeline::complete_ledger`]), ready to queue like a ledger read from the ring.
@@ -140,9 +142,35 @@ impl Backfill {
 
     /// A cursor over `start..=stop`. Fetching begins at once, in the background.
     pub async fn cursor(&self, start: u32, stop: u32) -> Result<BackfillCursor, LakeError> {
+        self.cursor_from(start, stop, None).await
+    }
+
+    /// A cursor over `start..=stop` whose first ledger must link to `prev` (ledger
+    /// `start - 1` and its hash): to go on after a cursor that reached its `stop` while the
+    /// ring pruned further (pass [`BackfillCursor::last`]), or from a ledger the subscriber
+    /// holds.
+    pub async fn cursor_after(
+        &self,
+        start: u32,
+        stop: u32,
+        prev: (u32, [u8; 32]),
+    ) -> Result<BackfillCursor, LakeError> {
+        self.cursor_from(start, stop, Some(prev)).await
+    }
+
+    async fn cursor_from(
+        &self,
+        start: u32,
+        stop: u32,
+        prev: Option<(u32, [u8; 32])>,
+    ) -> Result<BackfillCursor, LakeError> {
         let lake = self.lake().await?;
+        let mut inner = LakeCursor::new(lake, start, stop, self.cfg.prefetch);
+        if let Some((seq, hash)) = prev {
+            inner = inner.after(seq, hash);
+        }
         Ok(BackfillCursor {
-            inner: LakeCursor::new(lake, start, stop, self.cfg.prefetch),
+            inner,
             pipeline: self.pipeline.clone(),
             prefetch: self.cfg.prefetch,
             stop,

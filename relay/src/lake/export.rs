@@ -52,8 +52,9 @@ pub struct ExportConfig {
     pub layout: Layout,
     /// The network passphrase written into (and checked against) the manifest.
     pub network: String,
-    /// zstd level of the objects (`--export-zstd-level`, default 3, what Galexie's
-    /// compressor's default level amounts to).
+    /// zstd level of the objects (`--export-zstd-level`, default 1: on a 2-core relay level 3,
+    /// about what Galexie's compressor uses, added 6-24% to delivery p50 and level 1 1-13%;
+    /// see bench/RESULTS.md).
     pub zstd_level: i32,
     /// Ledgers the queue between the publisher and the exporter holds.
     pub queue: usize,
@@ -73,9 +74,11 @@ impl ExportConfig {
             url,
             layout: Layout::default(),
             network,
-            zstd_level: 3,
-            // 16 Phase 3 ledgers are 16 * ~2 MiB of compressed chunks, shared with the ring.
-            queue: 16,
+            zstd_level: 1,
+            // Writing a Phase 3 ledger takes ~50 ms against a 600 ms cadence, so a healthy lake
+            // keeps this near empty; a failing one fills it, and then it holds 4 ledgers' chunks
+            // (shared with the hub and ring writer) while the rest wait in the ring.
+            queue: 4,
             backoff: (Duration::from_millis(200), Duration::from_secs(30)),
             shutdown_grace: Duration::from_secs(10),
             options: LakeOptions::default(),
