@@ -31,8 +31,14 @@ done
 command -v cargo-fuzz >/dev/null 2>&1 || fail "cargo-fuzz is not installed (cargo install cargo-fuzz)"
 
 testdata=../../shared/testdata
-mkdir -p corpus/records corpus/header corpus/content
+mkdir -p corpus/records corpus/header corpus/content corpus/lake_batch corpus/lake_names
 if [ -d "$testdata" ]; then
+  # The lake decoder gets Galexie's own objects and batches of real ledgers; the name and
+  # manifest parser real names and a manifest.
+  cp "$testdata"/standalone/galexie-testbucket/*.xdr.zstd corpus/lake_batch/
+  printf 'FFEA7BFF--1410048.xdr.zst' > corpus/lake_names/batch
+  printf 'FFEA7BFF--1410048-1410079' > corpus/lake_names/partition
+  printf '{"networkPassphrase":"Test SDF Network ; September 2015","version":"1.0","compression":"zstd","ledgersPerBatch":1,"batchesPerPartition":64000}' > corpus/lake_names/manifest
   # The record reader gets the start of a real framed stream; the header peek real ledgers'
   # heads; the content check whole real ledgers.
   head -c 65536 "$testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr" > corpus/records/testnet-head
@@ -45,6 +51,15 @@ while off < len(data) and n < 16:
     open(f"corpus/header/testnet-{n}", "wb").write(data[off + 4:off + 4 + min(ln, 2048)])
     open(f"corpus/content/testnet-{n}", "wb").write(data[off + 4:off + 4 + ln])
     off += 4 + ln; n += 1
+# LedgerCloseMetaBatch XDR of one and of two consecutive ledgers.
+off, bodies = 0, []
+while off < len(data) and len(bodies) < 3:
+    (mark,) = struct.unpack(">I", data[off:off + 4]); ln = mark & 0x7FFFFFFF
+    bodies.append(data[off + 4:off + 4 + ln]); off += 4 + ln
+seq = 1410048
+for k in (1, 2):
+    batch = struct.pack(">III", seq, seq + k - 1, k) + b"".join(bodies[:k])
+    open(f"corpus/lake_batch/testnet-{k}", "wb").write(batch)
 PY
 fi
 

@@ -88,6 +88,18 @@ impl RelayProc {
         dir: &Path,
         s: &RelaySettings,
     ) -> anyhow::Result<RelayProc> {
+        Self::start_with(bin, certs, dir, s, &[], &[])
+    }
+
+    /// [`RelayProc::start`] with more flags and environment (a data lake, its credentials).
+    pub fn start_with(
+        bin: &Path,
+        certs: &Path,
+        dir: &Path,
+        s: &RelaySettings,
+        extra: &[String],
+        env: &[(&str, String)],
+    ) -> anyhow::Result<RelayProc> {
         std::fs::create_dir_all(dir)?;
         let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()?).parse()?;
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
@@ -110,6 +122,8 @@ impl RelayProc {
             .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
             .args(["--retention", &s.retention.to_string()])
             .args(["--metrics", &metrics.to_string()])
+            .args(extra)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -17,6 +17,7 @@
 
 pub mod baseline;
 pub mod harness;
+pub mod lake;
 pub mod load;
 pub mod netem;
 pub mod proc;
@@ -66,6 +67,10 @@ pub enum Helper {
     /// failure, contiguous delivery across restarts, and the relay's memory over time
     /// (issue 7).
     Load(load::LoadArgs),
+    /// SEP-54 data lakes: delivery p99 with and without `--export` (to a directory and to a
+    /// loopback S3 server), and backfill from the lake against catch-up from the ring
+    /// (ledgers/s, MB/s, prefetch memory).
+    Lake(lake::LakeArgs),
     /// TCP baseline sender.
     #[command(hide = true)]
     TcpSend {
@@ -425,6 +430,10 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Helper::Load(a)) => {
             install_signal_handler();
             return load::main(&a);
+        }
+        Some(Helper::Lake(a)) => {
+            install_signal_handler();
+            return lake::main(&a);
         }
         None => {}
     }

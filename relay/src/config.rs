@@ -15,6 +15,8 @@ use ledger_relay_wire::Limits;
 use serde::Deserialize;
 
 use crate::health;
+use crate::lake::backfill::BackfillConfig;
+use crate::lake::export::ExportConfig;
 use crate::pipeline::PipelineConfig;
 use crate::server::ServerConfig;
 use crate::session::SessionConfig;
@@ -36,7 +38,8 @@ pub struct RunArgs {
     /// Directory for the retention ring.
     #[arg(long = "data-dir")]
     pub data_dir: Option<PathBuf>,
-    /// Ledger source: file:PATH, pipe:COMMAND, fifo:PATH, stdin or synthetic[:KEY=VALUE,...].
+    /// Ledger source: file:PATH, pipe:COMMAND, fifo:PATH, stdin, synthetic[:KEY=VALUE,...] or
+    /// datalake:URL[,from=SEQ][,to=SEQ].
     #[arg(long)]
     pub source: Option<String>,
     /// Time between ledgers for file and synthetic sources [default: 600ms].
@@ -103,6 +106,26 @@ pub struct RunArgs {
     /// until the subscriber has acknowledged all of it [default: unlimited].
     #[arg(long = "streams-per-lane", value_name = "N")]
     pub streams_per_lane: Option<u32>,
+    /// Write every ledger to a SEP-54 data lake: file:///PATH, s3://BUCKET/PREFIX,
+    /// gs://BUCKET/PREFIX or az://CONTAINER/PREFIX (credentials from the environment).
+    #[arg(long, value_name = "URL")]
+    pub export: Option<String>,
+    /// Ledgers per object of a new export lake [default: 1; an existing lake's own].
+    #[arg(long = "export-ledgers-per-file", value_name = "N")]
+    pub export_ledgers_per_file: Option<u32>,
+    /// Objects per partition of a new export lake [default: 64000; an existing lake's own].
+    #[arg(long = "export-files-per-partition", value_name = "N")]
+    pub export_files_per_partition: Option<u32>,
+    /// zstd level of exported objects, 1..=22 [default: 1].
+    #[arg(long = "export-zstd-level", value_name = "L")]
+    pub export_zstd_level: Option<i32>,
+    /// Serve history below the ring from this SEP-54 data lake (same URL forms as --export).
+    #[arg(long, value_name = "URL")]
+    pub backfill: Option<String>,
+    /// The network's passphrase, written into and checked against lake manifests [default:
+    /// from --network pubnet, testnet or futurenet].
+    #[arg(long = "network-passphrase", value_name = "PASSPHRASE")]
+    pub network_passphrase: Option<String>,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -134,6 +157,12 @@ struct FileConfig {
     max_lanes: Option<u8>,
     store_and_forward: Option<bool>,
     streams_per_lane: Option<u32>,
+    export: Option<String>,
+    export_ledgers_per_file: Option<u32>,
+    export_files_per_partition: Option<u32>,
+    export_zstd_level: Option<i32>,
+    backfill: Option<String>,
+    network_passphrase: Option<String>,
     transport: Option<TransportSettings>,
 }
 
@@ -173,6 +202,12 @@ pub struct RelayConfig {
     /// Items (chunks and end records) the live broadcast channel holds before a subscriber
     /// that has not read them is moved to ring reading.
     pub live_capacity: usize,
+    /// The network passphrase (`--network-passphrase`, or the passphrase of `--network`).
+    pub network_passphrase: Option<String>,
+    /// `--export`: the data lake every ledger is written to.
+    pub export: Option<ExportConfig>,
+    /// `--backfill`: the data lake history below the ring is served from.
+    pub backfill: Option<BackfillConfig>,
 }
 
 /// The most `--streams-per-lane` accepts: far above what helps (quinn's default is 100
@@ -232,9 +267,11 @@ impl RelayConfig {
                 SourceSpec::File { .. } | SourceSpec::Synthetic(_) => {
                     health::paced_stale_after(source_options.cadence)
                 }
-                SourceSpec::Pipe { .. } | SourceSpec::Fifo { .. } | SourceSpec::Stdin => {
-                    health::DEFAULT_STALE_AFTER
-                }
+                // A lake that is followed gets new ledgers only as its writer adds them.
+                SourceSpec::Pipe { .. }
+                | SourceSpec::Fifo { .. }
+                | SourceSpec::Stdin
+                | SourceSpec::Datalake(_) => health::DEFAULT_STALE_AFTER,
             },
         };
         let retention = pick!(retention).unwrap_or(10_000);
@@ -299,6 +336,73 @@ impl RelayConfig {
             Some(n) => bail!("--streams-per-lane {n}: expected 1..={MAX_STREAMS_PER_LANE}"),
             None => None,
         };
+        let network = pick!(network);
+        let network_passphrase = pick!(network_passphrase).or_else(|| {
+            network
+                .as_deref()
+                .and_then(ledger_relay_lake::passphrase_of)
+                .map(str::to_owned)
+        });
+        if let Some(p) = &network_passphrase {
+            if p.trim().is_empty() {
+                bail!("--network-passphrase must not be empty");
+            }
+        }
+        let lake_url = |flag: &str, url: &str| -> anyhow::Result<ledger_relay_lake::LakeUrl> {
+            url.parse().map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
+        };
+        let export = match pick!(export) {
+            Some(url) => {
+                let url = lake_url("export", &url)?;
+                let network = network_passphrase.clone().with_context(|| {
+                    "--export needs the network's passphrase for the lake's manifest: give \
+                     --network-passphrase, or --network pubnet, testnet or futurenet"
+                })?;
+                let mut cfg = ExportConfig::new(url, network);
+                cfg.layout.ledgers_per_batch = pick!(export_ledgers_per_file);
+                cfg.layout.batches_per_partition = pick!(export_files_per_partition);
+                ledger_relay_wire::lake::Schema::new(
+                    cfg.layout.ledgers_per_batch.unwrap_or(1),
+                    cfg.layout.batches_per_partition.unwrap_or(64000),
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!("--export-ledgers-per-file/--export-files-per-partition: {e}")
+                })?;
+                if let Some(l) = pick!(export_zstd_level) {
+                    if !(1..=22).contains(&l) {
+                        bail!("--export-zstd-level {l}: expected 1..=22");
+                    }
+                    cfg.zstd_level = l;
+                }
+                Some(cfg)
+            }
+            None => {
+                for (set, flag) in [
+                    (
+                        pick!(export_ledgers_per_file).is_some(),
+                        "--export-ledgers-per-file",
+                    ),
+                    (
+                        pick!(export_files_per_partition).is_some(),
+                        "--export-files-per-partition",
+                    ),
+                    (pick!(export_zstd_level).is_some(), "--export-zstd-level"),
+                ] {
+                    if set {
+                        bail!("{flag} needs --export URL");
+                    }
+                }
+                None
+            }
+        };
+        let backfill = match pick!(backfill) {
+            Some(url) => Some(BackfillConfig::new(
+                lake_url("backfill", &url)?,
+                network_passphrase.clone(),
+            )),
+            None => None,
+        };
+        source_options.network_passphrase = network_passphrase.clone();
         let transport = file.transport.clone().unwrap_or_default();
         let server = ServerConfig {
             session: SessionConfig {
@@ -328,11 +432,14 @@ impl RelayConfig {
             allow,
             metrics: pick!(metrics),
             stale_after,
-            network: pick!(network),
+            network,
             pipeline,
             server,
             transport,
             live_capacity: 512,
+            network_passphrase,
+            export,
+            backfill,
         })
     }
 }
@@ -478,6 +585,85 @@ mod tests {
             a.streams_per_lane = Some(bad);
             let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
             assert_eq!(e, format!("--streams-per-lane {bad}: expected 1..=1024"));
+        }
+    }
+
+    #[test]
+    fn lake_flags_parse_and_are_checked() {
+        let c = RelayConfig::from_args(base()).unwrap();
+        assert!(c.export.is_none() && c.backfill.is_none());
+        let mut a = base();
+        a.export = Some("s3://lake/pubnet".into());
+        a.network = Some("pubnet".into());
+        a.export_ledgers_per_file = Some(8);
+        a.backfill = Some("file:///var/lake".into());
+        let c = RelayConfig::from_args(a).unwrap();
+        let e = c.export.unwrap();
+        assert_eq!(e.url.to_string(), "s3://lake/pubnet");
+        assert_eq!(e.network, ledger_relay_lake::PUBNET_PASSPHRASE);
+        assert_eq!(e.layout.ledgers_per_batch, Some(8));
+        assert_eq!(e.layout.batches_per_partition, None, "the lake's, or 64000");
+        assert_eq!(e.zstd_level, 1);
+        let b = c.backfill.unwrap();
+        assert_eq!(b.url.to_string(), "file:///var/lake");
+        assert_eq!(
+            b.network.as_deref(),
+            Some(ledger_relay_lake::PUBNET_PASSPHRASE)
+        );
+        let mut a = base();
+        a.network_passphrase = Some("Standalone Network ; February 2017".into());
+        a.source = Some("datalake:file:///l,from=5,to=9".into());
+        let c = RelayConfig::from_args(a).unwrap();
+        assert_eq!(
+            c.source_options.network_passphrase.as_deref(),
+            Some("Standalone Network ; February 2017")
+        );
+        for (set, want) in [
+            (
+                (|a: &mut RunArgs| a.export = Some("s3://lake".into())) as fn(&mut RunArgs),
+                "--export needs the network's passphrase",
+            ),
+            (
+                |a| {
+                    a.export = Some("http://lake".into());
+                    a.network = Some("testnet".into());
+                },
+                "--export: bad lake url \"http://lake\": unknown scheme",
+            ),
+            (
+                |a| {
+                    a.export = Some("file:///l".into());
+                    a.network = Some("testnet".into());
+                    a.export_files_per_partition = Some(0);
+                },
+                "batches per partition must be at least 1",
+            ),
+            (
+                |a| {
+                    a.export = Some("file:///l".into());
+                    a.network = Some("testnet".into());
+                    a.export_zstd_level = Some(30);
+                },
+                "--export-zstd-level 30: expected 1..=22",
+            ),
+            (
+                |a| a.export_ledgers_per_file = Some(4),
+                "--export-ledgers-per-file needs --export URL",
+            ),
+            (
+                |a| a.backfill = Some("file://relative".into()),
+                "--backfill: bad lake url",
+            ),
+            (
+                |a| a.source = Some("datalake:s3://b,from=9,to=5".into()),
+                "bad datalake source: to=5 is before from=9",
+            ),
+        ] {
+            let mut a = base();
+            set(&mut a);
+            let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+            assert!(e.contains(want), "{e}");
+            assert!(!e.contains('\n'), "{e}");
         }
     }
 

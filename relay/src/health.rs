@@ -60,16 +60,19 @@ pub enum ReasonKind {
     SourceFailed,
     /// The ring cannot write (disk read-only or full); live streaming goes on.
     RingDegraded,
+    /// The export to a data lake fails (`--export`); live streaming goes on.
+    LakeExport,
 }
 
 impl ReasonKind {
     /// Every kind, in the order the metrics list them.
-    pub const ALL: [ReasonKind; 5] = [
+    pub const ALL: [ReasonKind; 6] = [
         ReasonKind::NoLedger,
         ReasonKind::SourceRestarting,
         ReasonKind::SourceFinished,
         ReasonKind::SourceFailed,
         ReasonKind::RingDegraded,
+        ReasonKind::LakeExport,
     ];
 
     /// The stable code: the `reason` label of `ledger_relay_health_reason` and an entry of
@@ -81,6 +84,7 @@ impl ReasonKind {
             ReasonKind::SourceFinished => "source_finished",
             ReasonKind::SourceFailed => "source_failed",
             ReasonKind::RingDegraded => "ring_degraded",
+            ReasonKind::LakeExport => "lake_export",
         }
     }
 
@@ -93,7 +97,7 @@ impl ReasonKind {
             | ReasonKind::SourceRestarting
             | ReasonKind::SourceFinished
             | ReasonKind::SourceFailed => true,
-            ReasonKind::RingDegraded => false,
+            ReasonKind::RingDegraded | ReasonKind::LakeExport => false,
         }
     }
 }
@@ -140,6 +144,11 @@ pub enum Reason {
         /// The last write error.
         error: String,
     },
+    /// Writing to the export lake fails (it is retried) or has stopped.
+    LakeExport {
+        /// The last error.
+        error: String,
+    },
 }
 
 impl Reason {
@@ -153,6 +162,7 @@ impl Reason {
             Reason::SourceFinished => ReasonKind::SourceFinished,
             Reason::SourceFailed { .. } => ReasonKind::SourceFailed,
             Reason::RingDegraded { .. } => ReasonKind::RingDegraded,
+            Reason::LakeExport { .. } => ReasonKind::LakeExport,
         }
     }
 }
@@ -176,6 +186,7 @@ impl fmt::Display for Reason {
             Reason::SourceFinished => f.write_str("source finished: no more ledgers will come"),
             Reason::SourceFailed { cause } => write!(f, "source stopped: {cause}"),
             Reason::RingDegraded { error } => write!(f, "ring degraded: {error}"),
+            Reason::LakeExport { error } => write!(f, "lake export failing: {error}"),
         }
     }
 }
@@ -652,6 +663,9 @@ mod tests {
             Reason::RingDegraded {
                 error: String::new(),
             },
+            Reason::LakeExport {
+                error: String::new(),
+            },
         ];
         let mut seen: Vec<ReasonKind> = Vec::new();
         for r in &all {
@@ -663,7 +677,8 @@ mod tests {
                 | Reason::SourceRestarted { .. }
                 | Reason::SourceFinished
                 | Reason::SourceFailed { .. }
-                | Reason::RingDegraded { .. } => {}
+                | Reason::RingDegraded { .. }
+                | Reason::LakeExport { .. } => {}
             }
             assert!(ReasonKind::ALL.contains(&r.kind()), "{r:?}");
             assert!(!r.to_string().contains('\n'), "{r:?}");

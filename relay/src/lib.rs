@@ -1,9 +1,11 @@
 //! The Ledger Relay server.
 //!
-//! Reads the `LedgerCloseMeta` stream stellar-core writes (its metadata pipe, a dump file, a FIFO
-//! or a synthetic generator), cuts each ledger into chunks as it arrives, compresses each chunk
-//! once, keeps the last N ledgers in a sled retention ring, and streams every ledger to every
-//! subscriber over several QUIC lanes with mutual TLS.
+//! Reads the `LedgerCloseMeta` stream stellar-core writes (its metadata pipe, a dump file, a FIFO,
+//! a synthetic generator or a SEP-54 data lake), cuts each ledger into chunks as it arrives,
+//! compresses each chunk once, keeps the last N ledgers in a sled retention ring, and streams
+//! every ledger to every subscriber over several QUIC lanes with mutual TLS. It can write every
+//! ledger to a data lake as Galexie does (`--export`), and holds a lake to serve history below
+//! the ring from (`--backfill`, [`lake::backfill`]).
 //!
 //! It does not decode ledgers beyond their header, and it does not speak any protocol but its
 //! own (`docs/protocol.md`); the protocol logic itself lives in `ledger-relay-wire`.
@@ -19,6 +21,7 @@ pub mod certinfo;
 pub mod config;
 pub mod health;
 pub mod hub;
+pub mod lake;
 pub mod metrics;
 pub mod pipeline;
 pub mod ring;
@@ -56,6 +59,8 @@ pub struct Relay {
     pub hub: Arc<Hub>,
     /// The retention ring.
     pub ring: Arc<Ring>,
+    /// The backfill lake (`--backfill`), for sessions whose start is below the ring.
+    pub backfill: Option<Arc<lake::backfill::Backfill>>,
     task: JoinHandle<()>,
 }
 
@@ -102,17 +107,49 @@ impl Relay {
             metrics.clone(),
             shutdown.clone(),
         ));
+        let mut pipeline_config = config.pipeline.clone();
+        let exporter = match &config.export {
+            Some(export) => {
+                let (tap, exporter) = lake::export::spawn(
+                    export.clone(),
+                    Some(ring.clone()),
+                    metrics.clone(),
+                    shutdown.clone(),
+                )?;
+                pipeline_config.export = Some(tap);
+                Some(exporter)
+            }
+            None => None,
+        };
+        let backfill = config.backfill.clone().map(|b| {
+            Arc::new(lake::backfill::Backfill::new(
+                b,
+                &config.pipeline,
+                metrics.lake.backfill.clone(),
+            ))
+        });
+        if let Some(b) = backfill.clone() {
+            // Tell the operator at once whether the lake can be read (the relay runs either way).
+            tokio::spawn(async move {
+                match b.range().await {
+                    Ok(range) => info!(?range, "backfill lake opened"),
+                    Err(e) => tracing::warn!(error = %e, "backfill lake cannot be read yet"),
+                }
+            });
+        }
 
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let source_stop = shutdown.child_token();
+        let mut source_options = config.source_options.clone();
+        source_options.lake_stats = source::LakeStatsHandle(metrics.lake.source.clone());
         let source_thread = source::spawn(
             config.source.clone(),
-            config.source_options.clone(),
+            source_options,
             tx,
             source_stop.clone(),
         );
         let pipeline = pipeline::spawn(
-            config.pipeline.clone(),
+            pipeline_config,
             rx,
             hub.clone(),
             Some(ring.clone()),
@@ -137,6 +174,10 @@ impl Relay {
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = source_thread.join();
                 pipeline.join();
+                // The publisher's tap is gone: the exporter writes what is complete and ends.
+                if let Some(exporter) = exporter {
+                    exporter.join();
+                }
                 let _ = ring2.flush();
             })
             .await;
@@ -147,6 +188,7 @@ impl Relay {
             metrics,
             hub,
             ring,
+            backfill,
             task,
         })
     }

@@ -26,6 +26,8 @@ macro_rules! counters {
             $(#[doc = $help] pub $name: AtomicU64,)*
             /// The ring failed to write and is not keeping ledgers (disk read-only or full).
             pub ring_degraded: AtomicBool,
+            /// Data lakes: export, backfill and a `datalake:` source.
+            pub lake: crate::lake::LakeMetrics,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
             /// Ledger ages and the reasons `/healthz` lists.
@@ -134,6 +136,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE ledger_relay_ring_degraded gauge");
         let _ = writeln!(out, "ledger_relay_ring_degraded {degraded}");
         let newest = self.source_newest.load(Ordering::Relaxed);
+        self.lake.render(&mut out, newest);
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# HELP ledger_relay_subscriber_lag_ledgers Ledgers between the source's newest and the subscriber's last acknowledged.");
         let _ = writeln!(out, "# TYPE ledger_relay_subscriber_lag_ledgers gauge");
@@ -171,6 +174,7 @@ impl Metrics {
             "ring".into(),
             (if degraded { "degraded" } else { "ok" }).into(),
         );
+        details.insert("lake_export".into(), self.lake.export_health().into());
         details.insert("source_newest".into(), n(&self.source_newest));
         details.insert("ledgers_in".into(), n(&self.ledgers_in_total));
         details.insert("source_restarts".into(), n(&self.source_restarts_total));
@@ -287,6 +291,7 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::ReasonKind;
 
     #[test]
     fn renders_counters_and_sessions() {
@@ -318,5 +323,56 @@ mod tests {
         assert_eq!(v["ledgers_in"], 3);
         assert!(text.contains("ledger_relay_source_last_ledger_age_seconds "));
         assert!(text.contains("ledger_relay_health_reason{reason=\"no_ledger\"} 1\n"));
+    }
+
+    #[test]
+    fn a_failing_export_lake_shows_in_health_and_metrics() {
+        let m = Metrics::new();
+        let health =
+            |m: &Metrics| -> serde_json::Value { serde_json::from_str(&m.health().1).unwrap() };
+        assert_eq!(health(&m)["lake_export"], "off");
+        m.lake.export_enabled.store(true, Ordering::Relaxed);
+        assert_eq!(health(&m)["lake_export"], "ok");
+        crate::lake::export::set_degraded(&m, Some("put: connection refused".into()));
+        let v = health(&m);
+        assert_eq!(v["lake_export"], "degraded");
+        assert!(
+            v["reasons"]
+                .as_array()
+                .unwrap()
+                .contains(&"lake export failing: put: connection refused".into()),
+            "{v}"
+        );
+        assert!(v["reason_codes"]
+            .as_array()
+            .unwrap()
+            .contains(&"lake_export".into()));
+        assert!(m
+            .render()
+            .contains("ledger_relay_health_reason{reason=\"lake_export\"} 1\n"));
+        // A lake that fails alone does not stop delivery: no 503 for it.
+        assert!(!ReasonKind::LakeExport.stops_delivery());
+        crate::lake::export::set_degraded(&m, None);
+        assert!(!health(&m)["reason_codes"]
+            .as_array()
+            .unwrap()
+            .contains(&"lake_export".into()));
+        crate::lake::export::set_degraded(&m, Some("again".into()));
+        m.lake
+            .export
+            .count(&ledger_relay_lake::LakeError::Unreachable {
+                key: ".config.json".into(),
+                reason: "connection refused".into(),
+            });
+        Metrics::set(&m.source_newest, 100);
+        Metrics::set(&m.lake.export_newest, 90);
+        let text = m.render();
+        assert!(text.contains("ledger_relay_lake_export_degraded 1\n"));
+        assert!(text.contains("ledger_relay_lake_export_lag_ledgers 10\n"));
+        assert!(text
+            .contains("ledger_relay_lake_errors_total{lake=\"export\",kind=\"unreachable\"} 1\n"));
+        assert!(text.contains(
+            "ledger_relay_lake_errors_total{lake=\"backfill\",kind=\"unreachable\"} 0\n"
+        ));
     }
 }

@@ -6,6 +6,7 @@
 //!                                  |  (pool full: raw)                           v
 //!                                  +----------------------------------------> publisher --> hub (live)
 //!                                                                                  \-> ring writer thread --> sled
+//!                                                                                  \-> lake exporter (`--export`)
 //! ```
 //!
 //! Nothing upstream waits on anything downstream: the source's channel is unbounded, a full
@@ -56,6 +57,9 @@ pub struct PipelineConfig {
     /// in progress in either mode (for the end record and the ring), so this costs no memory:
     /// a ledger is bounded by the source's longest record (`SourceOptions::max_record_len`).
     pub store_and_forward: bool,
+    /// Where the publisher also offers each complete ledger for export to a data lake
+    /// (`--export`; set by `Relay::start`). Offering never waits.
+    pub export: Option<crate::lake::export::ExportTap>,
 }
 
 impl Default for PipelineConfig {
@@ -68,6 +72,7 @@ impl Default for PipelineConfig {
             // 64 chunks of 256 KiB: a whole 14.5 MiB ledger may queue.
             compress_queue: 64,
             store_and_forward: false,
+            export: None,
         }
     }
 }
@@ -110,7 +115,7 @@ impl PipelineHandle {
 /// Starts the pipeline. `source_stop` is cancelled when the pipeline refuses the source's
 /// output (garbage, a gap, a conflicting hash), which stops the source.
 pub fn spawn(
-    config: PipelineConfig,
+    mut config: PipelineConfig,
     events: UnboundedReceiver<SourceEvent>,
     hub: Arc<Hub>,
     ring: Option<Arc<Ring>>,
@@ -135,6 +140,8 @@ pub fn spawn(
     }
     let (ring_tx, ring_rx) = mpsc::channel::<Arc<CompleteLedger>>();
     let ring_tx = ring.is_some().then_some(ring_tx);
+    // The publisher holds the only tap, so the exporter sees the end of the stream.
+    let export = config.export.take();
     {
         let hub = hub.clone();
         let live = if config.store_and_forward {
@@ -145,7 +152,7 @@ pub fn spawn(
         threads.push(
             std::thread::Builder::new()
                 .name("publisher".into())
-                .spawn(move || publisher(pub_rx, hub, ring_tx, live))?,
+                .spawn(move || publisher(pub_rx, hub, ring_tx, live, export))?,
         );
     }
     let cutter_ring = ring.clone();
@@ -518,6 +525,36 @@ impl Cutter {
     }
 }
 
+/// A ledger that arrives whole (from a data lake) in the relay's chunked form: cut into
+/// `config.chunk_size` chunks and each compressed with `comp` exactly as the live pipeline cuts
+/// and compresses (`ledger_chunks` is the whole-ledger form of the [`Chunker`]), with the end
+/// record built from its checked header.
+pub fn complete_ledger(
+    raw: &Bytes,
+    info: &LedgerHeaderInfo,
+    config: &PipelineConfig,
+    comp: &mut Compressor,
+    first_byte_ns: u64,
+    last_byte_ns: u64,
+) -> CompleteLedger {
+    let seq = info.ledger_seq;
+    let (chunks, summary) =
+        ledger_relay_wire::chunker::ledger_chunks(seq, raw, config.chunk_size, comp);
+    CompleteLedger {
+        end: summary.end(
+            seq,
+            info.hash,
+            info.previous_hash,
+            first_byte_ns,
+            last_byte_ns,
+        ),
+        chunks: chunks
+            .into_iter()
+            .map(|c| Arc::new(ChunkItem::new(c.header, c.payload)))
+            .collect(),
+    }
+}
+
 fn raw_item(seq: u32, chunk: &RawChunk) -> Arc<ChunkItem> {
     Arc::new(ChunkItem::new(
         ChunkHeader {
@@ -611,6 +648,7 @@ fn publisher(
     hub: Arc<Hub>,
     ring: Option<mpsc::Sender<Arc<CompleteLedger>>>,
     live: Publish,
+    export: Option<crate::lake::export::ExportTap>,
 ) {
     let mut queue: std::collections::VecDeque<Pending> = std::collections::VecDeque::new();
     while let Ok(msg) = rx.recv() {
@@ -661,6 +699,9 @@ fn publisher(
             let ledger = Arc::new(CompleteLedger { end, chunks });
             // Store-and-forward: the end record carries every chunk, published here at once.
             hub.complete(ledger.clone());
+            if let Some(export) = &export {
+                export.offer(&ledger);
+            }
             match &ring {
                 Some(ring) => {
                     let _ = ring.send(ledger);
@@ -870,6 +911,49 @@ mod tests {
             assert_eq!(got.end.chunk_count, 10);
             assert!(raw(&got) == ledger[..], "ledger {} intact", got.end.seq);
             assert!(hub.join().current.is_none_or(|c| c.chunks.is_empty()));
+        }
+        drop(tx);
+        handle.join();
+    }
+
+    #[test]
+    fn a_whole_ledger_is_chunked_exactly_as_the_live_pipeline_does() {
+        let want = ledgers();
+        let (tx, hub, handle) = start(false);
+        let mut rx = hub.join().rx;
+        let config = PipelineConfig {
+            chunk_size: 64 << 10,
+            ..PipelineConfig::default()
+        };
+        for ledger in &want {
+            send_body(&tx, ledger);
+            tx.send(SourceEvent::End { at_ns: now_ns() }).unwrap();
+            let live = loop {
+                if let Item::End(l) = next_item(&mut rx) {
+                    break l;
+                }
+            };
+            let info = peek_header(ledger).unwrap().unwrap();
+            let mut comp = Compressor::new(config.codec, config.zstd_level);
+            let whole = complete_ledger(ledger, &info, &config, &mut comp, 1, 2);
+            let (mut a, mut b) = (live.end, whole.end);
+            (
+                a.first_byte_ns,
+                a.last_byte_ns,
+                b.first_byte_ns,
+                b.last_byte_ns,
+            ) = (0, 0, 0, 0);
+            assert_eq!(a, b, "the same end record");
+            assert_eq!(live.chunks.len(), whole.chunks.len());
+            for (x, y) in live.chunks.iter().zip(&whole.chunks) {
+                assert_eq!(x.header, y.header);
+                assert_eq!(x.prefix, y.prefix);
+                assert!(
+                    x.payload == y.payload,
+                    "chunk {} compressed the same",
+                    x.header.index
+                );
+            }
         }
         drop(tx);
         handle.join();

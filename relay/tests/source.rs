@@ -32,6 +32,7 @@ fn fast_opts() -> SourceOptions {
         emit: Duration::from_millis(1),
         max_record_len: DEFAULT_MAX_RECORD_LEN,
         pipe_restart_backoff: (Duration::from_millis(10), Duration::from_millis(40)),
+        ..SourceOptions::default()
     }
 }
 

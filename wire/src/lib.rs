@@ -22,6 +22,8 @@
 //!   into complete, checksum-verified ledgers in sequence order.
 //! - [`sender`]: its peer on the relay, the session state machine: the window, acks, resends,
 //!   lane striping, live and catch-up reading, and the typed reason of every session's end.
+//! - [`lake`]: SEP-54 data lakes (what Galexie writes): object names, the bounded
+//!   `LedgerCloseMetaBatch` codec and the `.config.json` manifest.
 //!
 //! What it does not do: open connections, spawn tasks, read clocks, touch the disk or the
 //! network. The shells in `ledger-relay` and `ledger-relay-subscriber` carry its decisions out.
@@ -48,6 +50,7 @@ pub mod error;
 pub mod frame;
 pub mod fuzzing;
 pub mod header;
+pub mod lake;
 pub mod limits;
 pub mod record;
 pub mod sender;

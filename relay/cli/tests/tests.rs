@@ -15,6 +15,7 @@ macro_rules! testdata {
 
 mod cli;
 mod health;
+mod lake;
 mod process;
 #[allow(dead_code)] // shared with the relay's tests, which use more of it
 #[path = "../../tests/support.rs"]

@@ -11,6 +11,7 @@
 //! | `fifo:PATH`, `stdin` | `stream` | as read (reads of up to 256 KiB) | as the writer writes |
 //! | `pipe:COMMAND` | `pipe` | as read (reads of up to 256 KiB) | as the child writes |
 //! | `synthetic[:...]` | `synthetic` | [`piece_sizes`] | paced like `file` |
+//! | `datalake:URL[,from=SEQ][,to=SEQ]` | `datalake` | [`piece_sizes`] | paced like `file` |
 //!
 //! Every record is parsed by `ledger_relay_wire::record` (core's record marking); sources
 //! deliver the record bodies byte for byte. They do not look inside a ledger: ordering,
@@ -37,11 +38,13 @@ use ledger_relay_wire::record::DEFAULT_MAX_RECORD_LEN;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+mod datalake;
 mod file;
 mod pipe;
 mod stream;
 mod synthetic;
 
+pub use datalake::DatalakeSpec;
 pub use synthetic::{synthetic_ledgers, SyntheticLedgers, SyntheticSpec};
 
 /// Time in ns since the Unix epoch (wall clock), as carried in `LedgerEnd`'s first/last byte
@@ -58,9 +61,10 @@ pub fn now_ns() -> u64 {
 
 /// Where the relay's ledgers come from: the `SOURCE` argument of `ledger-relay run`.
 ///
-/// Parsed from `file:PATH`, `pipe:COMMAND`, `fifo:PATH`, `stdin` or
-/// `synthetic[:KEY=VALUE,...]` (see [`SyntheticSpec`] for the keys); [`Display`](fmt::Display)
-/// writes the same syntax back.
+/// Parsed from `file:PATH`, `pipe:COMMAND`, `fifo:PATH`, `stdin`,
+/// `synthetic[:KEY=VALUE,...]` (see [`SyntheticSpec`] for the keys) or
+/// `datalake:URL[,from=SEQ][,to=SEQ]` (see [`DatalakeSpec`]); [`Display`](fmt::Display) writes
+/// the same syntax back.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceSpec {
     /// A record-marked dump of core's stream, plain or zstd-compressed, replayed once at the
@@ -84,6 +88,8 @@ pub enum SourceSpec {
     Stdin,
     /// Generated ledgers with valid headers and hash chain.
     Synthetic(SyntheticSpec),
+    /// A SEP-54 data lake, replayed at the cadence.
+    Datalake(DatalakeSpec),
 }
 
 /// Why a `SOURCE` argument was rejected. Every message is one line.
@@ -92,8 +98,8 @@ pub enum SourceSpec {
 pub enum ParseSourceError {
     /// The part before the first `:` is not a known kind.
     #[error(
-        "unknown source kind {kind:?}: expected file:PATH, pipe:COMMAND, fifo:PATH, stdin or \
-         synthetic[:KEY=VALUE,...]"
+        "unknown source kind {kind:?}: expected file:PATH, pipe:COMMAND, fifo:PATH, stdin, \
+         synthetic[:KEY=VALUE,...] or datalake:URL[,from=SEQ][,to=SEQ]"
     )]
     UnknownKind {
         /// The kind given.
@@ -141,6 +147,12 @@ pub enum ParseSourceError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A `datalake:` source whose URL or settings do not parse.
+    #[error("bad datalake source: {reason}")]
+    BadDatalake {
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl FromStr for SourceSpec {
@@ -181,6 +193,7 @@ impl FromStr for SourceSpec {
                 }),
             },
             "synthetic" => SyntheticSpec::parse_settings(arg.unwrap_or("")).map(Self::Synthetic),
+            "datalake" => needs("datalake", "lake url")?.parse().map(Self::Datalake),
             _ => Err(ParseSourceError::UnknownKind {
                 kind: kind.to_owned(),
             }),
@@ -196,6 +209,7 @@ impl fmt::Display for SourceSpec {
             SourceSpec::Fifo { path } => write!(f, "fifo:{}", path.display()),
             SourceSpec::Stdin => f.write_str("stdin"),
             SourceSpec::Synthetic(spec) => write!(f, "synthetic:{spec}"),
+            SourceSpec::Datalake(spec) => write!(f, "datalake:{spec}"),
         }
     }
 }
@@ -214,7 +228,25 @@ pub struct SourceOptions {
     /// Least and greatest delay before restarting a pipe source's child (exponential in
     /// between). Default 100 ms .. 10 s.
     pub pipe_restart_backoff: (Duration, Duration),
+    /// The network passphrase a `datalake:` source's manifest must name (`None`: unchecked).
+    pub network_passphrase: Option<String>,
+    /// Store client settings of a `datalake:` source.
+    pub lake: ledger_relay_lake::LakeOptions,
+    /// Where a `datalake:` source counts its lake's traffic and errors.
+    pub lake_stats: LakeStatsHandle,
 }
+
+/// A shared [`ledger_relay_lake::LakeStats`], equal only to itself (so options stay comparable).
+#[derive(Debug, Clone, Default)]
+pub struct LakeStatsHandle(pub std::sync::Arc<ledger_relay_lake::LakeStats>);
+
+impl PartialEq for LakeStatsHandle {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for LakeStatsHandle {}
 
 impl Default for SourceOptions {
     fn default() -> Self {
@@ -223,6 +255,9 @@ impl Default for SourceOptions {
             emit: Duration::from_millis(8),
             max_record_len: DEFAULT_MAX_RECORD_LEN,
             pipe_restart_backoff: (Duration::from_millis(100), Duration::from_secs(10)),
+            network_passphrase: None,
+            lake: ledger_relay_lake::LakeOptions::default(),
+            lake_stats: LakeStatsHandle::default(),
         }
     }
 }
@@ -291,6 +326,7 @@ pub fn spawn(
         SourceSpec::Fifo { .. } => "source-fifo",
         SourceSpec::Stdin => "source-stdin",
         SourceSpec::Synthetic(_) => "source-synthetic",
+        SourceSpec::Datalake(_) => "source-datalake",
     };
     std::thread::Builder::new()
         .name(name.to_owned())
@@ -308,6 +344,7 @@ fn run(spec: SourceSpec, opts: SourceOptions, out: Out) {
         SourceSpec::Fifo { path } => stream::run_fifo(&path, &opts, &out),
         SourceSpec::Stdin => stream::run_stdin(&opts, &out),
         SourceSpec::Synthetic(spec) => synthetic::run(&spec, &opts, &out),
+        SourceSpec::Datalake(spec) => datalake::run(&spec, &opts, &out),
     };
     match result {
         Ok(()) => {
@@ -575,6 +612,10 @@ mod tests {
             "synthetic",
             "synthetic:size=1MiB,ratio=2.5,count=3,start=9,emit=250us",
             "synthetic:size=2000,ratio=1",
+            "datalake:file:///var/lake",
+            "datalake:s3://aws-public-blockchain/v1.1/stellar/ledgers/pubnet,from=2,to=100",
+            "datalake:gs://b/p,to=7",
+            "datalake:az://c,from=7",
         ] {
             let spec: SourceSpec = s.parse().unwrap();
             let shown = spec.to_string();
@@ -623,6 +664,14 @@ mod tests {
             ("synthetic:emit=8", "bad synthetic emit \"8\""),
             ("synthetic:emit=fast", "bad synthetic emit \"fast\""),
             ("synthetic:size=1MiB\nx", "bad synthetic size \"1MiB\\nx\""),
+            ("datalake:", "source `datalake:` needs a lake url"),
+            ("datalake:/var/lake", "bad datalake source: bad lake url"),
+            ("datalake:s3://b,from=x", "bad datalake source: \"from=x\""),
+            (
+                "datalake:s3://b,from=1,from=2",
+                "bad datalake source: \"from=1\" given twice",
+            ),
+            ("datalake:s3://b,to=-1", "bad datalake source: \"to=-1\""),
         ] {
             let e = s.parse::<SourceSpec>().unwrap_err().to_string();
             assert!(e.starts_with(want), "{s:?}: {e}");

@@ -1,0 +1,603 @@
+//! `ledger-bench lake`: what SEP-54 data lakes cost the relay and what they give it.
+//!
+//! 1. **Delivery with and without `--export`**: the real relay fed synthetic Phase 3 ledgers
+//!    (14.5 MiB, zstd ratio 7.6, every 600 ms) and one 4-lane `ledger-subscribe` from the tip,
+//!    in rounds of three runs each: no export, export to a local directory (`file://`), export
+//!    to a real S3-protocol server on loopback (`moto_server`). Delivery p50/p99/max of each,
+//!    and the ratio of the p99s to the run without export of the same round.
+//! 2. **Backfill against catch-up from the ring**: the same ledgers written to a lake on the
+//!    loopback S3 server and to a ring; then, in this process, the rate at which a session's
+//!    source side gets them: `Ring::get` into the relay's chunked form (what catch-up from the
+//!    ring does), and the backfill API (`Backfill::cursor` / `fetch`: fetch, decompress, decode
+//!    and check the batch, then chunk and compress as the pipeline does) at several prefetch
+//!    depths, with the bytes the prefetch held at its peak against its stated bound. The lake
+//!    is also read without chunking, to show where the time goes, and the 320 real testnet
+//!    ledgers (small objects, where per-request latency dominates) are run too.
+//!
+//! The S3 server is Python (moto) on the same two cores: its CPU is part of what is measured.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use ledger_relay::hub::{ChunkItem, CompleteLedger};
+use ledger_relay::lake::backfill::{Backfill, BackfillConfig};
+use ledger_relay::pipeline::{complete_ledger, PipelineConfig};
+use ledger_relay::ring::{Ring, RingConfig, StoredChunk};
+use ledger_relay::source::{synthetic_ledgers, SyntheticSpec};
+use ledger_relay_lake::testing::{unique_bucket, S3Server};
+use ledger_relay_lake::{
+    BatchAssembler, BatchLedger, Lake, LakeCursor, LakeOptions, LakeStats, LakeUrl, Layout,
+    PrefetchOptions, TESTNET_PASSPHRASE,
+};
+use ledger_relay_wire::compress::Compressor;
+use ledger_relay_wire::frame::ChunkHeader;
+use ledger_relay_wire::header::peek_header;
+
+use crate::harness::{make_certs, spawn_subscriber, RelayProc, RelaySettings, SubSpec};
+use crate::stats::{read_csv, summarize, Summary};
+
+/// `ledger-bench lake` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LakeArgs {
+    /// About two minutes: 20 ledgers per delivery run, one round, 16 ledgers to backfill.
+    #[arg(long)]
+    pub quick: bool,
+    /// Ledgers per delivery run, warm-up included [default: 60, quick 20].
+    #[arg(long)]
+    pub ledgers: Option<u32>,
+    /// Ledgers left out at the start of each delivery run.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// Rounds of the three delivery runs [default: 2, quick 1].
+    #[arg(long)]
+    pub rounds: Option<u32>,
+    /// Time between ledgers, ms.
+    #[arg(long, default_value_t = 600.0)]
+    pub cadence_ms: f64,
+    /// Ledger size in bytes.
+    #[arg(long, default_value_t = 15_204_352)]
+    pub ledger_bytes: u64,
+    /// zstd ratio of the synthetic ledgers.
+    #[arg(long, default_value_t = 7.6)]
+    pub ratio: f64,
+    /// zstd level of the exported objects (`--export-zstd-level`).
+    #[arg(long, default_value_t = 1)]
+    pub export_level: i32,
+    /// Ledgers in the backfill lake and ring [default: 40, quick 16].
+    #[arg(long)]
+    pub backfill_ledgers: Option<u32>,
+    /// Prefetch depths to compare (objects fetched ahead).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    pub depths: Vec<usize>,
+    /// Only the delivery runs.
+    #[arg(long)]
+    pub delivery_only: bool,
+    /// Only the backfill runs.
+    #[arg(long)]
+    pub backfill_only: bool,
+    /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
+    #[arg(long, default_value = "../shared/testdata")]
+    pub testdata: PathBuf,
+    /// Write the results as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// One delivery run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeliveryRun {
+    /// Round.
+    pub round: u32,
+    /// `off`, `file` or `s3`.
+    pub export: String,
+    /// Delivery summary after warm-up.
+    pub summary: Summary,
+    /// Newest ledger in the export lake when the run ended (0 without export).
+    pub exported_newest: u64,
+    /// Newest ledger the subscriber got.
+    pub delivered_newest: u32,
+    /// Whether the export was degraded at the end.
+    pub export_degraded: bool,
+}
+
+/// One backfill or ring read.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReadRun {
+    /// What was read.
+    pub what: String,
+    /// Which ledgers.
+    pub set: String,
+    /// Ledgers.
+    pub ledgers: u32,
+    /// Seconds.
+    pub secs: f64,
+    /// Ledgers per second.
+    pub ledgers_per_s: f64,
+    /// Raw ledger bytes per second, MB/s (10^6).
+    pub raw_mb_s: f64,
+    /// Object (compressed) bytes per second, MB/s, for lake reads.
+    pub object_mb_s: Option<f64>,
+    /// Peak bytes the prefetch held.
+    pub peak_held_bytes: Option<u64>,
+    /// The stated bound for that depth: depth x the largest batch, MiB.
+    pub bound_bytes: Option<u64>,
+}
+
+/// Everything `ledger-bench lake` measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LakeReport {
+    /// Delivery runs.
+    pub delivery: Vec<DeliveryRun>,
+    /// Reads.
+    pub reads: Vec<ReadRun>,
+    /// Writing the backfill lake (objects put by the lake crate, as the exporter does).
+    pub writes: Vec<ReadRun>,
+}
+
+fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<DeliveryRun>> {
+    let relay_bin = crate::proc::sibling_binary("ledger-relay")?;
+    let sub_bin = crate::proc::sibling_binary("ledger-subscribe")?;
+    let certs = work.join("certs");
+    make_certs(&certs, 1)?;
+    let ledgers = a.ledgers.unwrap_or(if a.quick { 20 } else { 60 });
+    if ledgers <= a.warmup {
+        bail!("--ledgers must exceed --warmup");
+    }
+    let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
+    let settings = RelaySettings {
+        size: a.ledger_bytes,
+        ratio: a.ratio,
+        count: None,
+        start: 2,
+        cadence_ms: a.cadence_ms,
+        emit_ms: 8.0,
+        codec: "zstd".into(),
+        chunk: 256 << 10,
+        retention: 200,
+    };
+    let mut out = Vec::new();
+    for round in 0..rounds {
+        for export in ["off", "file", "s3"] {
+            let dir = work.join(format!("delivery-{round}-{export}"));
+            let mut extra: Vec<String> = Vec::new();
+            match export {
+                "file" => extra.extend([
+                    "--network".into(),
+                    "testnet".into(),
+                    "--export".into(),
+                    format!("file://{}/lake", dir.display()),
+                    "--export-zstd-level".into(),
+                    a.export_level.to_string(),
+                ]),
+                "s3" => {
+                    let bucket = unique_bucket(&format!("delivery-{round}"));
+                    server.create_bucket(&bucket)?;
+                    extra.extend([
+                        "--network".into(),
+                        "testnet".into(),
+                        "--export".into(),
+                        format!("s3://{bucket}/testnet"),
+                        "--export-zstd-level".into(),
+                        a.export_level.to_string(),
+                    ]);
+                }
+                _ => {}
+            }
+            let env = server.env();
+            let relay = RelayProc::start_with(&relay_bin, &certs, &dir, &settings, &extra, &env)?;
+            let stats = dir.join("sub.csv");
+            let mut sub = spawn_subscriber(
+                &sub_bin,
+                relay.addr,
+                &certs,
+                &SubSpec {
+                    name: "sub-0".into(),
+                    from: "tip".into(),
+                    count: Some(ledgers),
+                    lanes: 4,
+                    stats: stats.clone(),
+                    log: dir.join("sub.log"),
+                    consume_delay_ms: None,
+                },
+            )?;
+            let limit =
+                Duration::from_secs_f64(30.0 + f64::from(ledgers) * a.cadence_ms / 1e3 * 3.0);
+            let start = Instant::now();
+            let status = loop {
+                if let Some(st) = sub.try_wait()? {
+                    break st;
+                }
+                if start.elapsed() > limit {
+                    let _ = sub.kill();
+                    bail!("the subscriber did not finish within {limit:?}");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            if !status.success() {
+                bail!(
+                    "the subscriber failed ({status}): {}",
+                    crate::harness::last_line(&dir.join("sub.log"))
+                );
+            }
+            let records = read_csv(&stats)?;
+            // Let the export finish the last ledger before reading its metrics.
+            std::thread::sleep(Duration::from_millis(if export == "off" {
+                0
+            } else {
+                1500
+            }));
+            let scrape = relay.scrape()?;
+            let _ = relay.stop();
+            let run = DeliveryRun {
+                round,
+                export: export.into(),
+                summary: summarize(std::slice::from_ref(&records), a.warmup as usize, 8.0),
+                exported_newest: scrape.get("lake_export_newest") as u64,
+                delivered_newest: records.last().map_or(0, |r| r.seq),
+                export_degraded: scrape.get("lake_export_degraded") > 0.0,
+            };
+            eprintln!(
+                "delivery round {round} export {export}: p50 {:.2} ms p99 {:.2} ms max {:.2} ms, exported to {} of {}",
+                run.summary.p50_ms,
+                run.summary.p99_ms,
+                run.summary.max_ms,
+                run.exported_newest,
+                run.delivered_newest
+            );
+            out.push(run);
+        }
+    }
+    Ok(out)
+}
+
+fn ledger_set(spec: &SyntheticSpec) -> Vec<BatchLedger> {
+    synthetic_ledgers(spec)
+        .map(|raw| {
+            let raw = Bytes::from(raw);
+            let info = peek_header(&raw)
+                .ok()
+                .flatten()
+                .expect("synthetic ledgers have valid headers");
+            BatchLedger { info, raw }
+        })
+        .collect()
+}
+
+fn testnet_set(testdata: &Path) -> anyhow::Result<Vec<BatchLedger>> {
+    let path = testdata.join("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr");
+    let file = std::fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
+    ledger_relay_wire::record::Records::new(file, ledger_relay_wire::record::DEFAULT_MAX_RECORD_LEN)
+        .map(|r| {
+            let raw = Bytes::from(r?);
+            let info = peek_header(&raw)?.context("no header")?;
+            Ok(BatchLedger { info, raw })
+        })
+        .collect()
+}
+
+fn mb(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / 1e6 / secs
+}
+
+fn read_run(what: &str, set: &str, n: u32, raw: u64, secs: f64) -> ReadRun {
+    ReadRun {
+        what: what.into(),
+        set: set.into(),
+        ledgers: n,
+        secs,
+        ledgers_per_s: f64::from(n) / secs,
+        raw_mb_s: mb(raw, secs),
+        object_mb_s: None,
+        peak_held_bytes: None,
+        bound_bytes: None,
+    }
+}
+
+async fn backfill_set(
+    a: &LakeArgs,
+    work: &Path,
+    server: &S3Server,
+    set: &str,
+    ledgers: &[BatchLedger],
+    report: &mut LakeReport,
+) -> anyhow::Result<()> {
+    let n = ledgers.len() as u32;
+    let raw_total: u64 = ledgers.iter().map(|l| l.raw.len() as u64).sum();
+    let first = ledgers[0].info.ledger_seq;
+    let last = first + n - 1;
+    let bucket = unique_bucket(&format!("backfill-{set}"));
+    server.create_bucket(&bucket)?;
+    let url: LakeUrl = format!("s3://{bucket}/lake").parse()?;
+    let opts = LakeOptions {
+        store_config: server.store_config(),
+        ..LakeOptions::default()
+    };
+    // The lake, written as the exporter writes (one ledger per object, zstd 3).
+    let lake = Lake::open_for_writing(
+        &url,
+        &opts,
+        TESTNET_PASSPHRASE,
+        Layout::default(),
+        Arc::new(LakeStats::default()),
+    )
+    .await?;
+    let t = Instant::now();
+    let mut asm = BatchAssembler::new(lake.schema(), None);
+    for l in ledgers {
+        asm.offer(l.clone())?;
+        if let Some(batch) = asm.take_ready() {
+            lake.put_batch(&batch, 3).await?;
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let mut w = read_run(
+        "lake write (zstd 3, put-if-absent)",
+        set,
+        n,
+        raw_total,
+        secs,
+    );
+    let written = lake.stats().bytes_written.load(Ordering::Relaxed);
+    w.object_mb_s = Some(mb(written, secs));
+    report.writes.push(w);
+
+    // The ring, holding the same ledgers as the pipeline stores them.
+    let pipeline = PipelineConfig::default();
+    let ring_dir = work.join(format!("ring-{set}"));
+    let mut rc = RingConfig::new(&ring_dir);
+    rc.max_ledgers = n + 10;
+    let ring = Ring::open(&rc)?;
+    let mut comp = Compressor::new(pipeline.codec, pipeline.zstd_level);
+    for l in ledgers {
+        let c = complete_ledger(&l.raw, &l.info, &pipeline, &mut comp, 0, 0);
+        let chunks: Vec<StoredChunk> = c
+            .chunks
+            .iter()
+            .map(|c| StoredChunk {
+                index: c.header.index,
+                raw_offset: c.header.raw_offset,
+                raw_len: c.header.raw_len,
+                codec: c.header.codec,
+                payload: c.payload.clone(),
+            })
+            .collect();
+        ring.append(&c.end, &chunks)?;
+    }
+    ring.flush()?;
+    drop(ring);
+    // Reopened, as a relay after a restart: its page cache is warm, as on a live relay.
+    let ring = Arc::new(Ring::open(&rc)?);
+    let t = Instant::now();
+    for seq in first..=last {
+        let r = ring.clone();
+        let (end, chunks) = tokio::task::spawn_blocking(move || r.get(seq))
+            .await??
+            .context("the ring lacks a ledger it was given")?;
+        // What the session's catch-up builds from a ring read.
+        let l = CompleteLedger {
+            end,
+            chunks: chunks
+                .into_iter()
+                .map(|c| {
+                    Arc::new(ChunkItem::new(
+                        ChunkHeader {
+                            seq,
+                            index: c.index,
+                            raw_offset: c.raw_offset,
+                            raw_len: c.raw_len,
+                            codec: c.codec,
+                        },
+                        c.payload,
+                    ))
+                })
+                .collect(),
+        };
+        std::hint::black_box(&l);
+    }
+    report.reads.push(read_run(
+        "ring catch-up (Ring::get, verified)",
+        set,
+        n,
+        raw_total,
+        t.elapsed().as_secs_f64(),
+    ));
+
+    let largest = ledgers
+        .iter()
+        .map(|l| 12 + l.raw.len() as u64)
+        .max()
+        .unwrap_or(0);
+    for &depth in &a.depths {
+        let stats = Arc::new(LakeStats::default());
+        let mut cfg = BackfillConfig::new(url.clone(), Some(TESTNET_PASSPHRASE.into()));
+        cfg.options = opts.clone();
+        cfg.prefetch = PrefetchOptions {
+            depth,
+            ..PrefetchOptions::default()
+        };
+        let backfill = Backfill::new(cfg, &pipeline, stats.clone());
+        backfill.lake().await?;
+        let t = Instant::now();
+        let mut cursor = backfill.cursor(first, last).await?;
+        let mut got = 0u32;
+        while let Some(l) = cursor.fetch(cursor.position()).await? {
+            std::hint::black_box(&l);
+            got += 1;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        if got != n {
+            bail!("backfill gave {got} of {n} ledgers");
+        }
+        let mut r = read_run(
+            &format!("backfill from S3, prefetch {depth}, chunked (zstd 1)"),
+            set,
+            n,
+            raw_total,
+            secs,
+        );
+        r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
+        r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
+        r.bound_bytes = Some(depth as u64 * largest);
+        report.reads.push(r);
+    }
+    // The lake alone: fetch, decompress, decode and check, no chunking.
+    let depth = 8;
+    let stats = Arc::new(LakeStats::default());
+    let lake = Arc::new(Lake::open(&url, &opts, Some(TESTNET_PASSPHRASE), stats.clone()).await?);
+    let t = Instant::now();
+    let mut c = LakeCursor::new(
+        lake,
+        first,
+        last,
+        PrefetchOptions {
+            depth,
+            ..PrefetchOptions::default()
+        },
+    );
+    let mut got = 0;
+    while let Some(l) = c.next().await? {
+        std::hint::black_box(&l);
+        got += 1;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    if got != n {
+        bail!("the lake gave {got} of {n} ledgers");
+    }
+    let mut r = read_run(
+        &format!("lake read from S3, prefetch {depth}, raw (verified, not chunked)"),
+        set,
+        n,
+        raw_total,
+        secs,
+    );
+    r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
+    r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
+    r.bound_bytes = Some(depth as u64 * largest);
+    report.reads.push(r);
+    Ok(())
+}
+
+fn backfill(
+    a: &LakeArgs,
+    work: &Path,
+    server: &S3Server,
+    report: &mut LakeReport,
+) -> anyhow::Result<()> {
+    let n = a.backfill_ledgers.unwrap_or(if a.quick { 16 } else { 40 });
+    let spec = SyntheticSpec {
+        size: a.ledger_bytes,
+        ratio: a.ratio,
+        count: Some(u64::from(n)),
+        start: 2,
+        ..SyntheticSpec::default()
+    };
+    let synthetic = ledger_set(&spec);
+    let testnet = testnet_set(&a.testdata)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let name = format!(
+            "synthetic {:.1} MiB x{n}",
+            a.ledger_bytes as f64 / f64::from(1 << 20)
+        );
+        backfill_set(a, work, server, &name, &synthetic, report).await?;
+        backfill_set(a, work, server, "testnet x320", &testnet, report).await
+    })
+}
+
+/// Runs the benchmark.
+pub fn run(a: &LakeArgs) -> anyhow::Result<LakeReport> {
+    let work = tempfile::tempdir()?;
+    let server =
+        S3Server::start().context("the loopback S3 server (pip install 'moto[server]')")?;
+    let mut report = LakeReport {
+        delivery: Vec::new(),
+        reads: Vec::new(),
+        writes: Vec::new(),
+    };
+    if !a.backfill_only {
+        report.delivery = delivery(a, work.path(), &server)?;
+    }
+    if !a.delivery_only {
+        backfill(a, work.path(), &server, &mut report)?;
+    }
+    Ok(report)
+}
+
+/// The report as text.
+pub fn summary(r: &LakeReport) -> String {
+    let mut out = String::new();
+    if !r.delivery.is_empty() {
+        out.push_str("delivery, 1 subscriber x 4 lanes, from the tip:\n");
+        out.push_str("round export   ledgers   p50 ms   p90 ms   p99 ms   max ms  p50/off  p99/off  exported\n");
+        for d in &r.delivery {
+            let off = r
+                .delivery
+                .iter()
+                .find(|x| x.round == d.round && x.export == "off")
+                .map(|x| &x.summary);
+            out.push_str(&format!(
+                "{:>5} {:<6} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}  {}\n",
+                d.round,
+                d.export,
+                d.summary.ledgers,
+                d.summary.p50_ms,
+                d.summary.p90_ms,
+                d.summary.p99_ms,
+                d.summary.max_ms,
+                off.map_or(f64::NAN, |o| d.summary.p50_ms / o.p50_ms),
+                off.map_or(f64::NAN, |o| d.summary.p99_ms / o.p99_ms),
+                if d.export == "off" {
+                    "-".to_string()
+                } else {
+                    format!(
+                        "to {} of {}{}",
+                        d.exported_newest,
+                        d.delivered_newest,
+                        if d.export_degraded { " (degraded)" } else { "" }
+                    )
+                },
+            ));
+        }
+    }
+    for (title, rows) in [("lake writes", &r.writes), ("reads", &r.reads)] {
+        if rows.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("{title}:\n"));
+        out.push_str("set                        what                                                      ledgers/s   raw MB/s  object MB/s  peak held MiB  bound MiB\n");
+        for x in rows.iter() {
+            let mib = |b: Option<u64>| {
+                b.map_or("-".into(), |b| {
+                    format!("{:.1}", b as f64 / f64::from(1 << 20))
+                })
+            };
+            out.push_str(&format!(
+                "{:<26} {:<57} {:>9.1} {:>10.1} {:>12} {:>14} {:>10}\n",
+                x.set,
+                x.what,
+                x.ledgers_per_s,
+                x.raw_mb_s,
+                x.object_mb_s.map_or("-".into(), |v| format!("{v:.1}")),
+                mib(x.peak_held_bytes),
+                mib(x.bound_bytes),
+            ));
+        }
+    }
+    out
+}
+
+/// The whole command: runs, prints the summary, writes `--json`.
+pub fn main(a: &LakeArgs) -> anyhow::Result<()> {
+    let report = run(a)?;
+    print!("{}", summary(&report));
+    if let Some(p) = &a.json {
+        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! `--backfill URL`: history below the ring, from a SEP-54 lake, in the relay's chunked form.
+//!
+//! This is the library side a session calls when a subscription starts below the ring (the
+//! session shell itself is not wired to it here):
+//!
+//! 1. [`Backfill::range`]: the oldest and newest ledger the lake holds (cached for a few
+//!    seconds), to decide whether a start the ring lacks can be served at all; when it cannot,
+//!    the "too far behind" error carries the lake's oldest ledger.
+//! 2. [`Backfill::cursor`]`(start, stop)`: a [`BackfillCursor`] over `start..=stop`, `stop`
+//!    being the ledger before the oldest the ring (or memory) holds
+//!    ([`Backfill::cursor_after`] goes on from a previous cursor's last ledger, chain kept, if
+//!    the ring pruned further meanwhile).
+//! 3. [`BackfillCursor::fetch`]`(seq)`, in order: the ledger `seq` as an
+//!    `Arc<`[`CompleteLedger`]`>`, cut and compressed exactly as the live pipeline does
+//!    ([`crate::pipeline::complete_ledger`]), ready to queue like a ledger read from the ring.
+//!    Every ledger was checked (its batch decoded whole, its header hash, its sequence) and
+//!    chains to the one fetched before it; a ledger the lake does not hold is
+//!    [`LakeError::Lacks`] with the range it does hold.
+//! 4. [`BackfillCursor::verify_join`] with the first ledger taken from the ring after the
+//!    lake: the ring's ledger must link to the last one the lake gave, so the subscription
+//!    crosses from lake to ring with no gap, no duplicate and no splice of two histories.
+//!
+//! Prefetch runs ahead by [`PrefetchOptions::depth`] batches, in parallel; see
+//! `ledger_relay_lake::cursor` for the memory bound.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ledger_relay_lake::{
+    Lake, LakeCursor, LakeError, LakeOptions, LakeStats, LakeUrl, PrefetchOptions,
+};
+use ledger_relay_wire::compress::Compressor;
+use ledger_relay_wire::frame::LedgerEnd;
+use tokio::sync::OnceCell;
+
+use crate::hub::CompleteLedger;
+use crate::pipeline::{complete_ledger, PipelineConfig};
+use crate::source::now_ns;
+
+/// What `--backfill` was told.
+#[derive(Debug, Clone)]
+pub struct BackfillConfig {
+    /// The lake.
+    pub url: LakeUrl,
+    /// The network passphrase the lake's manifest must name (`None`: not checked).
+    pub network: Option<String>,
+    /// How far each cursor reads ahead.
+    pub prefetch: PrefetchOptions,
+    /// Store client settings.
+    pub options: LakeOptions,
+}
+
+impl BackfillConfig {
+    /// The defaults for `url`.
+    pub fn new(url: LakeUrl, network: Option<String>) -> BackfillConfig {
+        BackfillConfig {
+            url,
+            network,
+            prefetch: PrefetchOptions::default(),
+            options: LakeOptions::default(),
+        }
+    }
+}
+
+/// How long [`Backfill::range`] trusts its last listing.
+const RANGE_TTL: Duration = Duration::from_secs(5);
+
+/// When the lake's range was last listed, and what it was.
+type Listed = Option<(Instant, Option<(u32, u32)>)>;
+
+/// The relay's backfill lake, shared by every session. The lake is opened on first use (a
+/// relay starts even when its lake is unreachable); a failed open is tried again on the next
+/// use.
+#[derive(Debug)]
+pub struct Backfill {
+    cfg: BackfillConfig,
+    pipeline: PipelineConfig,
+    stats: Arc<LakeStats>,
+    lake: OnceCell<Arc<Lake>>,
+    range: Mutex<Listed>,
+}
+
+impl Backfill {
+    /// A backfill from `cfg`'s lake, chunking as `pipeline` says, counting into `stats`.
+    pub fn new(cfg: BackfillConfig, pipeline: &PipelineConfig, stats: Arc<LakeStats>) -> Backfill {
+        let mut pipeline = pipeline.clone();
+        pipeline.export = None;
+        Backfill {
+            cfg,
+            pipeline,
+            stats,
+            lake: OnceCell::new(),
+            range: Mutex::new(None),
+        }
+    }
+
+    /// The lake, opened on first use.
+    pub async fn lake(&self) -> Result<Arc<Lake>, LakeError> {
+        self.lake
+            .get_or_try_init(|| async {
+                Lake::open(
+                    &self.cfg.url,
+                    &self.cfg.options,
+                    self.cfg.network.as_deref(),
+                    self.stats.clone(),
+                )
+                .await
+                .map(Arc::new)
+            })
+            .await
+            .cloned()
+    }
+
+    /// Oldest and newest ledger the lake holds (`None`: it holds none), listed at most every
+    /// few seconds.
+    pub async fn range(&self) -> Result<Option<(u32, u32)>, LakeError> {
+        if let Some((at, r)) = *self.range.lock().unwrap_or_else(|e| e.into_inner()) {
+            if at.elapsed() < RANGE_TTL {
+                return Ok(r);
+            }
+        }
+        let r = self.lake().await?.range().await?;
+        *self.range.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), r));
+        Ok(r)
+    }
+
+    /// Whether the lake holds `seq`, and if not, the error to give (with the lake's range).
+    pub async fn check(&self, seq: u32) -> Result<(), LakeError> {
+        match self.range().await? {
+            Some((oldest, newest)) if (oldest..=newest).contains(&seq) => Ok(()),
+            r => {
+                let e = LakeError::Lacks {
+                    seq,
+                    oldest: r.map(|r| r.0),
+                    newest: r.map(|r| r.1),
+                };
+                self.stats.count(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// A cursor over `start..=stop`. Fetching begins at once, in the background.
+    pub async fn cursor(&self, start: u32, stop: u32) -> Result<BackfillCursor, LakeError> {
+        self.cursor_from(start, stop, None).await
+    }
+
+    /// A cursor over `start..=stop` whose first ledger must link to `prev` (ledger
+    /// `start - 1` and its hash): to go on after a cursor that reached its `stop` while the
+    /// ring pruned further (pass [`BackfillCursor::last`]), or from a ledger the subscriber
+    /// holds.
+    pub async fn cursor_after(
+        &self,
+        start: u32,
+        stop: u32,
+        prev: (u32, [u8; 32]),
+    ) -> Result<BackfillCursor, LakeError> {
+        self.cursor_from(start, stop, Some(prev)).await
+    }
+
+    async fn cursor_from(
+        &self,
+        start: u32,
+        stop: u32,
+        prev: Option<(u32, [u8; 32])>,
+    ) -> Result<BackfillCursor, LakeError> {
+        let lake = self.lake().await?;
+        let mut inner = LakeCursor::new(lake, start, stop, self.cfg.prefetch);
+        if let Some((seq, hash)) = prev {
+            inner = inner.after(seq, hash);
+        }
+        Ok(BackfillCursor {
+            inner,
+            pipeline: self.pipeline.clone(),
+            prefetch: self.cfg.prefetch,
+            stop,
+        })
+    }
+}
+
+/// Ledgers `start..=stop` from the lake, verified, in the relay's chunked form.
+#[derive(Debug)]
+pub struct BackfillCursor {
+    inner: LakeCursor,
+    pipeline: PipelineConfig,
+    prefetch: PrefetchOptions,
+    stop: u32,
+}
+
+impl BackfillCursor {
+    /// The next ledger [`BackfillCursor::fetch`] gives.
+    pub fn position(&self) -> u32 {
+        self.inner.position()
+    }
+
+    /// The last ledger fetched and its hash.
+    pub fn last(&self) -> Option<(u32, [u8; 32])> {
+        self.inner.last()
+    }
+
+    /// Ledger `seq` in the relay's chunked form. `seq` is normally
+    /// [`BackfillCursor::position`]; another value starts the cursor again there (losing the
+    /// chain check against what was fetched before).
+    ///
+    /// `Ok(None)` once past `stop`: the ring takes over ([`BackfillCursor::verify_join`]).
+    pub async fn fetch(&mut self, seq: u32) -> Result<Option<Arc<CompleteLedger>>, LakeError> {
+        if seq != self.inner.position() {
+            self.inner = LakeCursor::new(self.inner.lake().clone(), seq, self.stop, self.prefetch);
+        }
+        let Some(ledger) = self.inner.next().await? else {
+            return Ok(None);
+        };
+        let pipeline = self.pipeline.clone();
+        let key = self.inner.lake().key(seq);
+        // Compression is CPU work: off the session's task.
+        let chunked = tokio::task::spawn_blocking(move || {
+            let mut comp = Compressor::new(pipeline.codec, pipeline.zstd_level);
+            let now = now_ns();
+            complete_ledger(&ledger.raw, &ledger.info, &pipeline, &mut comp, now, now)
+        })
+        .await
+        .map_err(|e| LakeError::Store {
+            key,
+            reason: format!("chunking task failed: {e}"),
+        })?;
+        Ok(Some(Arc::new(chunked)))
+    }
+
+    /// Checks that `ring_first`, the first ledger served from the ring after the lake, follows
+    /// the last ledger the lake gave and links to it.
+    pub fn verify_join(&self, ring_first: &LedgerEnd) -> Result<(), LakeError> {
+        let Some((seq, hash)) = self.inner.last() else {
+            return Ok(());
+        };
+        if ring_first.seq != seq.wrapping_add(1) || ring_first.previous_hash != hash {
+            let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
+            return Err(LakeError::BrokenChain {
+                key: "ring".into(),
+                seq: ring_first.seq,
+                prev: seq,
+                got: hex(&ring_first.previous_hash),
+                expected: hex(&hash),
+            });
+        }
+        Ok(())
+    }
+}

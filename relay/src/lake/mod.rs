@@ -1,0 +1,193 @@
+//! The relay and SEP-54 data lakes (what Galexie writes and stellar-rpc reads): exporting every
+//! ledger the relay receives ([`export`]), serving history below the ring from a lake
+//! ([`backfill`], a library API the sessions call), and the lake's metrics. Replaying a lake as
+//! a source is `source::datalake`.
+//!
+//! The lake itself (URLs, manifest, reading, writing, errors) is the `ledger-relay-lake` crate;
+//! the object names and the batch codec are `ledger_relay_wire::lake`. This module only joins
+//! them to the pipeline, the ring and the metrics.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ledger_relay_lake::{ErrorKind, LakeStats};
+
+pub mod backfill;
+pub mod export;
+
+/// What the metrics show of the relay's lakes.
+#[derive(Debug, Default)]
+pub struct LakeMetrics {
+    /// The export lake's traffic and errors.
+    pub export: Arc<LakeStats>,
+    /// The backfill lake's.
+    pub backfill: Arc<LakeStats>,
+    /// A `datalake:` source's.
+    pub source: Arc<LakeStats>,
+    /// `--export` is on.
+    pub export_enabled: AtomicBool,
+    /// The export lake is failing (unreachable, refusing, or holding another history); live
+    /// streaming goes on.
+    pub export_degraded: AtomicBool,
+    /// Newest ledger in the export lake, as last written or found.
+    pub export_newest: AtomicU64,
+    /// Ledgers the exporter had no room to queue (it was waiting on the lake); it reads them
+    /// back from the ring.
+    pub export_queue_full_total: AtomicU64,
+    /// Ledgers the exporter read from the ring.
+    pub export_ring_reads_total: AtomicU64,
+    /// Times ledgers were missing from both the queue and the ring, leaving a gap in the lake.
+    pub export_gaps_total: AtomicU64,
+    /// Upload attempts that failed and were retried.
+    pub export_retries_total: AtomicU64,
+}
+
+impl LakeMetrics {
+    /// `/healthz`'s word for the export: `off`, `ok` or `degraded`.
+    pub fn export_health(&self) -> &'static str {
+        if !self.export_enabled.load(Ordering::Relaxed) {
+            "off"
+        } else if self.export_degraded.load(Ordering::Relaxed) {
+            "degraded"
+        } else {
+            "ok"
+        }
+    }
+
+    /// Appends the Prometheus exposition; `source_newest` gives the export's lag.
+    pub fn render(&self, out: &mut String, source_newest: u64) {
+        let gauge = |out: &mut String, name: &str, help: &str, v: u64| {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
+            let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
+            let _ = writeln!(out, "ledger_relay_{name} {v}");
+        };
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let newest = load(&self.export_newest);
+        gauge(
+            out,
+            "lake_export_degraded",
+            "1 when the export lake is failing (live streaming goes on).",
+            u64::from(self.export_degraded.load(Ordering::Relaxed)),
+        );
+        gauge(
+            out,
+            "lake_export_newest",
+            "Newest ledger in the export lake.",
+            newest,
+        );
+        gauge(
+            out,
+            "lake_export_lag_ledgers",
+            "Ledgers read from the source but not yet in the export lake.",
+            if self.export_enabled.load(Ordering::Relaxed) {
+                source_newest.saturating_sub(newest)
+            } else {
+                0
+            },
+        );
+        gauge(
+            out,
+            "lake_export_queue_full_total",
+            "Ledgers the exporter had no room to queue; read back from the ring.",
+            load(&self.export_queue_full_total),
+        );
+        gauge(
+            out,
+            "lake_export_ring_reads_total",
+            "Ledgers the exporter read from the ring.",
+            load(&self.export_ring_reads_total),
+        );
+        gauge(
+            out,
+            "lake_export_gaps_total",
+            "Times ledgers were in neither the export queue nor the ring: a gap in the lake.",
+            load(&self.export_gaps_total),
+        );
+        gauge(
+            out,
+            "lake_export_retries_total",
+            "Failed export uploads, retried with backoff.",
+            load(&self.export_retries_total),
+        );
+        let lakes = [
+            ("export", &self.export),
+            ("backfill", &self.backfill),
+            ("source", &self.source),
+        ];
+        type Field = fn(&LakeStats) -> &AtomicU64;
+        let per_lake: [(&str, &str, Field); 7] = [
+            (
+                "lake_objects_read_total",
+                "Objects read from a lake.",
+                |s| &s.objects_read,
+            ),
+            (
+                "lake_bytes_read_total",
+                "Bytes of objects read from a lake.",
+                |s| &s.bytes_read,
+            ),
+            (
+                "lake_objects_written_total",
+                "Objects written to a lake.",
+                |s| &s.objects_written,
+            ),
+            (
+                "lake_bytes_written_total",
+                "Bytes of objects written to a lake.",
+                |s| &s.bytes_written,
+            ),
+            (
+                "lake_objects_present_total",
+                "Objects a writer found already in the lake, identical, and left alone.",
+                |s| &s.objects_present,
+            ),
+            (
+                "lake_prefetch_held_bytes",
+                "Decoded bytes prefetched from a lake and not yet served.",
+                |s| &s.prefetch_held_bytes,
+            ),
+            (
+                "lake_prefetch_peak_bytes",
+                "Most decoded bytes prefetched from a lake at once.",
+                |s| &s.prefetch_peak_bytes,
+            ),
+        ];
+        for (name, help, field) in per_lake {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
+            let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
+            for (lake, stats) in lakes {
+                let _ = writeln!(
+                    out,
+                    "ledger_relay_{name}{{lake=\"{lake}\"}} {}",
+                    load(field(stats))
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ledger_relay_lake_errors_total Lake errors by lake and kind (missing, truncated, corrupt, wrong_network, unreachable, denied, ...)."
+        );
+        let _ = writeln!(out, "# TYPE ledger_relay_lake_errors_total counter");
+        for (lake, stats) in lakes {
+            for kind in ErrorKind::ALL {
+                let _ = writeln!(
+                    out,
+                    "ledger_relay_lake_errors_total{{lake=\"{lake}\",kind=\"{}\"}} {}",
+                    kind.name(),
+                    stats.errors(kind)
+                );
+            }
+        }
+    }
+}
