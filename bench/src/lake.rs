@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use ledger_relay::hub::{ChunkItem, CompleteLedger};
+use ledger_relay::hub::stored_ledger;
 use ledger_relay::lake::backfill::{Backfill, BackfillConfig};
 use ledger_relay::pipeline::{complete_ledger, PipelineConfig};
 use ledger_relay::ring::{Ring, RingConfig, StoredChunk};
@@ -34,7 +34,6 @@ use ledger_relay_lake::{
     PrefetchOptions, TESTNET_PASSPHRASE,
 };
 use ledger_relay_wire::compress::Compressor;
-use ledger_relay_wire::frame::ChunkHeader;
 use ledger_relay_wire::header::peek_header;
 
 use crate::harness::{make_certs, spawn_subscriber, RelayProc, RelaySettings, SubSpec};
@@ -378,24 +377,7 @@ async fn backfill_set(
             .await??
             .context("the ring lacks a ledger it was given")?;
         // What the session's catch-up builds from a ring read.
-        let l = CompleteLedger {
-            end,
-            chunks: chunks
-                .into_iter()
-                .map(|c| {
-                    Arc::new(ChunkItem::new(
-                        ChunkHeader {
-                            seq,
-                            index: c.index,
-                            raw_offset: c.raw_offset,
-                            raw_len: c.raw_len,
-                            codec: c.codec,
-                        },
-                        c.payload,
-                    ))
-                })
-                .collect(),
-        };
+        let l = stored_ledger(end, chunks);
         std::hint::black_box(&l);
     }
     report.reads.push(read_run(

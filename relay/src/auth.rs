@@ -22,6 +22,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use x509_parser::revocation_list::CertificateRevocationList;
 
 use ledger_relay_transport::{crypto_provider, TransportSettings};
+use ledger_relay_wire::sender::CloseReason;
 
 /// Where the relay's certificates are and who may connect.
 #[derive(Debug, Clone)]
@@ -80,6 +81,17 @@ pub enum Refusal {
     /// The certificate is revoked (a CRL loaded after the handshake began).
     #[error("client {0} certificate is revoked")]
     Revoked(String),
+}
+
+impl From<Refusal> for CloseReason {
+    fn from(r: Refusal) -> CloseReason {
+        match r {
+            Refusal::Revoked(identity) => CloseReason::Revoked { identity },
+            other => CloseReason::Unauthorized {
+                detail: other.to_string(),
+            },
+        }
+    }
 }
 
 struct CrlState {

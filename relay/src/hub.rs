@@ -1,8 +1,8 @@
 //! The live state every session reads from: the ledger being published now, the last few
 //! complete ledgers in memory, and a broadcast channel of chunks and end records.
 //!
-//! Chunks are compressed once and shared by reference (`Bytes`): every subscriber's streams
-//! carry the same bytes. A session that falls behind the broadcast channel (it lags by more than
+//! Chunks are compressed once and shared by reference (their payload is `Bytes`): every
+//! subscriber's streams carry the same bytes. A session that falls behind the broadcast channel (it lags by more than
 //! the channel's capacity) leaves live mode and reads complete ledgers from memory or the ring at
 //! its own pace, so a slow subscriber never slows the source or another subscriber and never
 //! grows the relay's memory beyond the channel's capacity.
@@ -10,56 +10,32 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::Bytes;
-use ledger_relay_wire::compress::Codec;
-use ledger_relay_wire::frame::{ChunkHeader, LedgerEnd, CHUNK_FIXED_LEN, FRAME_HEADER_LEN};
+use ledger_relay_wire::frame::{Chunk, ChunkHeader, LedgerEnd};
 use tokio::sync::{broadcast, watch};
 
-/// One chunk as it goes on the wire: its encoded frame header and its shared payload.
-#[derive(Debug)]
-pub struct ChunkItem {
-    /// Fixed fields.
-    pub header: ChunkHeader,
-    /// The encoded frame header and fixed fields, computed once.
-    pub prefix: [u8; FRAME_HEADER_LEN + CHUNK_FIXED_LEN],
-    /// The (compressed) payload, shared by every subscriber.
-    pub payload: Bytes,
-}
+use crate::ring::StoredChunk;
 
-impl ChunkItem {
-    /// Builds the item, encoding its frame prefix once.
-    pub fn new(header: ChunkHeader, payload: Bytes) -> ChunkItem {
-        ChunkItem {
-            prefix: header.frame_prefix(payload.len()),
-            header,
-            payload,
-        }
-    }
+pub use ledger_relay_wire::sender::CompleteLedger;
 
-    /// Bytes this chunk occupies on the wire, framing included.
-    pub fn wire_len(&self) -> usize {
-        self.prefix.len() + self.payload.len()
-    }
-
-    /// The codec of the payload.
-    pub fn codec(&self) -> Codec {
-        self.header.codec
-    }
-}
-
-/// A ledger whose chunks and end record are all known.
-#[derive(Debug)]
-pub struct CompleteLedger {
-    /// The end record.
-    pub end: LedgerEnd,
-    /// Chunks in index order.
-    pub chunks: Vec<Arc<ChunkItem>>,
-}
-
-impl CompleteLedger {
-    /// Payload bytes over all chunks.
-    pub fn wire_bytes(&self) -> u64 {
-        self.chunks.iter().map(|c| c.payload.len() as u64).sum()
+/// A ledger as the ring returns it, in the form every session sends: the one conversion from
+/// stored chunks (which carry no sequence of their own) to chunk frames.
+pub fn stored_ledger(end: LedgerEnd, chunks: Vec<StoredChunk>) -> CompleteLedger {
+    let seq = end.seq;
+    CompleteLedger {
+        end,
+        chunks: chunks
+            .into_iter()
+            .map(|c| Chunk {
+                header: ChunkHeader {
+                    seq,
+                    index: c.index,
+                    raw_offset: c.raw_offset,
+                    raw_len: c.raw_len,
+                    codec: c.codec,
+                },
+                payload: c.payload,
+            })
+            .collect(),
     }
 }
 
@@ -67,7 +43,7 @@ impl CompleteLedger {
 #[derive(Debug, Clone)]
 pub enum Item {
     /// A chunk of the ledger being published.
-    Chunk(Arc<ChunkItem>),
+    Chunk(Chunk),
     /// The end record of a ledger, with all its chunks. They were published before it, one by
     /// one, unless the relay stores and forwards (`--store-and-forward`): then this is the
     /// first a session hears of them, and it sends them from here.
@@ -82,7 +58,7 @@ pub struct InProgress {
     /// Its sequence.
     pub seq: u32,
     /// Chunks published so far, in publication order.
-    pub chunks: Vec<Arc<ChunkItem>>,
+    pub chunks: Vec<Chunk>,
 }
 
 #[derive(Debug, Default)]
@@ -145,7 +121,7 @@ impl Hub {
     }
 
     /// Publishes a chunk of ledger `header.seq`, starting that ledger if it is new.
-    pub fn publish_chunk(&self, item: Arc<ChunkItem>) {
+    pub fn publish_chunk(&self, item: Chunk) {
         let mut st = self.lock();
         let seq = item.header.seq;
         match &mut st.current {
@@ -235,6 +211,15 @@ impl Hub {
         }
     }
 
+    /// The chunks published so far of ledger `seq`, if it is the one in progress.
+    pub fn in_progress(&self, seq: u32) -> Option<Vec<Chunk>> {
+        let st = self.lock();
+        st.current
+            .as_ref()
+            .filter(|c| c.seq == seq)
+            .map(|c| c.chunks.clone())
+    }
+
     /// A complete ledger still held in memory.
     pub fn recent(&self, seq: u32) -> Option<Arc<CompleteLedger>> {
         let st = self.lock();
@@ -260,18 +245,20 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+    use ledger_relay_wire::compress::Codec;
 
-    fn chunk(seq: u32, index: u32) -> Arc<ChunkItem> {
-        Arc::new(ChunkItem::new(
-            ChunkHeader {
+    fn chunk(seq: u32, index: u32) -> Chunk {
+        Chunk {
+            header: ChunkHeader {
                 seq,
                 index,
                 raw_offset: u64::from(index),
                 raw_len: 1,
                 codec: Codec::None,
             },
-            Bytes::from_static(b"x"),
-        ))
+            payload: Bytes::from_static(b"x"),
+        }
     }
 
     fn complete(seq: u32, n: u32) -> Arc<CompleteLedger> {

@@ -90,7 +90,7 @@ counters! {
 }
 
 /// What the metrics show of one session.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionInfo {
     /// Client identity from its certificate.
     pub identity: String,

@@ -26,14 +26,14 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 use ledger_relay_wire::chunker::{Chunker, RawChunk};
 use ledger_relay_wire::compress::{Codec, Compressor};
-use ledger_relay_wire::frame::{ChunkHeader, LedgerEnd};
+use ledger_relay_wire::frame::{Chunk, ChunkHeader, LedgerEnd};
 use ledger_relay_wire::header::{peek_header, LedgerHeaderInfo, MAX_HEADER_PEEK};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::health::{self, Reason};
-use crate::hub::{ChunkItem, CompleteLedger, Hub};
+use crate::hub::{CompleteLedger, Hub};
 use crate::metrics::Metrics;
 use crate::ring::{Ring, RingError, StoredChunk};
 use crate::source::SourceEvent;
@@ -86,7 +86,7 @@ pub struct StartState {
 
 enum ToPublisher {
     Begin { emission: u64, seq: u32 },
-    Chunk { emission: u64, item: Arc<ChunkItem> },
+    Chunk { emission: u64, item: Chunk },
     Done { emission: u64, end: LedgerEnd },
     Abort { emission: u64, seq: u32 },
 }
@@ -548,24 +548,21 @@ pub fn complete_ledger(
             first_byte_ns,
             last_byte_ns,
         ),
-        chunks: chunks
-            .into_iter()
-            .map(|c| Arc::new(ChunkItem::new(c.header, c.payload)))
-            .collect(),
+        chunks: chunks.into_iter().collect(),
     }
 }
 
-fn raw_item(seq: u32, chunk: &RawChunk) -> Arc<ChunkItem> {
-    Arc::new(ChunkItem::new(
-        ChunkHeader {
+fn raw_item(seq: u32, chunk: &RawChunk) -> Chunk {
+    Chunk {
+        header: ChunkHeader {
             seq,
             index: chunk.index,
             raw_offset: chunk.offset,
             raw_len: chunk.data.len() as u32,
             codec: Codec::None,
         },
-        chunk.data.clone(),
-    ))
+        payload: chunk.data.clone(),
+    }
 }
 
 fn compress_worker(
@@ -589,8 +586,8 @@ fn compress_worker(
             Metrics::add(&metrics.raw_fallback_total, 1);
         }
         Metrics::add(&metrics.wire_bytes_total, payload.len() as u64);
-        let item = Arc::new(ChunkItem::new(
-            ChunkHeader {
+        let item = Chunk {
+            header: ChunkHeader {
                 seq: job.seq,
                 index: job.chunk.index,
                 raw_offset: job.chunk.offset,
@@ -598,7 +595,7 @@ fn compress_worker(
                 codec: used,
             },
             payload,
-        ));
+        };
         if out
             .send(ToPublisher::Chunk {
                 emission: job.emission,
@@ -615,7 +612,7 @@ struct Pending {
     emission: u64,
     seq: u32,
     /// Chunks by index: published ones for the head of the queue, buffered ones behind it.
-    chunks: HashMap<u32, Arc<ChunkItem>>,
+    chunks: HashMap<u32, Chunk>,
     end: Option<LedgerEnd>,
 }
 
@@ -693,7 +690,7 @@ fn publisher(
         while queue.front().is_some_and(Pending::complete) {
             let Some(p) = queue.pop_front() else { break };
             let Some(end) = p.end else { break };
-            let mut chunks: Vec<Arc<ChunkItem>> = p.chunks.into_values().collect();
+            let mut chunks: Vec<Chunk> = p.chunks.into_values().collect();
             chunks.sort_by_key(|c| c.header.index);
             debug_assert_eq!(p.seq, end.seq);
             let ledger = Arc::new(CompleteLedger { end, chunks });
@@ -721,7 +718,7 @@ fn start_head(queue: &std::collections::VecDeque<Pending>, hub: &Hub, live: Publ
         if live == Publish::WholeLedgers {
             return;
         }
-        let mut buffered: Vec<&Arc<ChunkItem>> = next.chunks.values().collect();
+        let mut buffered: Vec<&Chunk> = next.chunks.values().collect();
         buffered.sort_by_key(|c| c.header.index);
         for c in buffered {
             hub.publish_chunk(c.clone());
@@ -947,7 +944,6 @@ mod tests {
             assert_eq!(live.chunks.len(), whole.chunks.len());
             for (x, y) in live.chunks.iter().zip(&whole.chunks) {
                 assert_eq!(x.header, y.header);
-                assert_eq!(x.prefix, y.prefix);
                 assert!(
                     x.payload == y.payload,
                     "chunk {} compressed the same",

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use ledger_relay_transport::{close_with_error, FrameReader, FrameWriter};
 use ledger_relay_wire::compress::Codec;
-use ledger_relay_wire::frame::{ErrorCode, ErrorFrame, Frame, TOKEN_LEN};
+use ledger_relay_wire::frame::{ErrorCode, Frame, TOKEN_LEN};
+use ledger_relay_wire::sender::{CloseReason, Violation};
 use ledger_relay_wire::PROTOCOL_VERSION;
 use quinn::{Connection, Endpoint};
 use rand::RngCore;
@@ -17,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::auth::{log_reload, Auth, Refusal, CRL_POLL};
+use crate::auth::{log_reload, Auth, CRL_POLL};
 use crate::metrics::Metrics;
 use crate::session::{
     resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared, CLOSE_LINGER,
@@ -113,7 +114,7 @@ pub async fn serve(
         .cloned()
         .collect();
     for h in &handles {
-        h.end(ErrorCode::ShuttingDown, "relay shutting down");
+        h.end(CloseReason::ShuttingDown);
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while !ctx
@@ -162,26 +163,33 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
             if h.any_revoked(|s| ctx.auth.is_revoked(s)) {
                 info!(session = h.id, client = %h.client.name, "certificate revoked: closing session");
                 Metrics::add(&ctx.shared.metrics.revoked_sessions_total, 1);
-                h.end(
-                    ErrorCode::Revoked,
-                    format!("certificate of {} revoked", h.client.name),
-                );
+                h.end(CloseReason::Revoked {
+                    identity: h.client.name.clone(),
+                });
             }
         }
     }
 }
 
-async fn refuse(conn: &Connection, send: &mut FrameWriter, frame: ErrorFrame) {
-    close_with_error(conn, send.stream_mut(), &frame, CLOSE_LINGER).await;
+/// Refuses a lane or session: the reason's `Error` frame, then the close.
+async fn refuse(conn: &Connection, send: &mut FrameWriter, reason: CloseReason) {
+    match reason.error_frame() {
+        Some(frame) => close_with_error(conn, send.stream_mut(), &frame, CLOSE_LINGER).await,
+        None => conn.close(reason.close_code().into(), reason.to_string().as_bytes()),
+    }
 }
 
-fn error(code: ErrorCode, message: impl Into<String>) -> ErrorFrame {
-    ErrorFrame {
-        code,
-        oldest: 0,
-        newest: 0,
-        message: message.into(),
+fn unauthorized(detail: impl Into<String>) -> CloseReason {
+    CloseReason::Unauthorized {
+        detail: detail.into(),
     }
+}
+
+fn violation(detail: impl Into<String>) -> CloseReason {
+    Violation::BadRequest {
+        detail: detail.into(),
+    }
+    .into()
 }
 
 /// Reads the first frame of a control stream.
@@ -228,11 +236,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
         Err(refusal) => {
             Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
             info!(%remote, %refusal, "connection refused");
-            let code = match refusal {
-                Refusal::Revoked(_) => ErrorCode::Revoked,
-                _ => ErrorCode::Unauthorized,
-            };
-            refuse(&conn, &mut send, error(code, refusal.to_string())).await;
+            refuse(&conn, &mut send, refusal.into()).await;
             return;
         }
     };
@@ -240,17 +244,12 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
         Ok(Ok(f)) => f,
         Ok(Err(e)) => {
             Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
-            refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, e)).await;
+            refuse(&conn, &mut send, violation(e)).await;
             return;
         }
         Err(_) => {
             Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
-            refuse(
-                &conn,
-                &mut send,
-                error(ErrorCode::ProtocolViolation, "no first frame in time"),
-            )
-            .await;
+            refuse(&conn, &mut send, violation("no first frame in time")).await;
             return;
         }
     };
@@ -258,12 +257,12 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
         Frame::SessionOpen(open) => {
             if open.version != PROTOCOL_VERSION {
                 let msg = format!("protocol version {} not supported", open.version);
-                refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, msg)).await;
+                refuse(&conn, &mut send, violation(msg)).await;
                 return;
             }
             if ctx.cfg.codec != Codec::None && open.codecs & ctx.cfg.codec.bit() == 0 {
                 let msg = format!("this relay sends {} chunks", ctx.cfg.codec);
-                refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, msg)).await;
+                refuse(&conn, &mut send, violation(msg)).await;
                 return;
             }
             let sessions = ctx.registry.lock().unwrap_or_else(|e| e.into_inner()).len();
@@ -272,7 +271,9 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                 refuse(
                     &conn,
                     &mut send,
-                    error(ErrorCode::Overloaded, "session limit reached"),
+                    CloseReason::Overloaded {
+                        detail: "session limit reached".into(),
+                    },
                 )
                 .await;
                 return;
@@ -304,9 +305,11 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&id);
                 Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                let msg = format!("certificate of {} revoked", client.name);
                 info!(%remote, client = %client.name, "connection refused: certificate revoked");
-                refuse(&conn, &mut send, error(ErrorCode::Revoked, msg)).await;
+                let reason = CloseReason::Revoked {
+                    identity: client.name.clone(),
+                };
+                refuse(&conn, &mut send, reason).await;
                 return;
             }
             let mut cfg = ctx.cfg.session.clone();
@@ -334,21 +337,14 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                         .metrics
                         .sessions_open
                         .fetch_sub(1, Ordering::Relaxed);
-                    info!(session = id, client = %client.name, code = ?end.code, reason = %end.reason, "session ended");
+                    info!(session = id, client = %client.name, code = ?end.code(), reason = %end, "session ended");
                 }
-                Err(mut frame) => {
+                Err(reason) => {
                     // Ended while waiting for its first ledger: say why (revoked), not just
                     // that the wait was cut short.
-                    if let Some((code, message)) = handle
-                        .close
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone()
-                    {
-                        frame = error(code, message);
-                    }
-                    info!(session = id, client = %client.name, reason = %frame.message, "session refused");
-                    refuse(&conn, &mut send, frame).await;
+                    let reason = handle.end_reason().unwrap_or(reason);
+                    info!(session = id, client = %client.name, %reason, "session refused");
+                    refuse(&conn, &mut send, reason).await;
                 }
             }
             ctx.registry
@@ -364,31 +360,28 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                 .get(&join.session_id)
                 .cloned();
             let refusal = match &handle {
-                None => Some(error(ErrorCode::Unauthorized, "no such session")),
+                None => Some(unauthorized("no such session")),
                 Some(h) if !tokens_equal(&h.token, &join.token) => {
-                    Some(error(ErrorCode::Unauthorized, "wrong session token"))
+                    Some(unauthorized("wrong session token"))
                 }
-                Some(h) if h.client.name != client.name => Some(error(
-                    ErrorCode::Unauthorized,
-                    format!(
-                        "lane identity {} differs from the session's {}",
-                        client.name, h.client.name
-                    ),
-                )),
-                Some(h) if join.lane >= h.lanes => Some(error(
-                    ErrorCode::ProtocolViolation,
-                    format!("lane {} beyond the {} granted", join.lane, h.lanes),
-                )),
-                Some(_) if join.version != PROTOCOL_VERSION => Some(error(
-                    ErrorCode::ProtocolViolation,
-                    format!("protocol version {} not supported", join.version),
-                )),
+                Some(h) if h.client.name != client.name => Some(unauthorized(format!(
+                    "lane identity {} differs from the session's {}",
+                    client.name, h.client.name
+                ))),
+                Some(h) if join.lane >= h.lanes => Some(violation(format!(
+                    "lane {} beyond the {} granted",
+                    join.lane, h.lanes
+                ))),
+                Some(_) if join.version != PROTOCOL_VERSION => Some(violation(format!(
+                    "protocol version {} not supported",
+                    join.version
+                ))),
                 Some(_) => None,
             };
-            if let Some(frame) = refusal {
+            if let Some(reason) = refusal {
                 Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                info!(%remote, client = %client.name, reason = %frame.message, "lane refused");
-                refuse(&conn, &mut send, frame).await;
+                info!(%remote, client = %client.name, %reason, "lane refused");
+                refuse(&conn, &mut send, reason).await;
                 return;
             }
             if let Some(h) = handle {
@@ -401,8 +394,10 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                     // this serial was on it.
                     if ctx.auth.is_revoked(&client.serial) {
                         Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                        let msg = format!("certificate of {} revoked", client.name);
-                        refuse(&conn, &mut send, error(ErrorCode::Revoked, msg)).await;
+                        let reason = CloseReason::Revoked {
+                            identity: client.name.clone(),
+                        };
+                        refuse(&conn, &mut send, reason).await;
                         return;
                     }
                 }
@@ -427,7 +422,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
         other => {
             Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
             let msg = format!("{} frame cannot open a lane", other.frame_type().name());
-            refuse(&conn, &mut send, error(ErrorCode::ProtocolViolation, msg)).await;
+            refuse(&conn, &mut send, violation(msg)).await;
         }
     }
 }
