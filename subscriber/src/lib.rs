@@ -83,12 +83,14 @@ pub mod cli;
 mod client;
 pub mod config;
 pub mod error;
+mod ledger;
 mod session;
 pub mod verify;
 
-pub use client::{connect, Item, Ledger, Status, Subscription};
+pub use client::{connect, Subscription};
 pub use config::{Anchor, Credentials, ParseError, RelayAddr, SubscribeConfig};
 pub use error::{AuthReason, SubscribeError, Transient, VerifyError};
+pub use ledger::{Item, Ledger, Status};
 /// The frame types (for [`frame::Start`]), re-exported from `ledger-relay-wire`.
 pub use ledger_relay_wire::frame;
 pub use ledger_relay_wire::Limits;

@@ -1,0 +1,360 @@
+//! The cutter: source events in, ledgers out as chunks: the header peek, the sequence rules
+//! (duplicates dropped, a gap, a conflicting hash, a broken chain or garbage stops the source),
+//! chunking, and the hand-off of chunks to the compression pool or, when it is full, raw.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// Why the cutter refused the source's output.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SourceRefused {
+    #[error("ledger header unreadable: {0}")]
+    Header(#[from] ledger_relay_wire::header::HeaderError),
+    #[error("ledger {seq} arrived with hash {got} but {held} was already published for it")]
+    ConflictingHash { seq: u32, held: String, got: String },
+    #[error("sequence gap: ledger {got} follows {last}")]
+    Gap { last: u32, got: u32 },
+    #[error(
+        "ledger {seq} does not link to ledger {prev}: previous hash {got}, expected {expected}"
+    )]
+    BrokenChain {
+        seq: u32,
+        prev: u32,
+        got: String,
+        expected: String,
+    },
+    #[error("ledger {seq} regresses behind {last}")]
+    Regression { seq: u32, last: u32 },
+    #[error("no ledger header in the first {MAX_HEADER_PEEK} bytes")]
+    NoHeader,
+}
+
+pub(super) fn hex(h: &[u8; 32]) -> String {
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(super) enum Ledger {
+    /// No ledger in progress.
+    Idle,
+    /// A ledger started; its header is not yet readable.
+    Peeking { first_ns: u64, head: Vec<u8> },
+    /// Streaming the ledger `info` out as chunks.
+    Streaming {
+        first_ns: u64,
+        info: LedgerHeaderInfo,
+    },
+    /// A duplicate being skipped until its end.
+    Skipping,
+}
+
+pub(super) struct Cutter {
+    config: PipelineConfig,
+    chunker: Chunker,
+    state: Ledger,
+    emission: u64,
+    /// The last ledger published in this run.
+    last: Option<(u32, [u8; 32])>,
+    /// Hashes of recent ledgers, for deduplication of re-emitted ones.
+    recent: BTreeMap<u32, [u8; 32]>,
+    jobs: SyncSender<Job>,
+    publisher: mpsc::Sender<ToPublisher>,
+    metrics: Arc<Metrics>,
+    out: Vec<RawChunk>,
+    ring: Option<Arc<Ring>>,
+}
+
+pub(super) const RECENT_HASHES: usize = 256;
+
+impl Cutter {
+    pub(super) fn new(
+        config: PipelineConfig,
+        start: StartState,
+        jobs: SyncSender<Job>,
+        publisher: mpsc::Sender<ToPublisher>,
+        metrics: Arc<Metrics>,
+        ring: Option<Arc<Ring>>,
+    ) -> Cutter {
+        let mut recent = BTreeMap::new();
+        if let Some((seq, hash)) = start.newest {
+            recent.insert(seq, hash);
+        }
+        Cutter {
+            chunker: Chunker::new(config.chunk_size),
+            config,
+            state: Ledger::Idle,
+            emission: 0,
+            last: None,
+            recent,
+            jobs,
+            publisher,
+            metrics,
+            out: Vec::new(),
+            ring,
+        }
+    }
+
+    pub(super) fn run(
+        &mut self,
+        mut events: UnboundedReceiver<SourceEvent>,
+        stop: &CancellationToken,
+    ) {
+        while let Some(ev) = events.blocking_recv() {
+            let r = match ev {
+                SourceEvent::Begin { at_ns, .. } => {
+                    self.metrics.health.source_bytes();
+                    self.abort("a new record began before the previous ended");
+                    self.state = Ledger::Peeking {
+                        first_ns: at_ns,
+                        head: Vec::new(),
+                    };
+                    Ok(())
+                }
+                SourceEvent::Data(piece) => {
+                    self.metrics.health.source_bytes();
+                    self.data(piece)
+                }
+                SourceEvent::End { at_ns } => {
+                    self.end(at_ns);
+                    Ok(())
+                }
+                SourceEvent::Abort { reason } => {
+                    self.abort(&reason);
+                    Ok(())
+                }
+                SourceEvent::Down { reason } => {
+                    let restarts = self.metrics.source_restarts_total.load(Ordering::Relaxed);
+                    self.metrics.health.raise(
+                        health::SOURCE,
+                        Reason::SourceDown {
+                            restarts: u32::try_from(restarts).unwrap_or(u32::MAX),
+                            cause: reason,
+                        },
+                    );
+                    Ok(())
+                }
+                SourceEvent::Restarted { attempt, reason } => {
+                    Metrics::add(&self.metrics.source_restarts_total, 1);
+                    warn!(attempt, %reason, "source restarted");
+                    self.metrics.health.raise(
+                        health::SOURCE,
+                        Reason::SourceRestarted {
+                            restarts: attempt,
+                            cause: reason,
+                        },
+                    );
+                    Ok(())
+                }
+                SourceEvent::Finished => {
+                    info!("source finished");
+                    self.metrics
+                        .health
+                        .raise(health::SOURCE, Reason::SourceFinished);
+                    Ok(())
+                }
+                SourceEvent::Failed(reason) => {
+                    Metrics::add(&self.metrics.source_errors_total, 1);
+                    error!(%reason, "source failed");
+                    self.abort(&reason);
+                    self.metrics
+                        .health
+                        .raise(health::SOURCE, Reason::SourceFailed { cause: reason });
+                    Ok(())
+                }
+            };
+            if let Err(e) = r {
+                Metrics::add(&self.metrics.source_errors_total, 1);
+                error!(error = %e, "source stopped: its output is refused");
+                self.metrics.health.raise(
+                    health::SOURCE,
+                    Reason::SourceFailed {
+                        cause: format!("its output is refused: {e}"),
+                    },
+                );
+                self.abort("refused");
+                stop.cancel();
+                return;
+            }
+        }
+    }
+
+    fn data(&mut self, piece: Bytes) -> Result<(), SourceRefused> {
+        match &mut self.state {
+            Ledger::Idle | Ledger::Skipping => Ok(()),
+            Ledger::Streaming { .. } => {
+                self.chunker.push(&piece, &mut self.out);
+                self.dispatch();
+                Ok(())
+            }
+            Ledger::Peeking { first_ns, head } => {
+                let first_ns = *first_ns;
+                let take = piece.len().min(MAX_HEADER_PEEK.saturating_sub(head.len()));
+                head.extend_from_slice(&piece[..take]);
+                let Some(info) = peek_header(head)? else {
+                    if head.len() >= MAX_HEADER_PEEK {
+                        // peek_header always answers given MAX_HEADER_PEEK bytes; defensive.
+                        return Err(SourceRefused::NoHeader);
+                    }
+                    return Ok(());
+                };
+                let head = std::mem::take(head);
+                if !self.admit(&info)? {
+                    Metrics::add(&self.metrics.duplicates_dropped_total, 1);
+                    info!(seq = info.ledger_seq, "dropping a re-emitted ledger");
+                    self.state = Ledger::Skipping;
+                    return Ok(());
+                }
+                self.emission += 1;
+                let _ = self.publisher.send(ToPublisher::Begin {
+                    emission: self.emission,
+                    seq: info.ledger_seq,
+                });
+                self.chunker.reset();
+                self.chunker.push(&head, &mut self.out);
+                self.chunker.push(&piece[take..], &mut self.out);
+                self.state = Ledger::Streaming { first_ns, info };
+                self.dispatch();
+                Ok(())
+            }
+        }
+    }
+
+    /// The hash of ledger `seq` if this relay already holds it: recently published, or in the
+    /// ring from before a restart (core re-emits ledgers it had not committed).
+    fn held_hash(&self, seq: u32) -> Option<[u8; 32]> {
+        if let Some(h) = self.recent.get(&seq) {
+            return Some(*h);
+        }
+        let ring = self.ring.as_ref()?;
+        let (oldest, newest) = ring.range()?;
+        if !(oldest..=newest).contains(&seq) {
+            return None;
+        }
+        // Rare (a restart of core or of the relay), and off the pipe-reading thread.
+        ring.get(seq).ok().flatten().map(|(end, _)| end.header_hash)
+    }
+
+    /// Applies the sequence rules: `Ok(false)` for a duplicate to drop.
+    fn admit(&mut self, info: &LedgerHeaderInfo) -> Result<bool, SourceRefused> {
+        let seq = info.ledger_seq;
+        if let Some(held) = self.held_hash(seq) {
+            if held == info.hash {
+                // Later ledgers must continue from this one.
+                self.last = Some((seq, held));
+                return Ok(false);
+            }
+            if self.last.is_some() || self.recent.contains_key(&seq) {
+                return Err(SourceRefused::ConflictingHash {
+                    seq,
+                    held: hex(&held),
+                    got: hex(&info.hash),
+                });
+            }
+            // The first ledger of this run differs from what an earlier run left in the ring:
+            // a new run, which the ring writer starts afresh.
+        }
+        if let Some((last, last_hash)) = self.last {
+            if seq <= last {
+                return Err(SourceRefused::Regression { seq, last });
+            }
+            if seq != last + 1 {
+                return Err(SourceRefused::Gap { last, got: seq });
+            }
+            if info.previous_hash != last_hash {
+                return Err(SourceRefused::BrokenChain {
+                    seq,
+                    prev: last,
+                    got: hex(&info.previous_hash),
+                    expected: hex(&last_hash),
+                });
+            }
+        }
+        Ok(true)
+    }
+
+    fn dispatch(&mut self) {
+        let Ledger::Streaming { info, .. } = &self.state else {
+            return;
+        };
+        let seq = info.ledger_seq;
+        for chunk in self.out.drain(..) {
+            Metrics::add(&self.metrics.chunks_total, 1);
+            if self.config.codec == Codec::None {
+                let item = raw_item(seq, &chunk);
+                Metrics::add(&self.metrics.wire_bytes_total, chunk.data.len() as u64);
+                let _ = self.publisher.send(ToPublisher::Chunk {
+                    emission: self.emission,
+                    item,
+                });
+                continue;
+            }
+            let job = Job {
+                emission: self.emission,
+                seq,
+                chunk,
+            };
+            match self.jobs.try_send(job) {
+                Ok(()) => {}
+                Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
+                    Metrics::add(&self.metrics.pool_saturated_total, 1);
+                    Metrics::add(&self.metrics.wire_bytes_total, job.chunk.data.len() as u64);
+                    let _ = self.publisher.send(ToPublisher::Chunk {
+                        emission: self.emission,
+                        item: raw_item(seq, &job.chunk),
+                    });
+                }
+            }
+        }
+    }
+
+    fn end(&mut self, last_ns: u64) {
+        match std::mem::replace(&mut self.state, Ledger::Idle) {
+            Ledger::Streaming { first_ns, info } => {
+                let (last, summary) = self.chunker.finish();
+                self.out.extend(last);
+                self.state = Ledger::Streaming { first_ns, info };
+                self.dispatch();
+                self.state = Ledger::Idle;
+                let seq = info.ledger_seq;
+                let end = summary.end(seq, info.hash, info.previous_hash, first_ns, last_ns);
+                Metrics::add(&self.metrics.ledgers_in_total, 1);
+                Metrics::add(&self.metrics.bytes_in_total, summary.raw_len);
+                Metrics::set(&self.metrics.source_newest, u64::from(seq));
+                self.metrics.health.ledger();
+                self.last = Some((seq, info.hash));
+                self.recent.insert(seq, info.hash);
+                while self.recent.len() > RECENT_HASHES {
+                    self.recent.pop_first();
+                }
+                let _ = self.publisher.send(ToPublisher::Done {
+                    emission: self.emission,
+                    end,
+                });
+            }
+            Ledger::Peeking { .. } => {
+                // A record too short to hold a ledger header.
+                Metrics::add(&self.metrics.source_errors_total, 1);
+                warn!("a record ended before its ledger header: discarded");
+            }
+            Ledger::Idle | Ledger::Skipping => {}
+        }
+    }
+
+    fn abort(&mut self, reason: &str) {
+        match std::mem::replace(&mut self.state, Ledger::Idle) {
+            Ledger::Streaming { info, .. } => {
+                Metrics::add(&self.metrics.source_aborts_total, 1);
+                warn!(seq = info.ledger_seq, %reason, "ledger cut off by its source: discarded");
+                self.chunker.reset();
+                self.out.clear();
+                let _ = self.publisher.send(ToPublisher::Abort {
+                    emission: self.emission,
+                    seq: info.ledger_seq,
+                });
+            }
+            Ledger::Peeking { .. } => {
+                Metrics::add(&self.metrics.source_aborts_total, 1);
+            }
+            Ledger::Idle | Ledger::Skipping => {}
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Unit tests of `cli`.
+
+use super::*;
+use clap::Parser;
+
+fn ledger(seq: u32, received_ns: u64, last_byte_ns: u64) -> Ledger {
+    Ledger {
+        seq,
+        data: bytes::Bytes::from(vec![0u8; 1000]),
+        header_hash: [0; 32],
+        previous_hash: [0; 32],
+        relay_first_byte_ns: 0,
+        relay_last_byte_ns: last_byte_ns,
+        received_ns,
+        wire_bytes: 400,
+        relay: "127.0.0.1:1".parse().unwrap(),
+    }
+}
+
+#[test]
+fn stats_rows() {
+    assert_eq!(
+        stats_row(&ledger(7, 3_500_000, 1_000_000), None),
+        "7,1000,400,2.500,\n"
+    );
+    assert_eq!(
+        stats_row(&ledger(8, 603_500_000, 600_000_000), Some(3_500_000)),
+        "8,1000,400,3.500,600.000\n"
+    );
+    // Clocks that disagree give a negative delivery, not a wrapped one.
+    assert!(stats_row(&ledger(9, 1, 2_000_000), None).starts_with("9,1000,400,-2.000,"));
+}
+
+#[test]
+fn arguments_parse() {
+    let args = Args::try_parse_from([
+        "ledger-subscribe",
+        "--relay",
+        "a.example:7000,127.0.0.1:7001",
+        "--certs",
+        "/tmp/certs",
+        "--name",
+        "rpc-1",
+        "--from",
+        "1410048",
+        "--count",
+        "10",
+        "--lanes",
+        "2",
+        "--lane-ports",
+        "9000",
+    ])
+    .unwrap();
+    assert_eq!(args.relay.len(), 2);
+    assert_eq!(args.relay[0].host(), "a.example");
+    assert_eq!(args.from, Some(Start::Seq(1_410_048)));
+    assert_eq!(args.count, Some(10));
+    assert_eq!(args.out, "-");
+    assert_eq!(args.consume_delay, None);
+    let defaults = Args::try_parse_from([
+        "ledger-subscribe",
+        "--relay",
+        "r:1",
+        "--certs",
+        "d",
+        "--name",
+        "n",
+    ])
+    .unwrap();
+    assert_eq!(defaults.from, None);
+    assert_eq!(defaults.anchor, None);
+    assert!(!defaults.no_content_check);
+    assert_eq!(defaults.lanes, 4);
+    for bad in [
+        vec!["--relay", "nope", "--certs", "d", "--name", "n"],
+        vec![
+            "--relay", "r:1", "--certs", "d", "--name", "n", "--from", "0",
+        ],
+        vec!["--relay", "r:1", "--certs", "d"],
+        vec![
+            "--relay",
+            "r:1",
+            "--certs",
+            "d",
+            "--name",
+            "n",
+            "--consume-delay",
+            "10",
+        ],
+        vec![
+            "--relay", "r:1", "--certs", "d", "--name", "n", "--anchor", "5:abcd",
+        ],
+        vec![
+            "--relay",
+            "r:1",
+            "--certs",
+            "d",
+            "--name",
+            "n",
+            "--consume-delay",
+            "-1s",
+        ],
+    ] {
+        let argv = std::iter::once("ledger-subscribe").chain(bad.iter().copied());
+        assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn consume_delay_parses_like_other_durations() {
+    let parse = |v: &str| {
+        Args::try_parse_from([
+            "ledger-subscribe",
+            "--relay",
+            "r:1",
+            "--certs",
+            "d",
+            "--name",
+            "n",
+            "--consume-delay",
+            v,
+        ])
+        .map(|a| a.consume_delay)
+    };
+    assert_eq!(parse("2.5s").unwrap(), Some(Duration::from_millis(2500)));
+    assert_eq!(parse("250ms").unwrap(), Some(Duration::from_millis(250)));
+    assert_eq!(parse("0ms").unwrap(), Some(Duration::ZERO));
+    assert!(parse("fast").is_err());
+}
+
+#[test]
+fn consume_pause_waits_and_stops_when_the_sender_goes() {
+    let (tx, rx) = mpsc::channel::<()>(1);
+    let t = Instant::now();
+    consume_pause(Duration::from_millis(120), &rx);
+    assert!(
+        t.elapsed() >= Duration::from_millis(120),
+        "{:?}",
+        t.elapsed()
+    );
+    drop(tx);
+    let t = Instant::now();
+    consume_pause(Duration::from_secs(30), &rx);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn status_line_shows_lag_and_lanes() {
+    let mut m = Meter::new();
+    m.add(&ledger(100, 0, 0));
+    let status = Status {
+        relay: Some("127.0.0.1:7000".parse().unwrap()),
+        lanes_up: 3,
+        lanes_granted: 4,
+        newest: 103,
+        ..Status::default()
+    };
+    let line = m.line(&status);
+    assert!(line.starts_with("seq 100 | lag 3 |"), "{line}");
+    assert!(line.contains("lanes 3/4 | relay 127.0.0.1:7000"), "{line}");
+}
