@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use ledger_relay::hub::stored_ledger;
+use ledger_relay::hub::{stored_chunks, stored_ledger};
 use ledger_relay::lake::backfill::{Backfill, BackfillConfig};
 use ledger_relay::pipeline::{complete_ledger, PipelineConfig};
-use ledger_relay::ring::{Ring, RingConfig, StoredChunk};
+use ledger_relay::ring::{Ring, RingConfig};
 use ledger_relay::source::{synthetic_ledgers, SyntheticSpec};
 use ledger_relay_lake::testing::{unique_bucket, S3Server};
 use ledger_relay_lake::{
@@ -353,17 +353,7 @@ async fn backfill_set(
     let mut comp = Compressor::new(pipeline.codec, pipeline.zstd_level);
     for l in ledgers {
         let c = complete_ledger(&l.raw, &l.info, &pipeline, &mut comp, 0, 0);
-        let chunks: Vec<StoredChunk> = c
-            .chunks
-            .iter()
-            .map(|c| StoredChunk {
-                index: c.header.index,
-                raw_offset: c.header.raw_offset,
-                raw_len: c.header.raw_len,
-                codec: c.header.codec,
-                payload: c.payload.clone(),
-            })
-            .collect();
+        let chunks = stored_chunks(&c);
         ring.append(&c.end, &chunks)?;
     }
     ring.flush()?;

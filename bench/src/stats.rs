@@ -176,6 +176,12 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
     }
 }
 
+/// A load average triple as `1.00 0.50 0.25`, or `?` when it could not be read.
+pub fn fmt_load(l: &Option<[f64; 3]>) -> String {
+    l.map(|l| format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2]))
+        .unwrap_or_else(|| "?".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -210,6 +210,13 @@ pub struct RelayConfig {
     pub backfill: Option<BackfillConfig>,
 }
 
+/// Ledgers in flight per subscriber without `--window`.
+pub const DEFAULT_WINDOW: u16 = 8;
+
+/// Items (chunks and end records) the live broadcast channel holds before a subscriber that
+/// has not read them is moved to ring reading.
+pub const LIVE_CAPACITY: usize = 512;
+
 /// The most `--streams-per-lane` accepts: far above what helps (quinn's default is 100
 /// concurrent streams per connection), low enough to catch a typo.
 pub const MAX_STREAMS_PER_LANE: u32 = 1024;
@@ -315,7 +322,7 @@ impl RelayConfig {
         if let Some(t) = pick!(compress_threads) {
             pipeline.compress_threads = t.clamp(1, 256);
         }
-        let window = pick!(window).unwrap_or(8);
+        let window = pick!(window).unwrap_or(DEFAULT_WINDOW);
         if window == 0 || u32::from(window) > limits.max_ledgers_in_flight {
             bail!(
                 "--window {window}: expected 1..={}",
@@ -436,7 +443,7 @@ impl RelayConfig {
             pipeline,
             server,
             transport,
-            live_capacity: 512,
+            live_capacity: LIVE_CAPACITY,
             network_passphrase,
             export,
             backfill,

@@ -17,6 +17,21 @@ use crate::ring::StoredChunk;
 
 pub use ledger_relay_wire::sender::CompleteLedger;
 
+/// A ledger's chunks as the ring stores them: the one conversion the other way.
+pub fn stored_chunks(ledger: &CompleteLedger) -> Vec<StoredChunk> {
+    ledger
+        .chunks
+        .iter()
+        .map(|c| StoredChunk {
+            index: c.header.index,
+            raw_offset: c.header.raw_offset,
+            raw_len: c.header.raw_len,
+            codec: c.header.codec,
+            payload: c.payload.clone(),
+        })
+        .collect()
+}
+
 /// A ledger as the ring returns it, in the form every session sends: the one conversion from
 /// stored chunks (which carry no sequence of their own) to chunk frames.
 pub fn stored_ledger(end: LedgerEnd, chunks: Vec<StoredChunk>) -> CompleteLedger {
@@ -68,6 +83,9 @@ struct State {
     /// Newest ledger the ring writer has dealt with (written, or failed to write).
     persisted: u32,
 }
+
+/// Complete ledgers the relay's hub keeps in memory (beyond those the ring has not written).
+pub const RECENT_LEDGERS: usize = 4;
 
 /// However slow the disk, memory holds at most this many times `recent` ledgers.
 const UNPERSISTED_FACTOR: usize = 16;

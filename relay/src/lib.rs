@@ -79,7 +79,7 @@ impl Relay {
             .with_context(|| format!("opening the ring in {}", config.data_dir.display()))?,
         );
         pipeline::update_ring_metrics(&ring, &metrics);
-        let hub = Arc::new(Hub::new(config.live_capacity, 4));
+        let hub = Arc::new(Hub::new(config.live_capacity, hub::RECENT_LEDGERS));
         let auth = Arc::new(
             Auth::load(auth_config(&config), config.transport.clone())
                 .context("loading certificates")?,

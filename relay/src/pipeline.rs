@@ -35,7 +35,7 @@ use tracing::{error, info, warn};
 use crate::health::{self, Reason};
 use crate::hub::{CompleteLedger, Hub};
 use crate::metrics::Metrics;
-use crate::ring::{Ring, RingError, StoredChunk};
+use crate::ring::{Ring, RingError};
 use crate::source::SourceEvent;
 
 mod cutter;
@@ -386,17 +386,7 @@ fn ring_writer(
     metrics: Arc<Metrics>,
 ) {
     while let Ok(ledger) = rx.recv() {
-        let chunks: Vec<StoredChunk> = ledger
-            .chunks
-            .iter()
-            .map(|c| StoredChunk {
-                index: c.header.index,
-                raw_offset: c.header.raw_offset,
-                raw_len: c.header.raw_len,
-                codec: c.header.codec,
-                payload: c.payload.clone(),
-            })
-            .collect();
+        let chunks = crate::hub::stored_chunks(&ledger);
         let mut r = ring.append(&ledger.end, &chunks);
         if let Err(RingError::Discontinuity { newest, seq, .. }) = &r {
             // The source started a new run (or the ring missed ledgers while the disk was

@@ -96,7 +96,7 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 << 30;
 
 /// sled's page cache. Replays mostly read recent ledgers, which are the recently written pages;
 /// sled's 1 GiB default is more memory than the relay should spend on it.
-const CACHE_BYTES: u64 = 256 << 20;
+pub const CACHE_BYTES: u64 = 256 << 20;
 
 /// sled's background flusher period. That thread is also sled's only segment cleaner, and it
 /// rewrites at least one page per period, so the period bounds how fast the space of pruned

@@ -121,39 +121,11 @@ pub enum VerifyError {
     /// The ledger does not follow the last delivered one (sequence or hash chain).
     #[error("hash chain broken")]
     Chain(#[from] ChainError),
-    /// The transaction set does not hash to the header's `scpValue.txSetHash`: the relay
-    /// changed, added, removed or reordered a transaction (layer 5).
-    #[error(
-        "ledger {seq}: transaction set hash {} differs from the header's txSetHash {}",
-        Hex(computed),
-        Hex(header)
-    )]
-    TxSetHashMismatch {
-        /// The ledger.
-        seq: u32,
-        /// `scpValue.txSetHash` of its header.
-        header: [u8; 32],
-        /// The hash of the transaction set received.
-        computed: [u8; 32],
-    },
-    /// The transaction results do not hash to the header's `txSetResultHash`: the relay
-    /// changed, added, removed or reordered a result (layer 5).
-    #[error(
-        "ledger {seq}: result set hash {} differs from the header's txSetResultHash {}",
-        Hex(computed),
-        Hex(header)
-    )]
-    ResultSetHashMismatch {
-        /// The ledger.
-        seq: u32,
-        /// `txSetResultHash` of its header.
-        header: [u8; 32],
-        /// The hash of the results received.
-        computed: [u8; 32],
-    },
-    /// The ledger's body is not a well-formed `LedgerCloseMeta`, so its content hashes cannot
-    /// be computed (layer 5).
-    #[error("ledger {seq}: malformed body")]
+    /// Layer 5 failed: the transaction set or the results do not hash to what the header
+    /// commits to (the relay changed, added, removed or reordered a transaction or a result;
+    /// [`ContentError::TxSetHashMismatch`], [`ContentError::ResultSetHashMismatch`]), or the
+    /// body is not a well-formed `LedgerCloseMeta`, so its hashes cannot be computed.
+    #[error("ledger {seq}: content check failed")]
     Content {
         /// The ledger.
         seq: u32,

@@ -11,7 +11,7 @@
 //! that the transactions and results are the ones the header (and so the chain) commits to: a
 //! relay that rewrites them, even with a valid chain of headers, is caught too.
 
-use ledger_relay_wire::content::{check_content, ContentError};
+use ledger_relay_wire::content::check_content;
 use ledger_relay_wire::frame::LedgerEnd;
 use ledger_relay_wire::header::{peek_header, ChainVerifier, LedgerHeaderInfo};
 
@@ -153,23 +153,7 @@ impl Verifier {
 
     /// Layer 5: the transaction set and results against the header's hashes.
     fn content(&self, seq: u32, data: &[u8], info: &LedgerHeaderInfo) -> Result<(), VerifyError> {
-        check_content(data, info).map_err(|e| match e {
-            ContentError::TxSetHashMismatch {
-                header, computed, ..
-            } => VerifyError::TxSetHashMismatch {
-                seq,
-                header,
-                computed,
-            },
-            ContentError::ResultSetHashMismatch {
-                header, computed, ..
-            } => VerifyError::ResultSetHashMismatch {
-                seq,
-                header,
-                computed,
-            },
-            source => VerifyError::Content { seq, source },
-        })?;
+        check_content(data, info).map_err(|source| VerifyError::Content { seq, source })?;
         Ok(())
     }
 

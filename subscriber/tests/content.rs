@@ -10,11 +10,24 @@ use futures::StreamExt;
 use ledger_relay_subscriber::frame::{LedgerEnd, Start};
 use ledger_relay_subscriber::verify::Verifier;
 use ledger_relay_subscriber::{connect, Anchor, SubscribeError, VerifyError};
+use ledger_relay_wire::content::ContentError;
 use ledger_relay_wire::header::peek_header;
 use stellar_xdr::{LedgerCloseMeta, Limits, ReadXdr, WriteXdr};
 
 use crate::support::fake_relay::{FakeRelay, Plan};
 use crate::support::{subscriber_config, testnet_ledgers, within, Pki, FIRST_SEQ};
+
+/// An error with its sources, `a: b: c`.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}
 
 fn end_of(data: &[u8]) -> LedgerEnd {
     let info = peek_header(data).unwrap().unwrap();
@@ -70,31 +83,31 @@ fn a_changed_transaction_or_result_is_refused() {
 
     let err = v.verify(seq, &tx, &end_of(&tx)).unwrap_err();
     match &err {
-        VerifyError::TxSetHashMismatch {
+        VerifyError::Content {
             seq: s,
-            header,
-            computed,
+            source:
+                ContentError::TxSetHashMismatch {
+                    header, computed, ..
+                },
         } => {
             assert_eq!((*s, *header), (seq, info.tx_set_hash));
             assert_ne!(computed, header);
         }
         other => panic!("{other:?}"),
     }
-    assert!(
-        err.to_string()
-            .starts_with(&format!("ledger {seq}: transaction set hash ")),
-        "{err}"
-    );
-    assert!(err.to_string().contains("txSetHash"), "{err}");
+    let chain = error_chain(&err);
+    assert!(chain.starts_with(&format!("ledger {seq}: ")), "{chain}");
+    assert!(chain.contains("txSetHash"), "{chain}");
 
     let err = v.verify(seq, &res, &end_of(&res)).unwrap_err();
     match &err {
-        VerifyError::ResultSetHashMismatch { seq: s, header, .. } => {
-            assert_eq!((*s, *header), (seq, info.tx_set_result_hash))
-        }
+        VerifyError::Content {
+            seq: s,
+            source: ContentError::ResultSetHashMismatch { header, .. },
+        } => assert_eq!((*s, *header), (seq, info.tx_set_result_hash)),
         other => panic!("{other:?}"),
     }
-    assert!(err.to_string().contains("txSetResultHash"), "{err}");
+    assert!(error_chain(&err).contains("txSetResultHash"), "{err}");
 
     // A body that is not well-formed: typed, with the ledger named.
     let mut cut = ledgers[1].to_vec();
@@ -141,7 +154,11 @@ async fn a_relay_that_changes_a_result_is_caught() {
     assert_eq!(delivered, [FIRST_SEQ, FIRST_SEQ + 1]);
     match err {
         SubscribeError::Verify {
-            source: VerifyError::ResultSetHashMismatch { seq, .. },
+            source:
+                VerifyError::Content {
+                    seq,
+                    source: ContentError::ResultSetHashMismatch { .. },
+                },
             ..
         } => assert_eq!(seq, FIRST_SEQ + 2),
         other => panic!("{other:?}"),

@@ -4,12 +4,15 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use ledger_relay_wire::header::{ChainError, ChainVerifier};
 
 /// Why the cutter refused the source's output.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum SourceRefused {
     #[error("ledger header unreadable: {0}")]
     Header(#[from] ledger_relay_wire::header::HeaderError),
+    #[error("{0}")]
+    Chain(ChainError),
     #[error("ledger {seq} arrived with hash {got} but {held} was already published for it")]
     ConflictingHash { seq: u32, held: String, got: String },
     #[error("sequence gap: ledger {got} follows {last}")]
@@ -253,19 +256,32 @@ impl Cutter {
             // a new run, which the ring writer starts afresh.
         }
         if let Some((last, last_hash)) = self.last {
-            if seq <= last {
-                return Err(SourceRefused::Regression { seq, last });
-            }
-            if seq != last + 1 {
-                return Err(SourceRefused::Gap { last, got: seq });
-            }
-            if info.previous_hash != last_hash {
-                return Err(SourceRefused::BrokenChain {
-                    seq,
-                    prev: last,
-                    got: hex(&info.previous_hash),
-                    expected: hex(&last_hash),
-                });
+            // The chain rule has one owner: the verifier the subscriber uses too.
+            match ChainVerifier::after(last, last_hash).check(info) {
+                Ok(()) => {}
+                // After ledger 2^32 - 1 every sequence is a regression.
+                Err(ChainError::UnexpectedSequence { got, .. }) if got <= last => {
+                    return Err(SourceRefused::Regression { seq, last });
+                }
+                Err(ChainError::SequenceExhausted { .. }) => {
+                    return Err(SourceRefused::Regression { seq, last });
+                }
+                Err(ChainError::UnexpectedSequence { got, .. }) => {
+                    return Err(SourceRefused::Gap { last, got });
+                }
+                Err(ChainError::BrokenChain {
+                    expected_previous,
+                    got_previous,
+                    ..
+                }) => {
+                    return Err(SourceRefused::BrokenChain {
+                        seq,
+                        prev: last,
+                        got: hex(&got_previous),
+                        expected: hex(&expected_previous),
+                    });
+                }
+                Err(other) => return Err(SourceRefused::Chain(other)),
             }
         }
         Ok(true)

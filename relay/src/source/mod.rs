@@ -46,6 +46,9 @@ mod synthetic;
 
 pub use datalake::DatalakeSpec;
 pub use synthetic::{synthetic_ledgers, SyntheticLedgers, SyntheticSpec};
+/// The synthetic source's memory: ledgers built up front when they fit in [`UPFRONT_BYTES`],
+/// else [`AHEAD`] kept ready, over [`POOL`] filler bodies.
+pub use synthetic::{AHEAD, POOL, UPFRONT_BYTES};
 
 /// Time in ns since the Unix epoch (wall clock), as carried in `LedgerEnd`'s first/last byte
 /// stamps.

@@ -59,7 +59,7 @@ mod generate;
 #[cfg(test)]
 mod tests;
 
-pub use generate::{synthetic_ledgers, SyntheticLedgers, AHEAD, UPFRONT_BYTES};
+pub use generate::{synthetic_ledgers, SyntheticLedgers, AHEAD, POOL, UPFRONT_BYTES};
 
 use generate::{DEFAULT_CHUNK, MAX_CHUNK, MIN_CHUNK};
 
