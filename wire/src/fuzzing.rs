@@ -310,6 +310,208 @@ pub fn lake_names(data: &[u8]) {
     }
 }
 
+/// The relay's session state machine: bytes become a sequence of inputs (lanes joining and
+/// dying, acks and resends of any ledger, streams ending, loads answered in every way, live
+/// items, joins, timeouts, control errors), and after each the outputs are checked:
+/// - no unit of a ledger outside `[first, acked + window]`, and no two copies of one unit on
+///   the wire at once;
+/// - every stream goes on a lane that is up;
+/// - what waits for a lane stays bounded by the window (resends included);
+/// - after `Close`, nothing more comes out.
+pub fn sender(data: &[u8]) {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::Arc;
+
+    use crate::sender::{
+        CompleteLedger, ControlError, Event, LaneReport, LiveItem, LoadResult, SenderConfig,
+        StreamId, Unit,
+    };
+    use crate::{frame::ChunkHeader, frame::LedgerEnd, frame::Resend, Sender};
+
+    const FIRST: u32 = 50;
+    const LANES: u8 = 3;
+    const WINDOW: u16 = 4;
+    // A ledger of 1 to 4 chunks of 100 bytes, a function of its sequence.
+    let ledger = |seq: u32| -> Arc<CompleteLedger> {
+        let n = 1 + seq % 4;
+        let chunks: Vec<crate::frame::Chunk> = (0..n)
+            .map(|i| crate::frame::Chunk {
+                header: ChunkHeader {
+                    seq,
+                    index: i,
+                    raw_offset: u64::from(i) * 100,
+                    raw_len: 100,
+                    codec: Codec::None,
+                },
+                payload: Bytes::from(vec![seq as u8; 100]),
+            })
+            .collect();
+        Arc::new(CompleteLedger {
+            end: LedgerEnd {
+                seq,
+                chunk_count: n,
+                raw_len: u64::from(n) * 100,
+                checksum: 0,
+                header_hash: [seq as u8; 32],
+                previous_hash: [seq.wrapping_sub(1) as u8; 32],
+                first_byte_ns: 0,
+                last_byte_ns: 0,
+            },
+            chunks,
+        })
+    };
+    let mut cfg = SenderConfig::new(FIRST, LANES);
+    cfg.window = WINDOW;
+    cfg.chunk_size = 100;
+    cfg.live_queue = 16;
+    cfg.catch_up_queue = 8;
+    let mut s = Sender::new(cfg, Duration::ZERO);
+    let mut now = Duration::ZERO;
+    let mut up: HashSet<u8> = [0].into_iter().collect();
+    let mut flights: HashMap<StreamId, (u8, (u32, u32))> = HashMap::new();
+    let mut order: Vec<StreamId> = Vec::new();
+    let mut loads: Vec<u32> = Vec::new();
+    let mut joining = false;
+    let mut closed = false;
+    let mut bytes = data.iter().copied();
+    let mut next = || bytes.next();
+    while let Some(op) = next() {
+        let arg = next().unwrap_or(0);
+        match op % 12 {
+            0 => {
+                // A rejoin fails what the old connection carried, as a death does.
+                let lane = arg % LANES;
+                s.handle_lane_up(lane, now);
+                up.insert(lane);
+                flights.retain(|_, (l, _)| *l != lane);
+            }
+            1 => {
+                let lane = arg % LANES;
+                s.handle_lane_down(lane, "fuzz", now);
+                up.remove(&lane);
+                flights.retain(|_, (l, _)| *l != lane);
+            }
+            2 => s.handle_frame(Frame::Ack(FIRST.wrapping_add(u32::from(arg % 16))), now),
+            3 => {
+                let n = usize::from(next().unwrap_or(0) % 6);
+                let indices = (0..n).map(|_| u32::from(next().unwrap_or(0) % 6)).collect();
+                let r = Resend {
+                    seq: FIRST.wrapping_add(u32::from(arg % 16)),
+                    whole: arg & 0x80 != 0,
+                    indices,
+                };
+                s.handle_frame(Frame::Resend(r), now);
+            }
+            4 => {
+                if !order.is_empty() {
+                    let id = order.remove(usize::from(arg) % order.len());
+                    flights.remove(&id);
+                    s.handle_stream_done(id, arg & 1 == 0, now);
+                }
+            }
+            5 => {
+                if !loads.is_empty() {
+                    let seq = loads.remove(usize::from(arg) % loads.len());
+                    let r = match next().unwrap_or(0) % 7 {
+                        0 | 1 => LoadResult::Complete(ledger(seq)),
+                        2 => LoadResult::InProgress(ledger(seq).chunks[..1].to_vec()),
+                        3 => LoadResult::NotYet,
+                        4 => LoadResult::NotHeld {
+                            oldest: FIRST,
+                            newest: FIRST + 20,
+                        },
+                        5 => LoadResult::Corrupt {
+                            detail: "fuzz".into(),
+                        },
+                        _ => LoadResult::Unavailable {
+                            detail: "fuzz".into(),
+                        },
+                    };
+                    s.handle_loaded(seq, r, now);
+                }
+            }
+            6 => {
+                if joining {
+                    joining = false;
+                    let seq = FIRST.wrapping_add(u32::from(arg % 16));
+                    let current = (arg & 1 == 0).then(|| (seq, ledger(seq).chunks[..1].to_vec()));
+                    s.handle_joined(
+                        current,
+                        FIRST.wrapping_add(u32::from(next().unwrap_or(0) % 16)),
+                    );
+                }
+            }
+            7 => {
+                let seq = FIRST.wrapping_add(u32::from(arg % 16));
+                let item = match next().unwrap_or(0) % 5 {
+                    0 => LiveItem::Chunk(ledger(seq).chunks[0].clone()),
+                    1 => LiveItem::End(ledger(seq)),
+                    2 => LiveItem::Abort(seq),
+                    3 => LiveItem::Lagged,
+                    _ => LiveItem::Closed,
+                };
+                if s.wants_live() {
+                    s.handle_live(item);
+                }
+            }
+            8 => {
+                now += Duration::from_millis(u64::from(arg) * 4);
+                s.handle_timeout(now);
+            }
+            9 => s.handle_lane_report(
+                arg % LANES,
+                LaneReport {
+                    rtt: Duration::from_micros(u64::from(arg) * 50),
+                },
+            ),
+            10 => s.handle_control_error(ControlError::BadFrame("fuzz".into())),
+            _ => s.handle_frame(Frame::LaneAccept(arg), now),
+        }
+        // Outputs, and their invariants.
+        while let Some(e) = s.poll_event() {
+            assert!(!closed, "output after close: {e:?}");
+            match e {
+                Event::Load(seq) => loads.push(seq),
+                Event::JoinLive => joining = true,
+                Event::LeaveLive => joining = false,
+                Event::Heartbeat => {}
+                Event::Close(_) => closed = true,
+            }
+        }
+        while let Some(t) = s.poll_transmit(now) {
+            assert!(!closed, "transmit after close");
+            assert!(
+                up.contains(&t.lane),
+                "stream on lane {} which is down",
+                t.lane
+            );
+            let key = match &t.unit {
+                Unit::Chunk(c) => (c.header.seq, c.header.index),
+                Unit::End(e) => (e.seq, u32::MAX),
+            };
+            assert!(key.0 >= FIRST, "{key:?} before the session's first ledger");
+            assert!(
+                u64::from(key.0) <= u64::from(s.acked()) + u64::from(WINDOW),
+                "{key:?} beyond the window (acked {})",
+                s.acked()
+            );
+            assert!(
+                !flights.values().any(|(_, k)| *k == key),
+                "two copies of {key:?} on the wire"
+            );
+            flights.insert(t.stream, (t.lane, key));
+            order.push(t.stream);
+        }
+        // Each ledger has at most 4 chunks and its end: the window bounds what waits.
+        assert!(
+            s.queued() <= usize::from(WINDOW + 1) * 5,
+            "{} units wait",
+            s.queued()
+        );
+        assert_eq!(s.is_closed(), closed);
+    }
+}
+
 fn feed(r: &mut Reassembler, f: &Frame, now: Duration) -> Result<(), crate::AssemblyError> {
     match f {
         Frame::Chunk(c) => r.handle_chunk(c, now),
@@ -326,6 +528,8 @@ mod tests {
     fn each_body_runs() {
         let seed: Vec<u8> = (0..=255u8).collect();
         super::frames(&seed);
+        super::sender(&seed);
+        super::sender(&[0, 1, 8, 0, 5, 0, 0, 1, 0, 2]);
         super::records(&seed);
         super::header(&seed);
         super::content(&seed);
@@ -360,6 +564,11 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn sender_ops(data in prop::collection::vec(any::<u8>(), 0..600)) {
+            super::sender(&data);
+        }
+
         #[test]
         fn reassembler_ops(data in prop::collection::vec(any::<u8>(), 0..600)) {
             super::reassembler(&data);
