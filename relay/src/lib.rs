@@ -88,8 +88,9 @@ impl Relay {
         certinfo::record_certificate(&auth_config(&config).cert, &metrics);
         let socket = ledger_relay_transport::udp_socket(config.listen, &config.transport)
             .with_context(|| format!("binding {}", config.listen))?;
-        let endpoint = ledger_relay_transport::endpoint(socket, Some(server_config))
-            .context("creating the QUIC endpoint")?;
+        let endpoint =
+            ledger_relay_transport::endpoint(socket, Some(server_config), &config.transport)
+                .context("creating the QUIC endpoint")?;
         let addr = endpoint.local_addr()?;
 
         let metrics_addr = match config.metrics {

@@ -30,6 +30,8 @@ macro_rules! counters {
             pub lake: crate::lake::LakeMetrics,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
+            /// Per lane number, over every session: what the lanes carried and their paths.
+            pub lanes: Mutex<BTreeMap<u8, LaneMetrics>>,
             /// Ledger ages and the reasons `/healthz` lists.
             pub health: Health,
         }
@@ -87,6 +89,30 @@ counters! {
     handshakes_timed_out_total: "QUIC/TLS handshakes not finished within the handshake timeout.",
     certificate_not_after_timestamp_seconds: "Unix time at which the certificate this relay serves expires (0: unreadable).",
     crl_next_update_timestamp_seconds: "Unix time of the next update DIR/crl.pem promises, as last read (0: no CRL, or none stated).",
+}
+
+/// What the metrics show of one lane number, over every session: counters add up what every
+/// session's lane of that number did; the path gauges are the latest any of them reported.
+/// Labelled by lane number only, so the series stay bounded (at most `--max-lanes`) whatever
+/// the number of sessions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LaneMetrics {
+    /// UDP payload bytes sent.
+    pub bytes_sent: u64,
+    /// UDP datagrams sent.
+    pub packets_sent: u64,
+    /// Packets declared lost.
+    pub lost_packets: u64,
+    /// Stream bytes the subscriber acknowledged (the sender's accounting).
+    pub delivered_bytes: u64,
+    /// Time the lane had bytes outstanding, microseconds.
+    pub busy_us: u64,
+    /// Latest smoothed round trip, microseconds.
+    pub rtt_us: u64,
+    /// Latest congestion window, bytes.
+    pub cwnd_bytes: u64,
+    /// Latest path MTU, bytes.
+    pub mtu_bytes: u64,
 }
 
 /// What the metrics show of one session.
@@ -148,6 +174,9 @@ impl Metrics {
                 escape(&s.identity)
             );
         }
+        drop(sessions);
+        self.render_lanes(&mut out);
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(
             out,
             "# HELP ledger_relay_subscriber_lanes Lanes up per session."
@@ -163,6 +192,28 @@ impl Metrics {
             );
         }
         out
+    }
+
+    fn render_lanes(&self, out: &mut String) {
+        let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        type Field = fn(&LaneMetrics) -> f64;
+        let series: [(&str, &str, &str, Field); 8] = [
+            ("lane_bytes_sent_total", "counter", "UDP payload bytes sent, by lane number over all sessions.", |l| l.bytes_sent as f64),
+            ("lane_packets_sent_total", "counter", "UDP datagrams sent, by lane number over all sessions.", |l| l.packets_sent as f64),
+            ("lane_lost_packets_total", "counter", "Packets declared lost, by lane number over all sessions.", |l| l.lost_packets as f64),
+            ("lane_delivered_bytes_total", "counter", "Stream bytes acknowledged by subscribers, by lane number.", |l| l.delivered_bytes as f64),
+            ("lane_busy_seconds_total", "counter", "Time lanes had bytes outstanding, by lane number (busy fraction: its rate over wall time).", |l| l.busy_us as f64 / 1e6),
+            ("lane_rtt_seconds", "gauge", "Latest smoothed round trip reported on a lane of this number.", |l| l.rtt_us as f64 / 1e6),
+            ("lane_cwnd_bytes", "gauge", "Latest congestion window on a lane of this number.", |l| l.cwnd_bytes as f64),
+            ("lane_mtu_bytes", "gauge", "Latest path MTU on a lane of this number.", |l| l.mtu_bytes as f64),
+        ];
+        for (name, kind, help, field) in series {
+            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
+            let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
+            for (lane, l) in lanes.iter() {
+                let _ = writeln!(out, "ledger_relay_{name}{{lane=\"{lane}\"}} {}", field(l));
+            }
+        }
     }
 
     /// The `/healthz` answer: status code and body (see [`crate::health::HealthReport::render_json`]).

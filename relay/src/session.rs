@@ -287,6 +287,18 @@ async fn load(shared: &Shared, seq: u32) -> LoadResult {
 struct Lane {
     conn: Connection,
     _control: Option<(FrameWriter, FrameReader)>,
+    /// What the per-lane metrics have been given of this connection so far.
+    seen: Seen,
+}
+
+/// A lane's running totals as last added to the metrics.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    bytes: u64,
+    packets: u64,
+    lost: u64,
+    delivered: u64,
+    busy_us: u64,
 }
 
 /// What a stream task reports when its stream has ended.
@@ -362,6 +374,7 @@ impl Session {
         lanes[0] = Some(Lane {
             conn,
             _control: None,
+            seen: Seen::default(),
         });
         let mut s = Session {
             sender: Sender::new(sender_cfg, Duration::ZERO),
@@ -465,14 +478,7 @@ impl Session {
                     };
                     self.sender.handle_live(item);
                 }
-                _ = report.tick() => {
-                    for (i, l) in self.lanes.iter().enumerate() {
-                        if let Some(l) = l {
-                            let rtt = l.conn.rtt();
-                            self.sender.handle_lane_report(i as u8, LaneReport { rtt });
-                        }
-                    }
-                }
+                _ = report.tick() => self.report_lanes(),
                 _ = sleep_until_opt(timeout) => {
                     let now = self.now();
                     self.sender.handle_timeout(now);
@@ -546,6 +552,42 @@ impl Session {
         }
     }
 
+    /// Gives the sender each lane's round trip, and adds what each lane did since the last
+    /// report to the per-lane metrics.
+    fn report_lanes(&mut self) {
+        let now = self.now();
+        let info = self.sender.lanes(now);
+        let mut agg = self
+            .shared
+            .metrics
+            .lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (i, l) in self.lanes.iter_mut().enumerate() {
+            let Some(l) = l else { continue };
+            let rtt = l.conn.rtt();
+            self.sender.handle_lane_report(i as u8, LaneReport { rtt });
+            let st = l.conn.stats();
+            let now_seen = Seen {
+                bytes: st.udp_tx.bytes,
+                packets: st.udp_tx.datagrams,
+                lost: st.path.lost_packets,
+                delivered: info.get(i).map_or(0, |x| x.delivered),
+                busy_us: info.get(i).map_or(0, |x| x.busy.as_micros() as u64),
+            };
+            let m = agg.entry(i as u8).or_default();
+            m.bytes_sent += now_seen.bytes.saturating_sub(l.seen.bytes);
+            m.packets_sent += now_seen.packets.saturating_sub(l.seen.packets);
+            m.lost_packets += now_seen.lost.saturating_sub(l.seen.lost);
+            m.delivered_bytes += now_seen.delivered.saturating_sub(l.seen.delivered);
+            m.busy_us += now_seen.busy_us.saturating_sub(l.seen.busy_us);
+            m.rtt_us = rtt.as_micros() as u64;
+            m.cwnd_bytes = st.path.cwnd;
+            m.mtu_bytes = u64::from(st.path.current_mtu);
+            l.seen = now_seen;
+        }
+    }
+
     async fn add_lane(&mut self, mut req: LaneRequest) {
         let lane = usize::from(req.lane);
         if lane == 0 || lane >= self.lanes.len() {
@@ -568,6 +610,7 @@ impl Session {
         self.lanes[lane] = Some(Lane {
             conn: req.conn,
             _control: Some((req.send, req.recv)),
+            seen: Seen::default(),
         });
         let now = self.now();
         self.sender.handle_lane_up(req.lane, now);
@@ -603,6 +646,7 @@ impl Session {
     }
 
     async fn finish(&mut self, reason: &CloseReason) {
+        self.report_lanes();
         self.publish_metrics();
         if reason.is_violation() {
             Metrics::add(&self.shared.metrics.protocol_errors_total, 1);

@@ -9,8 +9,8 @@ use ledger_relay_subscriber::SubscribeError;
 use ledger_relay_wire::frame::Start;
 
 use crate::support::{
-    assert_identical, file_source, take, testnet_ledgers, testnet_records, Running, TestDir, FIRST,
-    LAST,
+    assert_identical, eventually, file_source, take, testnet_ledgers, testnet_records, Running,
+    TestDir, FIRST, LAST,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,6 +29,40 @@ async fn testnet_through_one_and_four_lanes_byte_identical() {
     assert_identical(&b, &want, FIRST);
     let m = &relay.relay.metrics;
     assert_eq!(m.ledgers_in_total.load(Ordering::Relaxed), 320);
+    // Per-lane metrics: every lane of the four-lane session carried bytes and reported its
+    // path (sessions end when their subscription is dropped, which adds their last report).
+    eventually(10, "every lane reported", || {
+        m.lanes
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|l| l.delivered_bytes > 0)
+            .count()
+            >= 4
+    })
+    .await;
+    let text = m.render();
+    for lane in 0..4 {
+        let value = |name: &str| -> f64 {
+            let key = format!("ledger_relay_{name}{{lane=\"{lane}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&key))
+                .unwrap_or_else(|| panic!("no {key} in the metrics"))
+                .parse()
+                .unwrap()
+        };
+        assert!(value("lane_bytes_sent_total") > 0.0, "lane {lane}");
+        assert!(value("lane_packets_sent_total") > 0.0, "lane {lane}");
+        assert!(value("lane_delivered_bytes_total") > 0.0, "lane {lane}");
+        assert!(value("lane_busy_seconds_total") > 0.0, "lane {lane}");
+        assert!(value("lane_rtt_seconds") > 0.0, "lane {lane}");
+        assert!(value("lane_cwnd_bytes") > 0.0, "lane {lane}");
+        assert!(value("lane_mtu_bytes") >= 1200.0, "lane {lane}");
+    }
+    assert!(
+        !text.contains("lane=\"4\""),
+        "no series for lanes no session opened"
+    );
     relay.stop().await;
 }
 

@@ -228,7 +228,7 @@ async fn connection_session_and_lane_limits_are_enforced() {
     let settings = ledger_relay_transport::TransportSettings::default();
     let socket =
         ledger_relay_transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
-    let ep = ledger_relay_transport::endpoint(socket, None).unwrap();
+    let ep = ledger_relay_transport::endpoint(socket, None, &settings).unwrap();
     let over = ep
         .connect_with(tls_client(&certs, "rpc-1"), relay.relay.addr, "127.0.0.1")
         .unwrap();

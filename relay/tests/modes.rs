@@ -160,7 +160,7 @@ async fn raw_session(
     let mut lane_conns = Vec::new();
     for _ in 0..lanes {
         let socket = udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
-        let ep = endpoint(socket, None).unwrap();
+        let ep = endpoint(socket, None, &settings).unwrap();
         let connecting = ep
             .connect_with(tls.clone(), relay.relay.addr, "127.0.0.1")
             .unwrap();

@@ -287,7 +287,7 @@ pub fn tls_client(dir: &Path, name: &str) -> quinn::ClientConfig {
 pub async fn raw_connect(relay: &Running, config: quinn::ClientConfig) -> Raw {
     let settings = TransportSettings::default();
     let socket = udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
-    let endpoint = endpoint(socket, None).unwrap();
+    let endpoint = endpoint(socket, None, &settings).unwrap();
     let connecting = endpoint
         .connect_with(config, relay.relay.addr, "127.0.0.1")
         .unwrap();

@@ -29,7 +29,7 @@ pub use frames::{
     close_with_error, read_single_frame, write_single_frame, FrameIo, FrameIoError, FrameReader,
     FrameWriter, CONTROL_PRIORITY,
 };
-pub use settings::{server_transport_config, transport_config, TransportSettings};
+pub use settings::{endpoint_config, server_transport_config, transport_config, TransportSettings};
 pub use socket::{endpoint, udp_socket};
 pub use tls::{client_config, crypto_provider, server_config, TlsConfigError};
 pub use units::{parse_duration, parse_size, UnitError};

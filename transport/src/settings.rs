@@ -63,6 +63,24 @@ pub struct TransportSettings {
     /// Generic segmentation offload (default on): quinn hands the kernel up to 64 KiB of
     /// packets per send call, which roughly halves the CPU cost of sending.
     pub gso: bool,
+    /// Largest UDP payload path MTU discovery searches for and the endpoint accepts (default
+    /// 1452, quinn's: a 1500-byte Ethernet frame less IPv6 and UDP headers). 8952 lets a lane
+    /// find the 9001-byte jumbo frames EC2 carries within a VPC, and every packet costs the
+    /// same header processing, encryption set-up and acknowledgement work whatever its size;
+    /// but measured on loopback here, lanes at 8952 lost a third to half of their packets and
+    /// fell back to 1200 by black-hole detection (bench/RESULTS.md, "levers"), so it is not
+    /// the default until that is understood.
+    pub max_mtu: u16,
+    /// Whether a lane interleaves its open streams fairly (default off). Off, a lane sends
+    /// its streams in the order they were opened, so each chunk completes as early as its
+    /// place in the queue allows and a ledger's chunks complete in order; on, every open
+    /// stream advances together and all of them finish late.
+    pub fair_streams: bool,
+    /// Ack-eliciting packets the receiver may take before it must acknowledge (the QUIC
+    /// ACK-frequency extension; default 8, 0 for the standard every other packet). Fewer
+    /// acknowledgements save work at both ends on a bulk path; loss detection still runs on
+    /// the sender's timers.
+    pub ack_eliciting_threshold: u32,
 }
 
 impl Default for TransportSettings {
@@ -78,6 +96,9 @@ impl Default for TransportSettings {
             keep_alive: Duration::from_secs(2),
             initial_mtu: 1200,
             gso: true,
+            max_mtu: 1452,
+            fair_streams: false,
+            ack_eliciting_threshold: 8,
         }
     }
 }
@@ -99,9 +120,29 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
         ))
         .keep_alive_interval((!s.keep_alive.is_zero()).then_some(s.keep_alive))
         .initial_mtu(s.initial_mtu.max(1200))
-        .mtu_discovery_config(Some(MtuDiscoveryConfig::default()))
-        .enable_segmentation_offload(s.gso);
+        .mtu_discovery_config(Some(mtu_discovery(s)))
+        .enable_segmentation_offload(s.gso)
+        .send_fairness(s.fair_streams);
+    if s.ack_eliciting_threshold > 0 {
+        let mut ack = quinn::AckFrequencyConfig::default();
+        ack.ack_eliciting_threshold(VarInt::from_u32(s.ack_eliciting_threshold));
+        t.ack_frequency_config(Some(ack));
+    }
     t
+}
+
+fn mtu_discovery(s: &TransportSettings) -> MtuDiscoveryConfig {
+    let mut m = MtuDiscoveryConfig::default();
+    m.upper_bound(s.max_mtu.max(1200));
+    m
+}
+
+/// The endpoint configuration of a lane: it accepts datagrams up to [`TransportSettings::max_mtu`].
+pub fn endpoint_config(s: &TransportSettings) -> quinn::EndpointConfig {
+    let mut e = quinn::EndpointConfig::default();
+    // Within 1200..=65527 by the clamp, which is all quinn refuses.
+    let _ = e.max_udp_payload_size(s.max_mtu.clamp(1200, 65_527));
+    e
 }
 
 /// The relay's side of a lane: what it sends is sized by `settings`; what it lets a peer send

@@ -37,13 +37,15 @@ pub fn udp_socket(addr: SocketAddr, s: &TransportSettings) -> std::io::Result<st
 }
 
 /// A quinn endpoint on `socket` (from [`udp_socket`]), serving `server` if given, driven by
-/// the current tokio runtime. Must be called inside a tokio runtime.
+/// the current tokio runtime, accepting datagrams up to `s.max_mtu`. Must be called inside a
+/// tokio runtime.
 pub fn endpoint(
     socket: std::net::UdpSocket,
     server: Option<quinn::ServerConfig>,
+    s: &TransportSettings,
 ) -> std::io::Result<quinn::Endpoint> {
     quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        crate::settings::endpoint_config(s),
         server,
         socket,
         Arc::new(quinn::TokioRuntime),

@@ -120,11 +120,13 @@ async fn endpoints_bind_their_own_socket() {
     let a = transport::endpoint(
         udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap(),
         None,
+        &settings,
     )
     .unwrap();
     let b = transport::endpoint(
         udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap(),
         None,
+        &settings,
     )
     .unwrap();
     assert_ne!(a.local_addr().unwrap(), b.local_addr().unwrap());

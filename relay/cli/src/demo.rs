@@ -59,6 +59,55 @@ pub fn process_cpu() -> Option<Duration> {
     Some(secs(u.user_time()) + secs(u.system_time()))
 }
 
+/// CPU time of this process's live threads, summed by what they do (from their names):
+/// `source` (the synthetic source standing in for stellar-core), `pipeline` (cutting and
+/// compressing), `ring` (the ring writer and sled's threads), `relay` (the relay's runtime:
+/// sessions, QUIC, the hub) and `subscriber` (the subscriber's own runtime: QUIC, reassembly,
+/// verification). Read from `/proc/self/task/*/schedstat` (nanoseconds on the CPU); threads
+/// that have exited are not listed, so the groups can sum to less than the process total.
+fn thread_cpu() -> std::collections::BTreeMap<&'static str, Duration> {
+    let mut groups = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return groups;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("schedstat")),
+        ) else {
+            continue;
+        };
+        let Some(ns) = stat
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let comm = comm.trim();
+        let group = if comm.starts_with("source") {
+            "source"
+        } else if comm.starts_with("cutter")
+            || comm.starts_with("publisher")
+            || comm.starts_with("compress")
+        {
+            "pipeline"
+        } else if comm.starts_with("ring") || comm.starts_with("sled") || comm == "log flusher" {
+            "ring"
+        } else if comm.starts_with(SUBSCRIBER_THREADS) {
+            "subscriber"
+        } else {
+            "relay"
+        };
+        *groups.entry(group).or_insert(Duration::ZERO) += Duration::from_nanos(ns);
+    }
+    groups
+}
+
+/// Thread name of the subscriber's runtime (its own, so its CPU is counted apart).
+const SUBSCRIBER_THREADS: &str = "subscriber";
+
 /// Runs the demo until `--ledgers` ledgers arrived or `shutdown`.
 pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let size = parse_size(&args.size).context("--size")?;
@@ -79,7 +128,9 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
     let spec = SyntheticSpec {
         size,
         ratio: args.ratio,
-        count: Some(u64::from(args.ledgers)),
+        // Two more than are measured: the source and the pipeline are still running (and
+        // their threads listed) when the last measured ledger arrives.
+        count: Some(u64::from(args.ledgers) + 2),
         start,
         emit: None,
         ..SyntheticSpec::default()
@@ -109,13 +160,25 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
     );
     sub_config.lanes = args.lanes;
     sub_config.start = Start::Seq(start);
-    let mut sub = connect(sub_config)?;
+    // The subscriber runs on a runtime of its own, so that its CPU is counted apart from the
+    // relay's (the Stream is still read here).
+    let sub_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(SUBSCRIBER_THREADS)
+        .enable_all()
+        .build()
+        .context("starting the subscriber's runtime")?;
+    let mut sub = {
+        let _in = sub_runtime.enter();
+        connect(sub_config)?
+    };
 
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut inter = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let (mut raw_total, mut wire_total, mut n) = (0u64, 0u64, 0u32);
     let mut last_arrival: Option<u64> = None;
     let mut cpu_at_warmup: Option<Duration> = None;
+    let mut threads_at_warmup = std::collections::BTreeMap::new();
     println!(
         "{:>10} {:>10} {:>10} {:>7} {:>12}",
         "sequence", "size MiB", "wire MiB", "ratio", "delivery ms"
@@ -155,6 +218,7 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         last_arrival = Some(ledger.received_ns);
         if n == args.warmup.max(1) {
             cpu_at_warmup = process_cpu();
+            threads_at_warmup = thread_cpu();
         }
         if n >= args.ledgers {
             break Ok(());
@@ -164,7 +228,16 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
     };
+    let threads: Vec<(&str, Duration)> = thread_cpu()
+        .into_iter()
+        .map(|(g, t)| {
+            let before = threads_at_warmup.get(g).copied().unwrap_or_default();
+            (g, t.saturating_sub(before))
+        })
+        .collect();
     sub.close().await;
+    // A runtime cannot be dropped (which blocks) from inside another one.
+    sub_runtime.shutdown_background();
     relay_stop.cancel();
     relay.wait().await;
     let counted = hist.len();
@@ -181,10 +254,21 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
             hist.max() as f64 / 1000.0
         );
         if let Some(cpu) = cpu {
+            let per = |d: Duration| d.as_secs_f64() * 1000.0 / counted.max(1) as f64;
             println!(
                 "cpu (relay and subscriber together, this process): {:.1} ms per ledger",
-                cpu.as_secs_f64() * 1000.0 / counted.max(1) as f64
+                per(cpu)
             );
+            let listed: Duration = threads.iter().map(|(_, d)| *d).sum();
+            let parts: Vec<String> = threads
+                .iter()
+                .map(|(g, d)| format!("{g} {:.1}", per(*d)))
+                .chain(std::iter::once(format!(
+                    "exited threads {:.1}",
+                    per(cpu.saturating_sub(listed))
+                )))
+                .collect();
+            println!("  of which, ms per ledger: {}", parts.join(", "));
         }
         if !inter.is_empty() {
             println!(

@@ -59,7 +59,7 @@ impl Peer {
             source,
         };
         let socket = transport::udp_socket(local, &config.transport).map_err(bind)?;
-        let endpoint = transport::endpoint(socket, None).map_err(bind)?;
+        let endpoint = transport::endpoint(socket, None, &config.transport).map_err(bind)?;
         let connecting = endpoint
             .connect_with(self.shared.client.clone(), self.addr, &self.server_name)
             .map_err(|source| Transient::Connect {

@@ -210,7 +210,7 @@ impl FakeRelay {
         let settings = TransportSettings::default();
         server.transport_config(Arc::new(transport::transport_config(&settings)));
         let socket = transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
-        let endpoint = transport::endpoint(socket, Some(server)).unwrap();
+        let endpoint = transport::endpoint(socket, Some(server), &settings).unwrap();
         let addr = endpoint.local_addr().unwrap();
         let record = Arc::new(Mutex::new(Record::default()));
         let shared = Arc::new(Shared {
