@@ -572,6 +572,18 @@ impl Session<'_> {
                 Err(Exit::failure(failure))
             }
             Ctl::LaneDown { lane, failure } => match failure {
+                // The relay ends a session that fell out of its retention on every lane, but
+                // tells why (with its bounds) only on lane 0's control stream; another lane sees
+                // just the close code, with no bounds and the session's first ledger as the one
+                // needed. Lane 0's verdict follows.
+                Failure::Fatal(SubscribeError::BelowRetention { .. }) => {
+                    tracing::debug!(lane, "lane closed below retention; lane 0 says why");
+                    if let Some(slot) = self.lanes.get_mut(usize::from(lane)) {
+                        *slot = None;
+                    }
+                    self.peer.shared.status().lanes_up = self.lanes_up();
+                    Ok(())
+                }
                 Failure::Fatal(_) | Failure::Transient(Transient::Protocol { .. }) => {
                     Err(Exit::failure(failure))
                 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use ledger_relay_subscriber::{connect, Ledger, Subscription};
+use ledger_relay_subscriber::{connect, Ledger, SubscribeError, Subscription};
 use ledger_relay_wire::frame::Start;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
@@ -458,5 +458,149 @@ async fn sigkill_rounds() {
     eprintln!("{mid_stream} of {rounds} kills happened while the subscriber was mid-stream");
     assert!(mid_stream * 4 >= rounds * 3, "most kills land mid-stream");
     out.sub.close().await;
+    drop(relay);
+}
+
+/// Issue "below-retention bounds": a relay whose ring keeps 5 ledgers of a fast synthetic
+/// source; returns it, its metrics address and the ring's bounds as `/metrics` shows them.
+async fn short_ring(dir: &TestDir) -> (RelayProcess, SocketAddr, u16) {
+    let port = free_port();
+    let metrics_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let metrics_flag = metrics_addr.to_string();
+    let args = [
+        "--source",
+        "synthetic:size=4KiB,ratio=2,start=2",
+        "--cadence",
+        "20ms",
+        "--retention",
+        "5",
+        "--metrics",
+        &metrics_flag,
+    ];
+    let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
+    // Past the first few ledgers, so the ring has moved on from ledger 2.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&scrape(metrics_addr).await, "ledger_relay_ring_oldest").unwrap_or(0) < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "the ring did not move past ledger 20"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (relay, metrics_addr, port)
+}
+
+/// The ring's (oldest, newest) as `/metrics` says now.
+async fn ring_bounds(addr: SocketAddr) -> (u32, u32) {
+    let m = scrape(addr).await;
+    let get = |n: &str| metric(&m, n).unwrap_or(0) as u32;
+    (
+        get("ledger_relay_ring_oldest"),
+        get("ledger_relay_ring_newest"),
+    )
+}
+
+/// Asserts that `got` lies between the bounds scraped just before and just after.
+fn between(what: &str, got: (u32, u32), before: (u32, u32), after: (u32, u32)) {
+    assert!(
+        before.0 <= got.0 && got.0 <= after.0 && before.1 <= got.1 && got.1 <= after.1,
+        "{what}: the error says oldest {}, newest {}; /metrics said {before:?} before and {after:?} after",
+        got.0,
+        got.1
+    );
+    assert!(got.0 != 0 && got.1 >= got.0, "{what}: {got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_below_the_ring_is_refused_with_the_relays_real_bounds() {
+    let dir = TestDir::new();
+    let (relay, metrics_addr, port) = short_ring(&dir).await;
+    let before = ring_bounds(metrics_addr).await;
+    let config = sub_config(
+        vec![local(port)],
+        dir.certs.path(),
+        "rpc-1",
+        2,
+        Start::Seq(2),
+    );
+    let mut sub = connect(config).unwrap();
+    let err = match tokio::time::timeout(Duration::from_secs(30), sub.next()).await {
+        Ok(Some(Err(e))) => e,
+        other => panic!("{:?}", other.map(|o| o.map(|r| r.map(|l| l.seq)))),
+    };
+    let after = ring_bounds(metrics_addr).await;
+    let SubscribeError::BelowRetention {
+        requested,
+        oldest,
+        newest,
+        ..
+    } = err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(requested, 2);
+    between("refused at open", (oldest, newest), before, after);
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_overtaken_by_the_ring_is_told_the_relays_real_bounds() {
+    let dir = TestDir::new();
+    let (relay, metrics_addr, port) = short_ring(&dir).await;
+    let (oldest_now, _) = ring_bounds(metrics_addr).await;
+    // Starts inside the ring, then takes a ledger every 200 ms while the source makes one
+    // every 20 ms: the ring (5 ledgers) overtakes it.
+    let mut config = sub_config(
+        vec![local(port)],
+        dir.certs.path(),
+        "rpc-1",
+        2,
+        Start::Seq(oldest_now + 2),
+    );
+    config.channel_capacity = 1;
+    let mut sub = connect(config).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let start = ring_bounds(metrics_addr).await;
+    let (err, delivered) = loop {
+        assert!(Instant::now() < deadline, "never overtaken");
+        let next = tokio::time::timeout(Duration::from_millis(200), sub.next()).await;
+        match next {
+            Ok(Some(Ok(l))) => {
+                let _ = l;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok(Some(Err(e))) => break (e, sub.status().last_delivered),
+            Ok(None) => panic!("ended without an error"),
+            Err(_) => {}
+        }
+    };
+    let after = ring_bounds(metrics_addr).await;
+    let SubscribeError::BelowRetention {
+        requested,
+        oldest,
+        newest,
+        ..
+    } = err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(
+        requested,
+        delivered + 1,
+        "the ledger needed is the next one"
+    );
+    // The relay ended the session some time before the consumer, reading slowly, reached the
+    // error (the ledgers verified before it come first): its bounds are those of a moment in
+    // between, a full ring of 5, not zeros.
+    let (first, _) = start;
+    between("ended mid-stream", (oldest, newest), (first, first), after);
+    assert_eq!(newest - oldest + 1, 5, "a full ring: {oldest}..={newest}");
+    assert!(
+        requested < oldest,
+        "the ring had overtaken ledger {requested}"
+    );
     drop(relay);
 }
