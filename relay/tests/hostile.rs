@@ -248,3 +248,106 @@ async fn connection_session_and_lane_limits_are_enforced() {
     drop((a, b));
     relay.stop().await;
 }
+
+/// Opens a one-lane session from `start` on a raw connection; returns it with its control
+/// stream, after reading the `SessionAccept`.
+async fn raw_session(relay: &Running, dir: &std::path::Path, start: u32) -> (Raw, FrameIo) {
+    let raw = raw_connect(relay, tls_client(&dir.join("certs"), "rpc-1")).await;
+    let mut io = control(&raw.conn).await;
+    io.writer
+        .write(&session_open(Start::Seq(start), 1))
+        .await
+        .unwrap();
+    match within(10, "session accept", io.reader.next()).await {
+        Ok(Some(Frame::SessionAccept(_))) => {}
+        other => panic!("{other:?}"),
+    }
+    (raw, io)
+}
+
+/// Issue "hardening", item 1: a resend of a ledger the subscriber acknowledged is a protocol
+/// violation (it already holds that ledger; asking again only makes the relay read its ring).
+/// The relay honoured it before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_of_an_acknowledged_ledger_is_a_protocol_violation() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = relay(dir.path(), |_| {}).await;
+    relay.wait_for(12).await;
+    let start = relay.relay.ring.range().expect("the ring holds ledgers").0;
+    let (raw, mut io) = raw_session(&relay, dir.path(), start).await;
+    // Read the data streams until the end record of `start + 2` has arrived.
+    let conn = raw.conn.clone();
+    let ends = tokio::spawn(async move {
+        let mut ends = Vec::new();
+        while !ends.contains(&(start + 2)) {
+            let mut s = conn.accept_uni().await.unwrap();
+            let f = ledger_relay_transport::read_single_frame(
+                &mut s,
+                &ledger_relay_wire::Limits::default(),
+            )
+            .await
+            .unwrap();
+            if let Frame::LedgerEnd(e) = f {
+                ends.push(e.seq);
+            }
+        }
+        ends
+    });
+    within(20, "three ledgers", ends).await.unwrap();
+    io.writer.write(&Frame::Ack(start + 2)).await.unwrap();
+    let resend = Frame::Resend(Resend {
+        seq: start + 1,
+        whole: true,
+        indices: vec![],
+    });
+    io.writer.write(&resend).await.unwrap();
+    assert_eq!(refused(&raw, &mut io).await, ErrorCode::ProtocolViolation);
+    eventually(5, "counted", || {
+        relay
+            .relay
+            .metrics
+            .protocol_errors_total
+            .load(Ordering::Relaxed)
+            >= 1
+    })
+    .await;
+    relay.stop().await;
+}
+
+/// Issue "hardening", item 1: a subscriber that reads nothing and floods resends of the ledgers
+/// in its window makes the relay read its ring at most at the rate limit, and queues no second
+/// copy of anything already on its way. Before, every resend frame was a ring read of a whole
+/// ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_flood_reads_the_ring_at_the_rate_limit_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = relay(dir.path(), |_| {}).await;
+    relay.wait_for(40).await;
+    let start = relay.relay.ring.range().expect("the ring holds ledgers").0;
+    let (raw, mut io) = raw_session(&relay, dir.path(), start).await;
+    // The session loads its window (8 ledgers) from the ring first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = &relay.relay.metrics;
+    let reads_before = m.ring_reads_total.load(Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let frames = 5_000u32;
+    for i in 0..frames {
+        let r = Frame::Resend(Resend {
+            seq: start + i % 8,
+            whole: true,
+            indices: vec![],
+        });
+        io.writer.write(&r).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let secs = started.elapsed().as_secs_f64();
+    let reads = m.ring_reads_total.load(Ordering::Relaxed) - reads_before;
+    // The limit: 32 loads a second, a burst of 32, plus the session's own catch-up reads.
+    let allowed = 32.0 + 32.0 * secs + 16.0;
+    assert!(
+        (reads as f64) <= allowed,
+        "{reads} ring reads for {frames} resends in {secs:.2} s (allowed {allowed:.0})"
+    );
+    assert!(!raw.conn.close_reason().is_some(), "the session goes on");
+    relay.stop().await;
+}

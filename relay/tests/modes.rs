@@ -366,8 +366,9 @@ async fn one_stream_per_lane_delivers_on_one_and_four_lanes() {
     relay.stop().await;
 }
 
-/// One stream per lane, and a lane stalls with its one stream open, then dies: that stream
-/// and the chunks waiting for the lane's permit go to the other lanes (replayed from the ring).
+/// One stream per lane, and a lane stalls with its one stream open, then dies: that stream goes
+/// to the other lanes. (Units are bound to a lane only when it has room, so nothing else waits
+/// on the stalled lane: everything else went to the others meanwhile.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_stream_per_lane_survives_a_lost_lane() {
     let (source, want) = synthetic(1 << 20, 40);
@@ -396,12 +397,7 @@ async fn one_stream_per_lane_survives_a_lost_lane() {
         .resent_chunks_total
         .load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("frames per lane {per_lane:?}, relay resent {resent} items");
-    // With one stream per lane, more than one item handed over means chunks that were
-    // waiting for the dead lane's permit were released too.
-    assert!(
-        resent >= 2,
-        "the stalled lane's open stream and the chunks waiting for it were sent again"
-    );
+    assert!(resent >= 1, "the stalled lane's open stream was sent again");
     relay.stop().await;
 }
 

@@ -364,7 +364,7 @@ pub fn sender(data: &[u8]) {
     cfg.window = WINDOW;
     cfg.chunk_size = 100;
     cfg.live_queue = 16;
-    cfg.catch_up_queue = 8;
+    cfg.catch_up_bytes = 1000;
     let mut s = Sender::new(cfg, Duration::ZERO);
     let mut now = Duration::ZERO;
     let mut up: HashSet<u8> = [0].into_iter().collect();

@@ -217,8 +217,10 @@ pub struct SenderConfig {
     pub queue_target: Duration,
     /// Units queued before the session stops reading the live stream.
     pub live_queue: usize,
-    /// Units queued before the session stops loading more complete ledgers.
-    pub catch_up_queue: usize,
+    /// Wire bytes queued before the session stops loading more complete ledgers: enough to
+    /// keep every lane busy while the next ledger is read, whatever the chunk size (a count of
+    /// units instead held a ledger of small chunks to one ledger ahead).
+    pub catch_up_bytes: u64,
     /// Ledger loads for resends per second (a burst of as many is allowed).
     pub resend_loads_per_sec: u32,
     /// How long to wait before asking again for a ledger that was `Unavailable`.
@@ -239,7 +241,7 @@ impl SenderConfig {
             drain_limit: Duration::from_secs(5),
             queue_target: Duration::from_millis(4),
             live_queue: 256,
-            catch_up_queue: 64,
+            catch_up_bytes: 8 << 20,
             resend_loads_per_sec: 32,
             load_retry: Duration::from_millis(250),
         }
@@ -951,7 +953,7 @@ impl Sender {
             || self.catch_up_loading
             || self.retry_at.is_some()
             || !self.window_allows(self.next)
-            || self.queued() >= self.cfg.catch_up_queue
+            || self.queued_bytes >= self.cfg.catch_up_bytes
         {
             return;
         }

@@ -389,7 +389,7 @@ fn a_source_cut_off_mid_ledger_resets_a_session_that_had_some_of_it() {
 fn a_lane_takes_no_more_than_its_target() {
     let mut cfg = SenderConfig::new(1, 1);
     cfg.window = 64;
-    cfg.catch_up_queue = 1000;
+    cfg.catch_up_bytes = u64::MAX;
     let mut s = Sender::new(cfg, Duration::ZERO);
     s.handle_timeout(Duration::ZERO);
     events(&mut s);
