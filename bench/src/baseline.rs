@@ -163,6 +163,7 @@ pub fn tcp_recv(listen: SocketAddr, count: u32, stats: PathBuf) -> anyhow::Resul
             wire_bytes: len as u64,
             delivery_ms: (received as f64 - last as f64) / 1e6,
             inter_arrival_ms: prev.map(|p| (received as f64 - p as f64) / 1e6),
+            received_unix_ms: None,
         };
         prev = Some(received);
         out.write_all(crate::stats::csv_row(&r).as_bytes())?;
@@ -211,6 +212,7 @@ pub fn pipe(pacing: Pacing) -> anyhow::Result<Vec<Record>> {
             wire_bytes: len as u64,
             delivery_ms: (received as f64 - last as f64) / 1e6,
             inter_arrival_ms: prev.map(|p| (received as f64 - p as f64) / 1e6),
+            received_unix_ms: None,
         });
         prev = Some(received);
     }

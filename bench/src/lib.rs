@@ -18,6 +18,7 @@
 pub mod baseline;
 pub mod harness;
 pub mod lake;
+pub mod lanes;
 pub mod load;
 pub mod netem;
 pub mod proc;
@@ -71,6 +72,20 @@ pub enum Helper {
     /// loopback S3 server), and backfill from the lake against catch-up from the ring
     /// (ledgers/s, MB/s, prefetch memory).
     Lake(lake::LakeArgs),
+    /// Whole-transfer goodput against lanes under a per-flow cap (emulated network, root):
+    /// 1, 2, 4 and 8 lanes live and catching up from the ring, and 4 lanes with one at half
+    /// the cap, with each lane's bytes, busy fraction and losses (issue 12).
+    Lanes(lanes::LanesArgs),
+    /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
+    #[command(hide = true)]
+    HttpGet {
+        /// Server address.
+        #[arg(long)]
+        addr: std::net::SocketAddr,
+        /// Path.
+        #[arg(long)]
+        path: String,
+    },
     /// TCP baseline sender.
     #[command(hide = true)]
     TcpSend {
@@ -434,6 +449,14 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Helper::Lake(a)) => {
             install_signal_handler();
             return lake::main(&a);
+        }
+        Some(Helper::Lanes(a)) => {
+            install_signal_handler();
+            return lanes::main(&a);
+        }
+        Some(Helper::HttpGet { addr, path }) => {
+            print!("{}", harness::http_get(addr, &path)?);
+            return Ok(());
         }
         None => {}
     }

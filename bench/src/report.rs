@@ -123,7 +123,7 @@ sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
 
 /// Loads a TrueType font for plot text. The `ab_glyph` backend of plotters needs the font's
 /// bytes (no fontconfig); DejaVu Sans is in `fonts-dejavu-core` on Debian and Ubuntu.
-fn register_font() -> anyhow::Result<()> {
+pub(crate) fn register_font() -> anyhow::Result<()> {
     const CANDIDATES: &[&str] = &[
         "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
         "/usr/share/fonts/dejavu/DejaVuSans.ttf",
@@ -171,8 +171,9 @@ macro_rules! both_backends {
         $written.push(png.display().to_string());
     }};
 }
+pub(crate) use both_backends;
 
-fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+pub(crate) fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plotting: {e}")
 }
 

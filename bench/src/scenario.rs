@@ -361,7 +361,12 @@ pub fn wait_listening(log: &Path, relay: &mut Child, within: Duration) -> anyhow
 }
 
 /// Waits until the relay's log holds `what`.
-fn wait_log(log: &Path, what: &str, relay: &mut Child, within: Duration) -> anyhow::Result<()> {
+pub(crate) fn wait_log(
+    log: &Path,
+    what: &str,
+    relay: &mut Child,
+    within: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
         if std::fs::read_to_string(log)

@@ -17,9 +17,13 @@ pub struct Record {
     pub delivery_ms: f64,
     /// Time since the previous ledger arrived (`None` for the first).
     pub inter_arrival_ms: Option<f64>,
+    /// When the ledger was complete at the subscriber, ms since the Unix epoch by the
+    /// subscriber's clock (`None` in files without the column).
+    pub received_unix_ms: Option<f64>,
 }
 
-/// Parses a stats CSV (`seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms`).
+/// Parses a stats CSV (`seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms`, optionally
+/// `,received_unix_ms`).
 pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -30,8 +34,8 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
             continue;
         }
         let f: Vec<&str> = line.split(',').collect();
-        if f.len() != 5 {
-            bail!("line {}: expected 5 fields, got {:?}", i + 1, line);
+        if f.len() != 5 && f.len() != 6 {
+            bail!("line {}: expected 5 or 6 fields, got {:?}", i + 1, line);
         }
         let n = |k: usize| -> anyhow::Result<f64> {
             f[k].trim()
@@ -48,6 +52,7 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
             } else {
                 Some(n(4)?)
             },
+            received_unix_ms: if f.len() == 6 { Some(n(5)?) } else { None },
         });
     }
     Ok(out)

@@ -88,7 +88,8 @@ pub struct Args {
     /// relay address).
     #[arg(long, value_name = "NAME")]
     pub server_name: Option<String>,
-    /// Write a CSV row per ledger: seq, raw_bytes, wire_bytes, delivery_ms, inter_arrival_ms.
+    /// Write a CSV row per ledger: seq, raw_bytes, wire_bytes, delivery_ms, inter_arrival_ms,
+    /// received_unix_ms (when the verified ledger was complete here, by this host's clock).
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
     /// Bind lane k to local UDP port BASE+k (default: ephemeral ports).
@@ -439,9 +440,12 @@ fn write_ledgers(
                 source,
             };
             let mut w = BufWriter::new(File::create(path).map_err(stats_err)?);
-            writeln!(w, "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms")
-                .and_then(|()| w.flush())
-                .map_err(stats_err)?;
+            writeln!(
+                w,
+                "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms,received_unix_ms"
+            )
+            .and_then(|()| w.flush())
+            .map_err(stats_err)?;
             Some((w, path.clone()))
         }
         None => None,
@@ -481,8 +485,10 @@ fn consume_pause<T>(delay: Duration, rx: &mpsc::Receiver<T>) {
     }
 }
 
-/// One CSV row: `seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms` (the last empty for
-/// the first ledger). Delivery may be negative when the two clocks disagree.
+/// One CSV row: `seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms,received_unix_ms`
+/// (inter-arrival empty for the first ledger). Delivery may be negative when the two clocks
+/// disagree. The arrival time lets a bench on the same host time a whole transfer from its own
+/// start, which neither the delivery (relay clock) nor the inter-arrivals can.
 pub fn stats_row(ledger: &Ledger, previous_received_ns: Option<u64>) -> String {
     let delivery_ms =
         (i128::from(ledger.received_ns) - i128::from(ledger.relay_last_byte_ns)) as f64 / 1e6;
@@ -495,12 +501,13 @@ pub fn stats_row(ledger: &Ledger, previous_received_ns: Option<u64>) -> String {
         })
         .unwrap_or_default();
     format!(
-        "{},{},{},{:.3},{}\n",
+        "{},{},{},{:.3},{},{:.3}\n",
         ledger.seq,
         ledger.data.len(),
         ledger.wire_bytes,
         delivery_ms,
-        inter
+        inter,
+        ledger.received_ns as f64 / 1e6
     )
 }
 

@@ -62,7 +62,7 @@ async fn writes_core_framing_byte_identical_with_stats() {
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(
         lines[0],
-        "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms"
+        "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms,received_unix_ms"
     );
     assert_eq!(lines.len(), 6);
     let first: Vec<&str> = lines[1].split(',').collect();

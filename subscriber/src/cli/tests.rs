@@ -21,11 +21,11 @@ fn ledger(seq: u32, received_ns: u64, last_byte_ns: u64) -> Ledger {
 fn stats_rows() {
     assert_eq!(
         stats_row(&ledger(7, 3_500_000, 1_000_000), None),
-        "7,1000,400,2.500,\n"
+        "7,1000,400,2.500,,3.500\n"
     );
     assert_eq!(
         stats_row(&ledger(8, 603_500_000, 600_000_000), Some(3_500_000)),
-        "8,1000,400,3.500,600.000\n"
+        "8,1000,400,3.500,600.000,603.500\n"
     );
     // Clocks that disagree give a negative delivery, not a wrapped one.
     assert!(stats_row(&ledger(9, 1, 2_000_000), None).starts_with("9,1000,400,-2.000,"));

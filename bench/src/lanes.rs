@@ -1,0 +1,809 @@
+//! `ledger-bench lanes`: whole-transfer goodput against lanes under a per-flow cap, with what
+//! each lane carried and how busy it was (issue 12, items 1 and 2).
+//!
+//! Each row starts a fresh relay in the emulated network's relay namespace (HTB class per lane
+//! port, see [`crate::netem`]; the aggregate class is set far above the lanes' sum, so it never
+//! binds) with a synthetic incompressible source, and one `ledger-subscribe` in the other
+//! namespace that takes every ledger. Two modes:
+//!
+//! - **live**: the subscriber starts as soon as the relay listens, while the source is still
+//!   emitting; the source's cadence is faster than the lanes can carry, so the lanes, not the
+//!   source, bound the transfer (the sender serves what it cannot send at once from memory
+//!   and the ring, as it would behind a burst from core);
+//! - **catch-up**: the subscriber starts once the source has finished, so every ledger comes
+//!   from the ring.
+//!
+//! The headline is the figure a user feels: raw bytes over (the last ledger's arrival at the
+//! subscriber minus the subscriber's start), both by this host's clock; it includes the
+//! handshakes and the tail of the last ledger. Per lane, the relay's own counters
+//! (`ledger_relay_lane_*`, scraped from `/metrics` inside the relay's namespace at the end):
+//! stream bytes acknowledged, packets lost, and the time the lane had bytes outstanding over
+//! the transfer time (busy fraction). A lane with a lower cap (`--half-cap`) shows whether the
+//! sender fills the sum of unequal caps.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use plotters::prelude::*;
+
+use crate::netem::{Netem, Shape, RELAY_ADDR};
+use crate::proc::{kill_all, sibling_binary, stop, wait_with_cpu};
+use crate::report::{both_backends, err, register_font};
+use crate::stats::read_csv;
+
+/// How the subscriber meets the source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LaneMode {
+    /// Subscribed while the source emits faster than the lanes carry.
+    Live,
+    /// Subscribed after the source finished: every ledger from the ring.
+    CatchUp,
+}
+
+impl LaneMode {
+    fn name(self) -> &'static str {
+        match self {
+            LaneMode::Live => "live",
+            LaneMode::CatchUp => "catch-up",
+        }
+    }
+}
+
+/// `ledger-bench lanes` settings.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct LanesArgs {
+    /// Lane counts to run (one row each, per mode).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub lanes: Vec<u8>,
+    /// Modes to run.
+    #[arg(long, value_delimiter = ',', default_value = "live,catch-up")]
+    pub modes: Vec<LaneMode>,
+    /// Ledgers per row.
+    #[arg(long, default_value_t = 96)]
+    pub ledgers: u32,
+    /// Raw size of each (incompressible) ledger, e.g. 2MiB.
+    #[arg(long, default_value = "2MiB")]
+    pub size: String,
+    /// Chunk size the relay cuts.
+    #[arg(long, default_value = "256KiB")]
+    pub chunk: String,
+    /// Per-flow cap, Mbit/s.
+    #[arg(long, default_value_t = 100.0)]
+    pub flow_mbit: f64,
+    /// Source cadence in live rows, ms (faster than the lanes carry, so they bind).
+    #[arg(long, default_value_t = 15.0)]
+    pub cadence_ms: f64,
+    /// Also run 4 lanes with lane 0 capped at half the others (per mode).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub half_cap: bool,
+    /// Runs of each row; the table shows every run.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Write the rows as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the rows as CSV here.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write plots (goodput against lanes with the ideal line; bytes per lane) here.
+    #[arg(long)]
+    pub plots: Option<PathBuf>,
+}
+
+/// What one lane did, from the relay's counters.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LaneStat {
+    /// Lane number.
+    pub lane: u8,
+    /// Its cap, Mbit/s.
+    pub cap_mbit: f64,
+    /// Stream bytes the subscriber acknowledged on it.
+    pub delivered_bytes: f64,
+    /// UDP bytes sent on it (retransmissions and headers included).
+    pub sent_bytes: f64,
+    /// Packets declared lost.
+    pub lost_packets: f64,
+    /// Seconds it had bytes outstanding.
+    pub busy_s: f64,
+    /// Smoothed RTT at the end, ms.
+    pub rtt_ms: f64,
+    /// Congestion window at the end, bytes.
+    pub cwnd_bytes: f64,
+    /// Path MTU at the end, bytes.
+    pub mtu_bytes: f64,
+}
+
+/// One row.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LaneRow {
+    /// Live or catch-up.
+    pub mode: LaneMode,
+    /// Lanes.
+    pub lanes: u8,
+    /// Run number (from 1).
+    pub run: u32,
+    /// Ledgers delivered.
+    pub ledgers: usize,
+    /// Raw bytes delivered.
+    pub raw_bytes: u64,
+    /// Subscriber start to the last ledger's arrival, s.
+    pub transfer_s: f64,
+    /// Raw bytes over the transfer time, MiB/s.
+    pub goodput_mib_s: f64,
+    /// The sum of the lanes' caps, MiB/s.
+    pub caps_mib_s: f64,
+    /// Per lane.
+    pub per_lane: Vec<LaneStat>,
+    /// Largest deviation of a lane's bytes from its share of the total, relative to the share
+    /// (shares in proportion to the caps).
+    pub imbalance: f64,
+    /// Subscriber CPU, s.
+    pub sub_cpu_s: f64,
+    /// Relay CPU, s (whole process life: source, ring and sending).
+    pub relay_cpu_s: f64,
+    /// Why the row failed.
+    pub error: Option<String>,
+}
+
+impl LaneRow {
+    fn label(&self) -> String {
+        let caps: Vec<f64> = self.per_lane.iter().map(|l| l.cap_mbit).collect();
+        let unequal = caps.windows(2).any(|w| w[0] != w[1]);
+        format!(
+            "{}-l{}{}",
+            self.mode.name(),
+            self.lanes,
+            if unequal { "-halfcap" } else { "" }
+        )
+    }
+
+    fn half_capped(&self) -> bool {
+        self.label().ends_with("-halfcap")
+    }
+}
+
+const MIB: f64 = 1_048_576.0;
+
+/// The lane series of a `/metrics` exposition, by lane number.
+pub fn parse_lanes(text: &str) -> BTreeMap<u8, LaneStat> {
+    let mut out: BTreeMap<u8, LaneStat> = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("ledger_relay_lane_") else {
+            continue;
+        };
+        let Some((name, rest)) = rest.split_once("{lane=\"") else {
+            continue;
+        };
+        let Some((lane, value)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let (Ok(lane), Ok(value)) = (lane.parse::<u8>(), value.trim().parse::<f64>()) else {
+            continue;
+        };
+        let s = out.entry(lane).or_default();
+        s.lane = lane;
+        match name {
+            "bytes_sent_total" => s.sent_bytes = value,
+            "delivered_bytes_total" => s.delivered_bytes = value,
+            "lost_packets_total" => s.lost_packets = value,
+            "busy_seconds_total" => s.busy_s = value,
+            "rtt_seconds" => s.rtt_ms = value * 1e3,
+            "cwnd_bytes" => s.cwnd_bytes = value,
+            "mtu_bytes" => s.mtu_bytes = value,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Largest |bytes - share| / share over lanes, each lane's share of the total in proportion
+/// to its cap. 0 for fewer than two lanes or nothing carried.
+pub fn imbalance(lanes: &[LaneStat]) -> f64 {
+    let total: f64 = lanes.iter().map(|l| l.delivered_bytes).sum();
+    let caps: f64 = lanes.iter().map(|l| l.cap_mbit).sum();
+    if lanes.len() < 2 || total <= 0.0 || caps <= 0.0 {
+        return 0.0;
+    }
+    lanes
+        .iter()
+        .map(|l| {
+            let share = total * l.cap_mbit / caps;
+            (l.delivered_bytes - share).abs() / share
+        })
+        .fold(0.0, f64::max)
+}
+
+fn unix_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0)
+}
+
+struct Bins {
+    relay: PathBuf,
+    sub: PathBuf,
+    bench: PathBuf,
+}
+
+/// Runs every row; returns them (failed rows carry `error`).
+pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
+    if let Some(reason) = crate::netem::unavailable_reason() {
+        bail!("the lanes bench needs the emulated network: {reason}");
+    }
+    let size = ledger_relay_transport::units::parse_size(&args.size).context("--size")?;
+    let chunk = ledger_relay_transport::units::parse_size(&args.chunk).context("--chunk")?;
+    if args.lanes.is_empty() || args.lanes.iter().any(|&l| l == 0 || l > 16) {
+        bail!("--lanes: each count must be 1..=16");
+    }
+    let bins = Bins {
+        relay: sibling_binary("ledger-relay")?,
+        sub: sibling_binary("ledger-subscribe")?,
+        bench: std::env::current_exe().context("locating ledger-bench")?,
+    };
+    let tmp = tempfile::tempdir()?;
+    let certs = tmp.path().join("certs");
+    crate::harness::make_certs(&certs, 1)?;
+    let flow_bps = (args.flow_mbit * 1e6) as u64;
+    let max_lanes = u64::from(args.lanes.iter().copied().max().unwrap_or(1).max(4));
+    let mut netem = Netem::create(
+        "ln",
+        Shape {
+            flow_bps,
+            // Never binding: four times the widest row's sum of caps.
+            aggregate_bps: flow_bps * max_lanes * 4,
+        },
+    )?;
+    let mut plan: Vec<(LaneMode, Vec<f64>)> = Vec::new();
+    for &mode in &args.modes {
+        for &l in &args.lanes {
+            plan.push((mode, vec![args.flow_mbit; usize::from(l)]));
+        }
+        if args.half_cap {
+            let mut caps = vec![args.flow_mbit; 4];
+            caps[0] = args.flow_mbit / 2.0;
+            plan.push((mode, caps));
+        }
+    }
+    let mut rows = Vec::new();
+    let mut index = 0u16;
+    for run_no in 1..=args.repeat.max(1) {
+        for (mode, caps) in &plan {
+            index += 1;
+            let row = run_row(
+                &bins,
+                &mut netem,
+                &certs,
+                tmp.path(),
+                index,
+                args,
+                (size, chunk),
+                *mode,
+                caps,
+                run_no,
+            );
+            eprintln!("ledger-bench lanes: {}", summary_line(&row));
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+fn summary_line(r: &LaneRow) -> String {
+    match &r.error {
+        Some(e) => format!("{} run {}: failed: {e}", r.label(), r.run),
+        None => format!(
+            "{} run {}: {:.1} MiB/s over {:.2} s ({:.0}% of the caps), imbalance {:.1}%",
+            r.label(),
+            r.run,
+            r.goodput_mib_s,
+            r.transfer_s,
+            100.0 * r.goodput_mib_s / r.caps_mib_s,
+            100.0 * r.imbalance
+        ),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_row(
+    bins: &Bins,
+    netem: &mut Netem,
+    certs: &Path,
+    tmp: &Path,
+    index: u16,
+    args: &LanesArgs,
+    (size, chunk): (u64, u64),
+    mode: LaneMode,
+    caps: &[f64],
+    run_no: u32,
+) -> LaneRow {
+    let lanes = caps.len() as u8;
+    let mut row = LaneRow {
+        mode,
+        lanes,
+        run: run_no,
+        ledgers: 0,
+        raw_bytes: 0,
+        transfer_s: f64::NAN,
+        goodput_mib_s: f64::NAN,
+        caps_mib_s: caps.iter().sum::<f64>() * 1e6 / 8.0 / MIB,
+        per_lane: caps
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| LaneStat {
+                lane: i as u8,
+                cap_mbit: c,
+                ..LaneStat::default()
+            })
+            .collect(),
+        imbalance: f64::NAN,
+        sub_cpu_s: f64::NAN,
+        relay_cpu_s: f64::NAN,
+        error: None,
+    };
+    if let Err(e) = measure(
+        bins,
+        netem,
+        certs,
+        tmp,
+        index,
+        args,
+        (size, chunk),
+        &mut row,
+    ) {
+        row.error = Some(format!("{e:#}"));
+    }
+    row
+}
+
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    bins: &Bins,
+    netem: &mut Netem,
+    certs: &Path,
+    tmp: &Path,
+    index: u16,
+    args: &LanesArgs,
+    (size, chunk): (u64, u64),
+    row: &mut LaneRow,
+) -> anyhow::Result<()> {
+    let dir = tmp.join(format!("row-{index}"));
+    std::fs::create_dir_all(&dir)?;
+    let port = 7600 + index;
+    let metrics_port = 9600 + index;
+    let lane_base = 21_000 + (index % 100) * 32;
+    for l in &row.per_lane {
+        netem.cap_port(lane_base + u16::from(l.lane), (l.cap_mbit * 1e6) as u64)?;
+    }
+    let (cadence_ms, emit_ms) = match row.mode {
+        // Core's 8 ms emit window, as in the main table.
+        LaneMode::Live => (args.cadence_ms, args.cadence_ms.min(8.0)),
+        // As fast as the ring takes them: the subscriber only starts afterwards.
+        LaneMode::CatchUp => (1.0, 0.0),
+    };
+    let relay_log = dir.join("relay.log");
+    let mut relay = Netem::exec_in(&netem.relay_ns, &bins.relay)
+        .arg("run")
+        .args(["--listen", &format!("{RELAY_ADDR}:{port}"), "--certs"])
+        .arg(certs)
+        .args(["--name", "relay", "--data-dir"])
+        .arg(dir.join("data"))
+        .args([
+            "--source",
+            &format!(
+                "synthetic:size={size},ratio=1,count={},start=2,chunk={chunk}",
+                args.ledgers
+            ),
+        ])
+        .args(["--cadence", &format!("{cadence_ms}ms")])
+        .args(["--emit", &format!("{emit_ms}ms")])
+        .args(["--codec", "none", "--chunk-size", &chunk.to_string()])
+        .args(["--retention", "5000"])
+        .args(["--metrics", &format!("{RELAY_ADDR}:{metrics_port}")])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&relay_log)?)
+        .spawn()
+        .context("starting ledger-relay")?;
+    crate::proc::track(&relay);
+    let relay_pid = relay.id();
+    let mut subs: Vec<Child> = Vec::new();
+    // Lanes at their caps, with a floor for the handshakes, and a generous margin: a bound,
+    // not a timing.
+    let ideal_s = args.ledgers as f64 * size as f64 / (row.caps_mib_s * MIB);
+    let within = Duration::from_secs_f64(ideal_s * 4.0 + 60.0);
+    let outcome = (|| -> anyhow::Result<(f64, f64)> {
+        crate::scenario::wait_listening(&relay_log, &mut relay, Duration::from_secs(30))?;
+        if row.mode == LaneMode::CatchUp {
+            crate::scenario::wait_log(&relay_log, "source finished", &mut relay, within)?;
+        }
+        let stats = dir.join("stats.csv");
+        let t0 = unix_ms();
+        let sub = Netem::exec_in(&netem.sub_ns, &bins.sub)
+            .args(["--relay", &format!("{RELAY_ADDR}:{port}"), "--certs"])
+            .arg(certs)
+            .args(["--name", "sub-0", "--from", "2"])
+            .args(["--count", &args.ledgers.to_string()])
+            .args(["--lanes", &row.lanes.to_string(), "--out", "/dev/null"])
+            .args(["--lane-ports", &lane_base.to_string()])
+            .arg("--stats")
+            .arg(&stats)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(dir.join("sub.log"))?)
+            .spawn()
+            .context("starting ledger-subscribe")?;
+        crate::proc::track(&sub);
+        subs.push(sub);
+        let deadline = Instant::now() + within;
+        let sub_cpu = match wait_with_cpu(&mut subs[0], deadline)? {
+            Some((st, cpu)) if st.success() => cpu,
+            Some((st, _)) => {
+                let log = std::fs::read_to_string(dir.join("sub.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                bail!("subscriber failed ({st}): {}", tail.join(" | "));
+            }
+            None => bail!("timed out after {within:?}; logs in {}", dir.display()),
+        };
+        let recs = read_csv(&stats)?;
+        let last = recs
+            .iter()
+            .filter_map(|r| r.received_unix_ms)
+            .fold(f64::NAN, f64::max);
+        if recs.len() != args.ledgers as usize || last.is_nan() {
+            bail!(
+                "the subscriber's stats hold {} ledgers of {} (or no arrival times)",
+                recs.len(),
+                args.ledgers
+            );
+        }
+        row.ledgers = recs.len();
+        row.raw_bytes = recs.iter().map(|r| r.raw_bytes).sum();
+        row.transfer_s = (last - t0) / 1e3;
+        row.goodput_mib_s = row.raw_bytes as f64 / MIB / row.transfer_s;
+        let text = scrape(&bins.bench, &netem.relay_ns, metrics_port)?;
+        let lanes = parse_lanes(&text);
+        for l in row.per_lane.iter_mut() {
+            let cap = l.cap_mbit;
+            let got = lanes
+                .get(&l.lane)
+                .with_context(|| format!("no ledger_relay_lane_* series for lane {}", l.lane))?;
+            *l = LaneStat {
+                cap_mbit: cap,
+                ..got.clone()
+            };
+        }
+        row.imbalance = imbalance(&row.per_lane);
+        let relay_cpu = crate::proc::cpu_seconds(relay_pid).unwrap_or(f64::NAN);
+        Ok((sub_cpu, relay_cpu))
+    })();
+    kill_all(&mut subs);
+    stop(&mut relay, Duration::from_secs(5));
+    let (sub_cpu, relay_cpu) = outcome?;
+    row.sub_cpu_s = sub_cpu;
+    row.relay_cpu_s = relay_cpu;
+    Ok(())
+}
+
+/// The relay's `/metrics`, fetched from inside its namespace by this binary's hidden
+/// `http-get` helper (the relay's address is not reachable from the host's namespace).
+fn scrape(bench: &Path, ns: &str, port: u16) -> anyhow::Result<String> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(bench)
+        .args(["http-get", "--addr", &format!("{RELAY_ADDR}:{port}")])
+        .args(["--path", "/metrics"])
+        .stdin(Stdio::null())
+        .output()
+        .context("scraping the relay's /metrics")?;
+    if !out.status.success() {
+        bail!(
+            "scraping the relay's /metrics failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The rows as a table.
+pub fn table(rows: &[LaneRow]) -> String {
+    let mut s = format!(
+        "{:<18} {:>3} {:>7} {:>9} {:>9} {:>6} {:>7} {:>8} {:>8}  {}\n",
+        "row",
+        "run",
+        "MiB",
+        "xfer s",
+        "MiB/s",
+        "x1",
+        "%caps",
+        "imbal%",
+        "cpu s",
+        "per lane: MB carried / busy% / lost pkts"
+    );
+    for r in rows {
+        if let Some(e) = &r.error {
+            s.push_str(&format!("{:<18} {:>3} failed: {e}\n", r.label(), r.run));
+            continue;
+        }
+        let x1 = one_lane(rows, r.mode, r.run)
+            .map(|one| format!("{:.2}", r.goodput_mib_s / one))
+            .unwrap_or_else(|| "-".into());
+        let lanes: Vec<String> = r
+            .per_lane
+            .iter()
+            .map(|l| {
+                format!(
+                    "{:.1}/{:.0}/{:.0}",
+                    l.delivered_bytes / 1e6,
+                    100.0 * l.busy_s / r.transfer_s,
+                    l.lost_packets
+                )
+            })
+            .collect();
+        s.push_str(&format!(
+            "{:<18} {:>3} {:>7.1} {:>9.2} {:>9.2} {:>6} {:>7.1} {:>8.1} {:>8.2}  {}\n",
+            r.label(),
+            r.run,
+            r.raw_bytes as f64 / MIB,
+            r.transfer_s,
+            r.goodput_mib_s,
+            x1,
+            100.0 * r.goodput_mib_s / r.caps_mib_s,
+            100.0 * r.imbalance,
+            r.sub_cpu_s + r.relay_cpu_s,
+            lanes.join("  ")
+        ));
+    }
+    s
+}
+
+/// The one-lane goodput of `mode` in run `run`.
+fn one_lane(rows: &[LaneRow], mode: LaneMode, run: u32) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.mode == mode && r.run == run && r.lanes == 1 && r.error.is_none())
+        .map(|r| r.goodput_mib_s)
+}
+
+/// The issue's targets over the rows, one line each: value, met or MISSED, and the inputs.
+pub fn targets(rows: &[LaneRow]) -> String {
+    let mut s = String::new();
+    let mut line = |name: String, value: f64, ok: bool, why: String| {
+        s.push_str(&format!(
+            "{name:<52} {value:>6.3}  {:<6} ({why})\n",
+            if ok { "met" } else { "MISSED" }
+        ));
+    };
+    for r in rows.iter().filter(|r| r.error.is_none()) {
+        let tag = format!("{} run {}", r.label(), r.run);
+        if r.half_capped() {
+            let of = r.goodput_mib_s / r.caps_mib_s;
+            line(
+                format!("{tag}: goodput / sum of caps (>= 0.90)"),
+                of,
+                of >= 0.90,
+                format!("{:.2} / {:.2} MiB/s", r.goodput_mib_s, r.caps_mib_s),
+            );
+            continue;
+        }
+        if r.lanes > 1 {
+            line(
+                format!("{tag}: largest lane deviation (<= 0.05)"),
+                r.imbalance,
+                r.imbalance <= 0.05,
+                r.per_lane
+                    .iter()
+                    .map(|l| format!("{:.1}", l.delivered_bytes / 1e6))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+                    + " MB",
+            );
+        }
+        let need = match r.lanes {
+            4 => Some(3.6),
+            8 => Some(6.5),
+            _ => None,
+        };
+        if let (Some(need), Some(one)) = (need, one_lane(rows, r.mode, r.run)) {
+            let x = r.goodput_mib_s / one;
+            line(
+                format!("{tag}: goodput / 1 lane (>= {need})"),
+                x,
+                x >= need,
+                format!("{:.2} / {:.2} MiB/s", r.goodput_mib_s, one),
+            );
+        }
+    }
+    s
+}
+
+/// CSV: one line per lane of every row.
+pub fn csv(rows: &[LaneRow]) -> String {
+    let mut s = String::from(
+        "row,run,mode,lanes,ledgers,raw_bytes,transfer_s,goodput_mib_s,caps_mib_s,imbalance,lane,cap_mbit,delivered_bytes,sent_bytes,lost_packets,busy_s,rtt_ms,cwnd_bytes,mtu_bytes,error\n",
+    );
+    for r in rows {
+        for l in &r.per_lane {
+            s.push_str(&format!(
+                "{},{},{},{},{},{},{:.4},{:.3},{:.3},{:.4},{},{},{},{},{},{:.4},{:.3},{},{},{}\n",
+                r.label(),
+                r.run,
+                r.mode.name(),
+                r.lanes,
+                r.ledgers,
+                r.raw_bytes,
+                r.transfer_s,
+                r.goodput_mib_s,
+                r.caps_mib_s,
+                r.imbalance,
+                l.lane,
+                l.cap_mbit,
+                l.delivered_bytes,
+                l.sent_bytes,
+                l.lost_packets,
+                l.busy_s,
+                l.rtt_ms,
+                l.cwnd_bytes,
+                l.mtu_bytes,
+                r.error.as_deref().unwrap_or("").replace(',', ";")
+            ));
+        }
+    }
+    s
+}
+
+/// Goodput against lanes per mode with the ideal line (lanes x cap), and each row's bytes per
+/// lane as bars. Returns the files written.
+pub fn plots(rows: &[LaneRow], dir: &Path, flow_mbit: f64) -> anyhow::Result<Vec<String>> {
+    register_font()?;
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let ok: Vec<&LaneRow> = rows
+        .iter()
+        .filter(|r| r.error.is_none() && !r.half_capped())
+        .collect();
+    let cap = flow_mbit * 1e6 / 8.0 / MIB;
+    let xmax = ok.iter().map(|r| f64::from(r.lanes)).fold(1.0, f64::max) + 1.0;
+    let ymax = (xmax - 1.0) * cap * 1.1;
+    both_backends!(dir, "lanes-goodput", written, |root| {
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("Whole-transfer goodput against lanes ({flow_mbit} Mbit/s per flow)"),
+                ("sans-serif", 22),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..xmax, 0f64..ymax)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("lanes")
+            .y_desc("MiB/s (raw bytes / (last arrival - subscriber start))")
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, 0.0), (xmax - 1.0, (xmax - 1.0) * cap)],
+                8,
+                4,
+                BLACK.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label("ideal: lanes x cap")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+        for (i, mode) in [LaneMode::Live, LaneMode::CatchUp].into_iter().enumerate() {
+            let mut pts: Vec<(f64, f64)> = ok
+                .iter()
+                .filter(|r| r.mode == mode)
+                .map(|r| (f64::from(r.lanes), r.goodput_mib_s))
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let c = Palette99::pick(i);
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(mode.name())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], Palette99::pick(i))
+                });
+            chart
+                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+    });
+    let bars: Vec<&LaneRow> = rows.iter().filter(|r| r.error.is_none()).collect();
+    let mb_max = bars
+        .iter()
+        .flat_map(|r| r.per_lane.iter().map(|l| l.delivered_bytes / 1e6))
+        .fold(1.0, f64::max);
+    both_backends!(dir, "lanes-bytes", written, |root| {
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Bytes carried per lane, each row", ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(90)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..(bars.len().max(1) as f64), 0f64..mb_max * 1.15)
+            .map_err(err)?;
+        let labels: Vec<String> = bars
+            .iter()
+            .map(|r| format!("{} #{}", r.label(), r.run))
+            .collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(bars.len().max(1))
+            .x_label_formatter(&|x| labels.get(x.floor() as usize).cloned().unwrap_or_default())
+            .x_label_style(("sans-serif", 11))
+            .y_desc("MB acknowledged on the lane")
+            .draw()
+            .map_err(err)?;
+        for (i, r) in bars.iter().enumerate() {
+            let n = r.per_lane.len().max(1) as f64;
+            let w = 0.8 / n;
+            chart
+                .draw_series(r.per_lane.iter().enumerate().map(|(k, l)| {
+                    let x0 = i as f64 + 0.1 + k as f64 * w;
+                    Rectangle::new(
+                        [(x0, 0.0), (x0 + w * 0.9, l.delivered_bytes / 1e6)],
+                        Palette99::pick(k).filled(),
+                    )
+                }))
+                .map_err(err)?;
+        }
+    });
+    Ok(written)
+}
+
+/// `ledger-bench lanes`: runs, prints the table and the targets, writes CSV/JSON/plots.
+pub fn main(args: &LanesArgs) -> anyhow::Result<()> {
+    eprintln!(
+        "ledger-bench lanes: {} ledgers of {} per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
+        args.ledgers, args.size, args.chunk, args.flow_mbit, args.cadence_ms
+    );
+    let rows = run(args)?;
+    print!("{}", table(&rows));
+    let t = targets(&rows);
+    if !t.is_empty() {
+        print!("\ntargets (issue 12 item 2), from this run's rows:\n{t}");
+    }
+    if let Some(p) = &args.csv {
+        crate::report::write(p, &csv(&rows))?;
+    }
+    if let Some(p) = &args.json {
+        let json = serde_json::json!({ "settings": args, "rows": rows });
+        crate::report::write(p, &serde_json::to_string_pretty(&json)?)?;
+    }
+    if let Some(dir) = &args.plots {
+        match plots(&rows, dir, args.flow_mbit) {
+            Ok(files) => eprintln!("ledger-bench lanes: plots: {}", files.join(", ")),
+            Err(e) => eprintln!("ledger-bench lanes: no plots: {e:#}"),
+        }
+    }
+    if rows.iter().all(|r| r.error.is_some()) {
+        bail!("every row failed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
