@@ -1,0 +1,275 @@
+//! Opening the store, and the repair that follows a crash (see "Crash consistency" in the
+//! [module doc](super)).
+
+use std::collections::VecDeque;
+use std::fs;
+use std::path::Path;
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+use tracing::{info, warn};
+
+use super::layout::{
+    decode_record, part_key, record_key, record_seq, seal, unseal, Record, CHUNK_PREFIX,
+    META_EPOCH, META_FORMAT, META_NETWORK, RECORD_PREFIX,
+};
+use super::read::{read_ledger, ReadFail};
+use super::{
+    Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FLUSH_EVERY_MS, FORMAT_VERSION,
+    RELEASE_WAIT, SEGMENT_SIZE, SLED_FILE,
+};
+
+impl Ring {
+    /// Opens the ring in `cfg.dir`, creating it if needed.
+    ///
+    /// Refuses a store recorded for another network or written in another format, and repairs
+    /// what a crash could leave (see the module doc): the result holds a consecutive,
+    /// hash-linked range whose newest ledger verifies.
+    pub fn open(cfg: &RingConfig) -> Result<Ring, RingError> {
+        if cfg.max_ledgers == 0 {
+            return Err(RingError::Config {
+                detail: "max_ledgers must be at least 1",
+            });
+        }
+        if cfg.max_bytes == 0 {
+            return Err(RingError::Config {
+                detail: "max_bytes must be at least 1",
+            });
+        }
+        fs::create_dir_all(&cfg.dir).map_err(|source| RingError::Io {
+            path: cfg.dir.clone(),
+            source,
+        })?;
+        wait_for_release(&cfg.dir.join(SLED_FILE));
+        let db = sled::Config::new()
+            .path(&cfg.dir)
+            .segment_size(SEGMENT_SIZE)
+            .cache_capacity(CACHE_BYTES)
+            .flush_every_ms(Some(FLUSH_EVERY_MS))
+            .open()?;
+
+        let mut batch = sled::Batch::default();
+        let mut dirty = false;
+
+        // Metadata.
+        let epoch = match db.get(META_FORMAT)? {
+            None => {
+                if db.first()?.is_some() {
+                    return Err(RingError::BadMeta {
+                        key: "format",
+                        detail: "missing from a non-empty store",
+                    });
+                }
+                batch.insert(
+                    META_FORMAT,
+                    seal(|b| b.extend_from_slice(&FORMAT_VERSION.to_be_bytes())),
+                );
+                batch.insert(
+                    META_EPOCH,
+                    seal(|b| b.extend_from_slice(&0u64.to_be_bytes())),
+                );
+                dirty = true;
+                0
+            }
+            Some(v) => {
+                let found = unseal(&v)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .map(u32::from_be_bytes)
+                    .ok_or(RingError::BadMeta {
+                        key: "format",
+                        detail: "bad checksum or length",
+                    })?;
+                if found != FORMAT_VERSION {
+                    return Err(RingError::Format {
+                        found,
+                        expected: FORMAT_VERSION,
+                    });
+                }
+                let v = db.get(META_EPOCH)?.ok_or(RingError::BadMeta {
+                    key: "epoch",
+                    detail: "missing",
+                })?;
+                unseal(&v)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes)
+                    .ok_or(RingError::BadMeta {
+                        key: "epoch",
+                        detail: "bad checksum or length",
+                    })?
+            }
+        };
+        let stored_network = match db.get(META_NETWORK)? {
+            None => None,
+            Some(v) => Some(
+                unseal(&v)
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .map(str::to_owned)
+                    .ok_or(RingError::BadMeta {
+                        key: "network",
+                        detail: "bad checksum or not UTF-8",
+                    })?,
+            ),
+        };
+        let network = match (stored_network, &cfg.network) {
+            (Some(stored), Some(configured)) if stored != *configured => {
+                return Err(RingError::NetworkMismatch {
+                    stored,
+                    configured: configured.clone(),
+                });
+            }
+            (None, Some(configured)) => {
+                batch.insert(
+                    META_NETWORK,
+                    seal(|b| b.extend_from_slice(configured.as_bytes())),
+                );
+                dirty = true;
+                Some(configured.clone())
+            }
+            (stored, _) => stored,
+        };
+
+        // Records: keep the newest run that decodes, is consecutive and is hash-linked.
+        let mut records: Vec<(Vec<u8>, Option<Record>)> = Vec::new();
+        for kv in db.scan_prefix([RECORD_PREFIX]) {
+            let (k, v) = kv?;
+            let rec = record_seq(&k).and_then(|seq| decode_record(seq, &v).ok());
+            records.push((k.to_vec(), rec));
+        }
+        // Unreadable records above the newest readable one are a torn tail: skip them.
+        let mut skip_top = records.len();
+        while skip_top > 0 && records[skip_top - 1].1.is_none() {
+            skip_top -= 1;
+        }
+        let mut keep_from = skip_top;
+        while keep_from > 0 {
+            let Some(rec) = records[keep_from - 1].1 else {
+                break;
+            };
+            if keep_from < skip_top {
+                if let Some(next) = records[keep_from].1 {
+                    let linked = rec.end.seq.checked_add(1) == Some(next.end.seq)
+                        && next.end.previous_hash == rec.end.header_hash;
+                    if !linked {
+                        break;
+                    }
+                }
+            }
+            keep_from -= 1;
+        }
+        let dropped_records = records[..keep_from].iter().chain(&records[skip_top..]);
+        for (key, rec) in dropped_records {
+            warn!(key = ?key, readable = rec.is_some(), "ring: dropping a record outside the newest consecutive run");
+            batch.remove(key.as_slice());
+            if let Some(seq) = record_seq(key) {
+                remove_all_parts(&db, &mut batch, seq)?;
+            }
+            dirty = true;
+        }
+        let mut kept: Vec<Record> = records[keep_from..skip_top]
+            .iter()
+            .filter_map(|r| r.1)
+            .collect();
+
+        // The newest ledger must verify completely; a torn one is dropped.
+        while let Some(last) = kept.last().copied() {
+            match read_ledger(&db, last.end.seq, Some(last)) {
+                Ok(_) => break,
+                Err(ReadFail::Sled(e)) => return Err(e.into()),
+                Err(ReadFail::Corrupt(detail)) => {
+                    warn!(seq = last.end.seq, %detail, "ring: dropping a torn newest ledger");
+                    batch.remove(&record_key(last.end.seq)[..]);
+                    remove_all_parts(&db, &mut batch, last.end.seq)?;
+                    dirty = true;
+                    kept.pop();
+                }
+            }
+        }
+
+        // Parts that no kept record owns, below the oldest or past the newest's last part.
+        let (below, above) = match (kept.first(), kept.last()) {
+            (Some(first), Some(last)) => (
+                part_key(first.end.seq, 0),
+                part_key(last.end.seq, last.parts),
+            ),
+            _ => (part_key(0, 0), part_key(0, 0)),
+        };
+        for kv in db.range([CHUNK_PREFIX].as_slice()..below.as_slice()) {
+            let (k, _) = kv?;
+            batch.remove(k);
+            dirty = true;
+        }
+        for kv in db.range(above.as_slice()..[CHUNK_PREFIX + 1].as_slice()) {
+            let (k, _) = kv?;
+            batch.remove(k);
+            dirty = true;
+        }
+
+        if dirty {
+            db.apply_batch(batch)?;
+            db.flush()?;
+        }
+
+        let held: VecDeque<Held> = kept
+            .iter()
+            .map(|r| Held {
+                seq: r.end.seq,
+                parts: r.parts,
+                bytes: r.bytes,
+            })
+            .collect();
+        let state = State {
+            newest_hash: kept.last().map(|r| r.end.header_hash).unwrap_or_default(),
+            live_bytes: held.iter().map(|h| h.bytes).sum(),
+            held,
+            epoch,
+        };
+        info!(
+            dir = %cfg.dir.display(),
+            range = ?state.range(),
+            epoch,
+            network = network.as_deref().unwrap_or("-"),
+            recovered = db.was_recovered(),
+            "ring opened"
+        );
+        Ok(Ring {
+            db: RwLock::new(Some(db)),
+            dir: cfg.dir.clone(),
+            max_ledgers: cfg.max_ledgers,
+            max_bytes: cfg.max_bytes,
+            network,
+            writer: Mutex::new(()),
+            failed: Mutex::new(None),
+            state: RwLock::new(state),
+        })
+    }
+}
+
+/// Adds the removal of every stored part of `seq` to `batch` (repair path: reads the keys).
+fn remove_all_parts(db: &sled::Tree, batch: &mut sled::Batch, seq: u32) -> Result<(), RingError> {
+    let mut prefix = [0u8; 5];
+    prefix[0] = CHUNK_PREFIX;
+    prefix[1..].copy_from_slice(&seq.to_be_bytes());
+    for kv in db.scan_prefix(prefix) {
+        let (k, _) = kv?;
+        batch.remove(k);
+    }
+    Ok(())
+}
+
+/// Waits, up to [`RELEASE_WAIT`], until nothing holds sled's lock on `path` (a `Ring` of this
+/// directory dropped a moment ago). Gives up silently: sled's own open then reports the lock.
+fn wait_for_release(path: &Path) {
+    let deadline = Instant::now() + RELEASE_WAIT;
+    loop {
+        let Ok(file) = fs::File::open(path) else {
+            return; // no store yet
+        };
+        // The probe lock is released when it is dropped, before sled takes its own.
+        if Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok() || Instant::now() >= deadline
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,284 @@
+//! Appending a ledger with the pruning it causes, resetting for a new run, and reopening the
+//! store after a failed write.
+
+use std::sync::PoisonError;
+use std::time::Instant;
+
+use ledger_relay_wire::compress::Codec;
+use ledger_relay_wire::frame::LedgerEnd;
+use tracing::info;
+
+use super::layout::{
+    encode_record, part_key, put_part_id, record_key, seal, Record, META_EPOCH, PART_CONTINUE,
+    PART_START, RECORD_BODY_LEN, SEAL_LEN,
+};
+use super::{Held, Ring, RingConfig, RingError, StoredChunk, PART_MAX, REOPEN_EVERY};
+
+impl Ring {
+    /// Appends one complete ledger, in one sled batch together with the pruning it causes
+    /// (oldest ledgers beyond `max_ledgers` or `max_bytes`), then flushes; the ledger is visible
+    /// to [`Ring::range`] and [`Ring::get`] only once flushed.
+    ///
+    /// It must continue the ring: `end.seq == newest + 1` and `end.previous_hash` equal to the
+    /// newest ledger's header hash (an empty ring accepts any ledger but sequence 0). Otherwise
+    /// it returns [`RingError::Discontinuity`] and writes nothing; a ledger whose chunks do not
+    /// match its end record is [`RingError::BadRecord`], also writing nothing.
+    ///
+    /// If the store fails to write (disk full or read-only), the error is returned and the
+    /// store is closed: sled 0.34 refuses every write after a failed one (its error is global
+    /// to the store and cleared only by opening it again). Later appends (and resets) open it
+    /// again, at most every [`REOPEN_EVERY`] (until then they fail with
+    /// [`RingError::Unavailable`]), which also repairs what the failed write left; the ring
+    /// then holds what the disk kept, so the next ledger usually is a
+    /// [`RingError::Discontinuity`] and the caller starts a new run.
+    pub fn append(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reopen_if_failed()?;
+        let r = self.append_locked(end, chunks);
+        self.note_failure(&r);
+        r
+    }
+
+    fn append_locked(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
+        validate(end, chunks)?;
+
+        {
+            let st = self.read_state();
+            if let Some(newest) = st.held.back() {
+                if newest.seq.checked_add(1) != Some(end.seq) || end.previous_hash != st.newest_hash
+                {
+                    return Err(RingError::Discontinuity {
+                        newest: newest.seq,
+                        newest_hash: st.newest_hash,
+                        seq: end.seq,
+                        previous_hash: end.previous_hash,
+                    });
+                }
+            }
+        }
+
+        // The new ledger's values.
+        let mut batch = sled::Batch::default();
+        let mut parts = 0u32;
+        let mut bytes = 0u64;
+        for chunk in chunks {
+            let payload = &chunk.payload[..];
+            let mut pieces = payload.chunks(PART_MAX);
+            let first = pieces.next().unwrap_or(&[]);
+            let value = seal(|b| {
+                put_part_id(b, end.seq, parts, PART_START);
+                b.extend_from_slice(&chunk.index.to_be_bytes());
+                b.push(chunk.codec as u8);
+                b.extend_from_slice(&chunk.raw_offset.to_be_bytes());
+                b.extend_from_slice(&chunk.raw_len.to_be_bytes());
+                // validate() bounded the payload by raw_len, a u32.
+                b.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+                b.extend_from_slice(first);
+            });
+            bytes += value.len() as u64;
+            batch.insert(&part_key(end.seq, parts)[..], value);
+            parts += 1;
+            for piece in pieces {
+                let value = seal(|b| {
+                    put_part_id(b, end.seq, parts, PART_CONTINUE);
+                    b.extend_from_slice(piece);
+                });
+                bytes += value.len() as u64;
+                batch.insert(&part_key(end.seq, parts)[..], value);
+                parts += 1;
+            }
+        }
+        // Every record has the same length, so a record can count its own bytes.
+        bytes += (SEAL_LEN + RECORD_BODY_LEN) as u64;
+        let record = Record {
+            end: *end,
+            parts,
+            bytes,
+        };
+        batch.insert(&record_key(end.seq)[..], encode_record(&record));
+
+        // Pruning, oldest first, never the new ledger. The writer lock keeps `held` as it was
+        // checked above.
+        let dropped = {
+            let st = self.read_state();
+            let mut count = st.held.len() as u64 + 1;
+            let mut live = st.live_bytes + bytes;
+            let mut dropped = 0;
+            for old in &st.held {
+                if count <= u64::from(self.max_ledgers) && live <= self.max_bytes {
+                    break;
+                }
+                batch.remove(&record_key(old.seq)[..]);
+                for part in 0..old.parts {
+                    batch.remove(&part_key(old.seq, part)[..]);
+                }
+                live -= old.bytes;
+                count -= 1;
+                dropped += 1;
+            }
+            dropped
+        };
+
+        {
+            let mut st = self.write_state();
+            self.db()?.apply_batch(batch)?;
+            // Pruned ledgers disappear with the batch; the new one appears after the flush.
+            for _ in 0..dropped {
+                if let Some(old) = st.held.pop_front() {
+                    st.live_bytes -= old.bytes;
+                }
+            }
+        }
+        let flushed = self.db()?.flush();
+        {
+            let mut st = self.write_state();
+            st.held.push_back(Held {
+                seq: end.seq,
+                parts,
+                bytes,
+            });
+            st.newest_hash = end.header_hash;
+            st.live_bytes += bytes;
+        }
+        flushed?;
+        Ok(())
+    }
+
+    /// Starts a new run: removes every ledger and bumps the epoch, in one batch, then flushes.
+    ///
+    /// The relay calls it when its source is not contiguous with what the ring holds: a new run
+    /// must never be spliced onto an old one.
+    pub fn reset(&self) -> Result<(), RingError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reopen_if_failed()?;
+        let r = self.reset_locked();
+        self.note_failure(&r);
+        r
+    }
+
+    fn reset_locked(&self) -> Result<(), RingError> {
+        {
+            let mut st = self.write_state();
+            let mut batch = sled::Batch::default();
+            for old in &st.held {
+                batch.remove(&record_key(old.seq)[..]);
+                for part in 0..old.parts {
+                    batch.remove(&part_key(old.seq, part)[..]);
+                }
+            }
+            let epoch = st.epoch + 1;
+            batch.insert(
+                META_EPOCH,
+                seal(|b| b.extend_from_slice(&epoch.to_be_bytes())),
+            );
+            self.db()?.apply_batch(batch)?;
+            info!(epoch, dropped = st.held.len(), "ring reset");
+            st.held.clear();
+            st.live_bytes = 0;
+            st.newest_hash = [0; 32];
+            st.epoch = epoch;
+        }
+        self.db()?.flush()?;
+        Ok(())
+    }
+
+    /// Remembers a failed write (called under the writer lock).
+    fn note_failure(&self, r: &Result<(), RingError>) {
+        if let Err(RingError::Sled(_) | RingError::Unavailable) = r {
+            *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
+    }
+
+    /// After a failed write, closes the store and opens it again (called under the writer
+    /// lock), at most every [`REOPEN_EVERY`]; see [`Ring::append`].
+    fn reopen_if_failed(&self) -> Result<(), RingError> {
+        let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(at) = *failed else {
+            return Ok(());
+        };
+        if at.elapsed() < REOPEN_EVERY {
+            return Err(RingError::Unavailable);
+        }
+        *failed = Some(Instant::now());
+        // Serve nothing while the store is closed; readers hold `state` for a whole read, so
+        // none is using the old store once this returns.
+        let old = {
+            let mut st = self.write_state();
+            st.held.clear();
+            st.live_bytes = 0;
+            st.newest_hash = [0; 32];
+            self.db
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+        };
+        // sled releases its lock on the store when the last handle goes.
+        drop(old);
+        let Ring { db, state, .. } = Ring::open(&RingConfig {
+            dir: self.dir.clone(),
+            max_ledgers: self.max_ledgers,
+            max_bytes: self.max_bytes,
+            network: self.network.clone(),
+        })?;
+        let mut st = self.write_state();
+        *st = state.into_inner().unwrap_or_else(PoisonError::into_inner);
+        *self.db.write().unwrap_or_else(PoisonError::into_inner) =
+            db.into_inner().unwrap_or_else(PoisonError::into_inner);
+        *failed = None;
+        info!(range = ?st.range(), "ring store reopened after a failed write");
+        Ok(())
+    }
+}
+
+/// Checks that the chunks handed to `append` are exactly the ledger `end` describes.
+pub(super) fn validate(end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
+    let bad = |detail: String| RingError::BadRecord {
+        seq: end.seq,
+        detail,
+    };
+    if end.seq == 0 {
+        return Err(bad("sequence 0 is reserved for \"none\"".into()));
+    }
+    if chunks.len() as u64 != u64::from(end.chunk_count) {
+        return Err(bad(format!(
+            "{} chunks given, end record says {}",
+            chunks.len(),
+            end.chunk_count
+        )));
+    }
+    let mut offset = 0u64;
+    for (i, c) in chunks.iter().enumerate() {
+        if c.index as usize != i {
+            return Err(bad(format!("chunk {i} carries index {}", c.index)));
+        }
+        if c.raw_offset != offset {
+            return Err(bad(format!(
+                "chunk {i} starts at raw offset {}, expected {offset}",
+                c.raw_offset
+            )));
+        }
+        if c.raw_len == 0 {
+            return Err(bad(format!("chunk {i} has raw length 0")));
+        }
+        let fits = match c.codec {
+            Codec::None => c.payload.len() == c.raw_len as usize,
+            _ => c.payload.len() <= c.raw_len as usize,
+        };
+        if !fits {
+            return Err(bad(format!(
+                "chunk {i} payload of {} bytes does not fit raw length {} with codec {}",
+                c.payload.len(),
+                c.raw_len,
+                c.codec.name()
+            )));
+        }
+        offset += u64::from(c.raw_len);
+    }
+    if offset != end.raw_len {
+        return Err(bad(format!(
+            "chunks cover {offset} raw bytes, end record says {}",
+            end.raw_len
+        )));
+    }
+    Ok(())
+}
