@@ -274,11 +274,11 @@ fn a_pipe_that_stalls_is_degraded_after_the_limit_and_recovers_when_it_resumes()
     assert_eq!(codes(&v), ["no_ledger"], "{v}");
     assert!(reasons(&v)[0].starts_with("no ledger for "), "{v}");
     assert!(reasons(&v)[0].ends_with("(limit 2 s)"), "{v}");
-    assert!(v["source_last_ledger_age_seconds"].as_f64().unwrap() > 2.0);
-    assert!(v["source_last_byte_age_seconds"].as_f64().unwrap() > 2.0);
+    assert!(v["source_last_ledger_age_seconds"].as_f64().unwrap() >= 2.0);
+    assert!(v["source_last_byte_age_seconds"].as_f64().unwrap() >= 2.0);
     assert_eq!(v["source"], "running", "a stalled child is still running");
     assert!(t.elapsed() < Duration::from_secs(10));
-    assert!(bin.metric("ledger_relay_source_last_ledger_age_seconds") > 2.0);
+    assert!(bin.metric("ledger_relay_source_last_ledger_age_seconds") >= 2.0);
     assert_eq!(bin.metric("ledger_relay_delivering"), 0.0);
 
     // It resumes: ok again.
