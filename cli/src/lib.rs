@@ -5,7 +5,9 @@
 //!   unchanged) or one JSON object per line (`--log-format json`) for a journal or a log
 //!   shipper, and how a fatal error is written in either;
 //! - [`assets`]: man pages and shell completions generated from each tool's clap definitions,
-//!   for packagers.
+//!   for packagers;
+//! - [`cputime`]: CPU time of the process and of its threads by group, for the CPU lines of
+//!   `ledger-relay demo` and `ledger-bench cpu`.
 //!
 //! It holds no product logic and parses no arguments of its own.
 
@@ -13,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod assets;
+pub mod cputime;
 pub mod logging;
 
 pub use assets::{write_completions, write_man_pages, Shell};

@@ -15,6 +15,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use ledger_relay_certs::CertDir;
+use ledger_relay_cli::cputime;
 use ledger_relay_subscriber::{connect, Credentials, RelayAddr, SubscribeConfig};
 use ledger_relay_wire::frame::Start;
 use tokio_util::sync::CancellationToken;
@@ -52,61 +53,25 @@ pub struct DemoArgs {
     pub max_mtu: Option<u16>,
 }
 
-/// User plus system CPU time of this process so far.
-pub fn process_cpu() -> Option<Duration> {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let u = getrusage(UsageWho::RUSAGE_SELF).ok()?;
-    let secs = |t: nix::sys::time::TimeVal| {
-        Duration::from_secs(t.tv_sec().max(0) as u64)
-            + Duration::from_micros(t.tv_usec().max(0) as u64)
-    };
-    Some(secs(u.user_time()) + secs(u.system_time()))
-}
-
-/// CPU time of this process's live threads, summed by what they do (from their names):
-/// `source` (the synthetic source standing in for stellar-core), `pipeline` (cutting and
-/// compressing), `ring` (the ring writer and sled's threads), `relay` (the relay's runtime:
-/// sessions, QUIC, the hub) and `subscriber` (the subscriber's own runtime: QUIC, reassembly,
-/// verification). Read from `/proc/self/task/*/schedstat` (nanoseconds on the CPU); threads
-/// that have exited are not listed, so the groups can sum to less than the process total.
-fn thread_cpu() -> std::collections::BTreeMap<&'static str, Duration> {
-    let mut groups = std::collections::BTreeMap::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return groups;
-    };
-    for task in tasks.flatten() {
-        let path = task.path();
-        let (Ok(comm), Ok(stat)) = (
-            std::fs::read_to_string(path.join("comm")),
-            std::fs::read_to_string(path.join("schedstat")),
-        ) else {
-            continue;
-        };
-        let Some(ns) = stat
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        let comm = comm.trim();
-        let group = if comm.starts_with("source") {
-            "source"
-        } else if comm.starts_with("cutter")
-            || comm.starts_with("publisher")
-            || comm.starts_with("compress")
-        {
-            "pipeline"
-        } else if comm.starts_with("ring") || comm.starts_with("sled") || comm == "log flusher" {
-            "ring"
-        } else if comm.starts_with(SUBSCRIBER_THREADS) {
-            "subscriber"
-        } else {
-            "relay"
-        };
-        *groups.entry(group).or_insert(Duration::ZERO) += Duration::from_nanos(ns);
+/// What a thread of this process does, from its name: `source` (the synthetic source standing
+/// in for stellar-core), `pipeline` (cutting and compressing), `ring` (the ring writer and
+/// sled's threads), `relay` (the relay's runtime: sessions, QUIC, the hub) and `subscriber`
+/// (the subscriber's own runtime: QUIC, reassembly, verification).
+fn thread_group(comm: &str) -> &'static str {
+    if comm.starts_with("source") {
+        "source"
+    } else if comm.starts_with("cutter")
+        || comm.starts_with("publisher")
+        || comm.starts_with("compress")
+    {
+        "pipeline"
+    } else if comm.starts_with("ring") || comm.starts_with("sled") || comm == "log flusher" {
+        "ring"
+    } else if comm.starts_with(SUBSCRIBER_THREADS) {
+        "subscriber"
+    } else {
+        "relay"
     }
-    groups
 }
 
 /// Thread name of the subscriber's runtime (its own, so its CPU is counted apart).
@@ -226,24 +191,21 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         }
         last_arrival = Some(ledger.received_ns);
         if n == args.warmup.max(1) {
-            cpu_at_warmup = process_cpu();
-            threads_at_warmup = thread_cpu();
+            cpu_at_warmup = cputime::process_cpu();
+            threads_at_warmup = cputime::thread_cpu(thread_group);
         }
         if n >= args.ledgers {
             break Ok(());
         }
     };
-    let cpu = match (cpu_at_warmup, process_cpu()) {
+    let cpu = match (cpu_at_warmup, cputime::process_cpu()) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
     };
-    let threads: Vec<(&str, Duration)> = thread_cpu()
-        .into_iter()
-        .map(|(g, t)| {
-            let before = threads_at_warmup.get(g).copied().unwrap_or_default();
-            (g, t.saturating_sub(before))
-        })
-        .collect();
+    let threads: Vec<(&str, Duration)> =
+        cputime::since(&threads_at_warmup, cputime::thread_cpu(thread_group))
+            .into_iter()
+            .collect();
     sub.close().await;
     // A runtime cannot be dropped (which blocks) from inside another one.
     sub_runtime.shutdown_background();
