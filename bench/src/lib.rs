@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod baseline;
+pub mod cpu;
 pub mod harness;
 pub mod lake;
 pub mod lanes;
@@ -76,6 +77,10 @@ pub enum Helper {
     /// 1, 2, 4 and 8 lanes live and catching up from the ring, and 4 lanes with one at half
     /// the cap, with each lane's bytes, busy fraction and losses (issue 12).
     Lanes(lanes::LanesArgs),
+    /// CPU per raw ledger at its real size: bare quinn (one connection, one stream) and one
+    /// TLS-over-TCP flow against `ledger-relay demo`, in MB per CPU-second, measured in the same
+    /// run (issue 12).
+    Cpu(cpu::CpuArgs),
     /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
     #[command(hide = true)]
     HttpGet {
@@ -454,6 +459,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
             install_signal_handler();
             return lanes::main(&a);
         }
+        Some(Helper::Cpu(a)) => return cpu::main(&a),
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);
             return Ok(());

@@ -67,9 +67,10 @@ pub struct TransportSettings {
     /// 1452, quinn's: a 1500-byte Ethernet frame less IPv6 and UDP headers). 8952 lets a lane
     /// find the 9001-byte jumbo frames EC2 carries within a VPC, and every packet costs the
     /// same header processing, encryption set-up and acknowledgement work whatever its size;
-    /// but measured on loopback here, lanes at 8952 lost a third to half of their packets and
-    /// fell back to 1200 by black-hole detection (bench/RESULTS.md, "levers"), so it is not
-    /// the default until that is understood.
+    /// but measured on loopback here, bare quinn at 8952 cost about 26% more CPU per ledger
+    /// than at 1500, not less (bench/RESULTS.md, "Levers"). quinn's black-hole detection
+    /// falling back to 1200-byte packets would explain that and is not yet verified, so it is
+    /// not the default.
     pub max_mtu: u16,
     /// Whether a lane interleaves its open streams fairly (default off). Off, a lane sends
     /// its streams in the order they were opened, so each chunk completes as early as its

@@ -1,0 +1,650 @@
+//! `ledger-bench cpu`: what a raw ledger costs in CPU at its real size, against the two
+//! transports a byte could take instead, measured in the same run on the same machine
+//! (issue 12, item 3).
+//!
+//! Three rows, each moving `--ledgers` incompressible ledgers of `--size` (default the Phase 3
+//! 14.5 MiB) over loopback at the same cadence, one ledger at a time, with both ends in one
+//! process and the CPU of that process counted over the ledgers after the warm-up:
+//!
+//! - `quinn`: bare quinn bulk transfer, one connection and one stream, with the lanes' own
+//!   transport settings (windows, MTU ceiling, GSO) and their mutual TLS 1.3 (the ring
+//!   provider, the same certificates): the cost of the bytes on QUIC with nothing of ours;
+//! - `tls-tcp`: one TLS 1.3-over-TCP flow (tokio + rustls, the same provider and certificates,
+//!   mutual): what the prototype's single flow costs;
+//! - `relay`: `ledger-relay demo --ratio 1 --codec none`: the product end to end (source,
+//!   pipeline, ring, sessions, lanes, subscriber reassembly and verification), which prints its
+//!   own CPU per ledger split by thread group.
+//!
+//! Each row's figure is CPU milliseconds per ledger and MB (10^6 bytes) per CPU-second; the
+//! targets (a raw ledger at most 30 ms across both ends; the relay within 1.5x of bare quinn,
+//! as MB per CPU-second) are computed from the rows of the run. The two baselines read and
+//! discard the bytes: their receivers do no reassembly, which the relay's subscriber must.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use ledger_relay_certs::CertDir;
+use ledger_relay_certs::{load_certs, load_key};
+use ledger_relay_cli::cputime;
+use ledger_relay_transport::{tls, TransportSettings};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `ledger-bench cpu` settings.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct CpuArgs {
+    /// Ledgers measured per row (after the warm-up).
+    #[arg(long, default_value_t = 20)]
+    pub ledgers: u32,
+    /// Ledgers at the start of each row left out (handshakes, window growth, allocations).
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u32,
+    /// Raw size of each ledger.
+    #[arg(long, default_value = "14.5MiB")]
+    pub size: String,
+    /// Time between ledgers.
+    #[arg(long, default_value = "600ms")]
+    pub cadence: String,
+    /// Lanes of the relay row.
+    #[arg(long, default_value_t = 4)]
+    pub lanes: u8,
+    /// Path MTU ceiling of the QUIC rows (the `max_mtu` transport setting; default the
+    /// transport's own).
+    #[arg(long)]
+    pub max_mtu: Option<u16>,
+    /// Rows to run.
+    #[arg(long, value_delimiter = ',', default_value = "quinn,tls-tcp,relay")]
+    pub rows: Vec<CpuRow>,
+    /// Also write the rows as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// A row of `ledger-bench cpu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuRow {
+    /// Bare quinn: one connection, one stream.
+    Quinn,
+    /// One TLS-over-TCP flow.
+    TlsTcp,
+    /// `ledger-relay demo`, raw.
+    Relay,
+}
+
+impl CpuRow {
+    fn name(self) -> &'static str {
+        match self {
+            CpuRow::Quinn => "quinn",
+            CpuRow::TlsTcp => "tls-tcp",
+            CpuRow::Relay => "relay",
+        }
+    }
+}
+
+/// What one row measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Measured {
+    /// The row.
+    pub row: CpuRow,
+    /// Ledgers counted.
+    pub ledgers: u32,
+    /// Raw bytes per ledger.
+    pub size: u64,
+    /// CPU per ledger, both ends, ms.
+    pub cpu_ms_per_ledger: f64,
+    /// CPU per ledger by thread group, ms.
+    pub split_ms: BTreeMap<String, f64>,
+}
+
+impl Measured {
+    /// MB (10^6 bytes) moved per CPU-second.
+    pub fn mb_per_cpu_s(&self) -> f64 {
+        self.size as f64 / 1e6 / (self.cpu_ms_per_ledger / 1e3)
+    }
+}
+
+/// Runs the rows and prints the table and the targets.
+pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
+    let size = ledger_relay_transport::parse_size(&a.size).context("--size")?;
+    let cadence = ledger_relay_transport::parse_duration(&a.cadence).context("--cadence")?;
+    if a.ledgers == 0 {
+        bail!("--ledgers must be at least 1");
+    }
+    let size = usize::try_from(size).context("--size")?;
+    let mut transport = TransportSettings::default();
+    if let Some(mtu) = a.max_mtu {
+        transport.max_mtu = mtu;
+    }
+    let dir = tempfile::tempdir().context("temporary directory")?;
+    let certs = CertDir::init(&dir.path().join("certs"), 2)?;
+    certs.issue_server("relay", &["localhost".into(), "127.0.0.1".into()], 1)?;
+    certs.issue_client("bench", 1)?;
+    let run = Run {
+        size,
+        cadence,
+        warmup: a.warmup,
+        ledgers: a.ledgers,
+        transport,
+        certs: certs.path().to_path_buf(),
+    };
+    let mut rows = Vec::new();
+    for row in &a.rows {
+        eprintln!("ledger-bench cpu: {} ...", row.name());
+        let m = match row {
+            CpuRow::Quinn => run.quinn()?,
+            CpuRow::TlsTcp => run.tls_tcp()?,
+            CpuRow::Relay => run.relay(a)?,
+        };
+        rows.push(m);
+    }
+    print!("{}", table(&rows));
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The table and the targets computed from `rows`.
+pub fn table(rows: &[Measured]) -> String {
+    let mut out = format!(
+        "\n{:<8} {:>8} {:>10} {:>14} {:>12}  {}\n",
+        "row", "ledgers", "MiB", "CPU ms/ledger", "MB/CPU-s", "split, ms per ledger"
+    );
+    for m in rows {
+        let split: Vec<String> = m
+            .split_ms
+            .iter()
+            .map(|(g, ms)| format!("{g} {ms:.1}"))
+            .collect();
+        out.push_str(&format!(
+            "{:<8} {:>8} {:>10.1} {:>14.1} {:>12.0}  {}\n",
+            m.row.name(),
+            m.ledgers,
+            m.size as f64 / (1 << 20) as f64,
+            m.cpu_ms_per_ledger,
+            m.mb_per_cpu_s(),
+            split.join(", ")
+        ));
+    }
+    let find = |r: CpuRow| rows.iter().find(|m| m.row == r);
+    out.push('\n');
+    if let Some(relay) = find(CpuRow::Relay) {
+        let met = |ok: bool| if ok { "met" } else { "MISSED" };
+        out.push_str(&format!(
+            "target: raw ledger <= 30 ms of CPU across both ends: {:.1} ms, {}\n",
+            relay.cpu_ms_per_ledger,
+            met(relay.cpu_ms_per_ledger <= 30.0)
+        ));
+        if let Some(quinn) = find(CpuRow::Quinn) {
+            let ratio = quinn.mb_per_cpu_s() / relay.mb_per_cpu_s();
+            out.push_str(&format!(
+                "target: relay within 1.5x of bare quinn (MB per CPU-second): {:.0} against {:.0}, {ratio:.2}x, {}\n",
+                relay.mb_per_cpu_s(),
+                quinn.mb_per_cpu_s(),
+                met(ratio <= 1.5)
+            ));
+        }
+        if let Some(tcp) = find(CpuRow::TlsTcp) {
+            out.push_str(&format!(
+                "relay against one TLS-over-TCP flow: {:.2}x the CPU per byte\n",
+                tcp.mb_per_cpu_s() / relay.mb_per_cpu_s()
+            ));
+        }
+    }
+    out
+}
+
+/// One row's settings.
+struct Run {
+    size: usize,
+    cadence: Duration,
+    warmup: u32,
+    ledgers: u32,
+    transport: TransportSettings,
+    certs: PathBuf,
+}
+
+/// Thread names of the baselines' two ends.
+const SENDER: &str = "bench-send";
+const RECEIVER: &str = "bench-recv";
+
+fn baseline_group(comm: &str) -> &'static str {
+    if comm.starts_with(SENDER) {
+        "sender"
+    } else if comm.starts_with(RECEIVER) {
+        "receiver"
+    } else {
+        "other"
+    }
+}
+
+/// When the receiver had each whole ledger, counted from its first byte; sent back so the main
+/// thread can take the CPU readings at the warm-up's end and at the last ledger.
+type Progress = std::sync::mpsc::Sender<u32>;
+
+impl Run {
+    fn total(&self) -> u32 {
+        self.warmup + self.ledgers
+    }
+
+    /// Incompressible bytes (xorshift), one ledger's worth, shared by every send.
+    fn payload(&self) -> Bytes {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut v = Vec::with_capacity(self.size + 8);
+        while v.len() < self.size {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.truncate(self.size);
+        Bytes::from(v)
+    }
+
+    /// Starts the two ends on threads of their own (a single-threaded runtime each, named so
+    /// their CPU is told apart), then takes CPU readings when the receiver reports the last
+    /// warm-up ledger and the last ledger.
+    fn measure<S, R>(&self, row: CpuRow, sender: S, receiver: R) -> anyhow::Result<Measured>
+    where
+        S: FnOnce(std::sync::mpsc::Sender<SocketAddr>) -> anyhow::Result<()> + Send + 'static,
+        R: FnOnce(std::sync::mpsc::Receiver<SocketAddr>, Progress) -> anyhow::Result<()>
+            + Send
+            + 'static,
+    {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (progress_tx, progress_rx) = std::sync::mpsc::channel();
+        // Each end stays alive until the last reading is taken, so its thread's CPU shows in
+        // the split even when it finished first (a TCP flow ends within microseconds).
+        let release = Release::default();
+        let recv = spawn_named(RECEIVER, {
+            let release = release.clone();
+            move || release.after(receiver(addr_rx, progress_tx))
+        })?;
+        let send = spawn_named(SENDER, {
+            let release = release.clone();
+            move || release.after(sender(addr_tx))
+        })?;
+        let limit = self.cadence * (self.total() + 10) + Duration::from_secs(60);
+        let deadline = Instant::now() + limit;
+        let mut start = None;
+        let mut end = None;
+        while end.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let n = match progress_rx.recv_timeout(left) {
+                Ok(n) => n,
+                Err(_) => break,
+            };
+            let reading = (cputime::process_cpu(), cputime::thread_cpu(baseline_group));
+            if n == self.warmup {
+                start = Some(reading);
+            } else if n == self.total() {
+                end = Some(reading);
+            }
+        }
+        release.release();
+        // Either end may be stuck (a failed handshake leaves the other waiting): join only
+        // what finished within a grace period, and report the first error, so a broken row
+        // fails with its cause instead of hanging the bench.
+        let grace = Instant::now() + Duration::from_secs(30);
+        while !(send.is_finished() && recv.is_finished()) && Instant::now() < grace {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut stuck = Vec::new();
+        for (side, handle) in [("sender", send), ("receiver", recv)] {
+            if !handle.is_finished() {
+                stuck.push(side);
+                continue;
+            }
+            match handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e.context(format!("{} {side}", row.name()))),
+                Err(_) => bail!("{} {side} panicked", row.name()),
+            }
+        }
+        if !stuck.is_empty() {
+            bail!(
+                "{}: the {} did not finish within {limit:?} and 30 s more",
+                row.name(),
+                stuck.join(" and ")
+            );
+        }
+        let (Some((Some(c0), t0)), Some((Some(c1), t1))) = (start, end) else {
+            bail!(
+                "{}: the receiver did not report {} ledgers within {limit:?}",
+                row.name(),
+                self.total()
+            );
+        };
+        let per = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(self.ledgers);
+        Ok(Measured {
+            row,
+            ledgers: self.ledgers,
+            size: self.size as u64,
+            cpu_ms_per_ledger: per(c1.saturating_sub(c0)),
+            split_ms: cputime::since(&t0, t1)
+                .into_iter()
+                .map(|(g, d)| (g.to_string(), per(d)))
+                .collect(),
+        })
+    }
+
+    /// Bare quinn: one connection, one unidirectional stream carrying every ledger.
+    fn quinn(&self) -> anyhow::Result<Measured> {
+        let (server, client) = (self.quinn_server()?, self.quinn_client()?);
+        let transport = self.transport.clone();
+        let payload = self.payload();
+        let (total, cadence, size) = (self.total(), self.cadence, self.size);
+        // The sender is the server, as the relay is: a lane's server lets its peer open no
+        // unidirectional stream, and sends on streams of its own.
+        let sender = move |addr_tx: std::sync::mpsc::Sender<SocketAddr>| {
+            runtime()?.block_on(async move {
+                let socket = ledger_relay_transport::udp_socket(
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                    &transport,
+                )?;
+                let endpoint = ledger_relay_transport::endpoint(socket, Some(server), &transport)?;
+                addr_tx.send(endpoint.local_addr()?)?;
+                let incoming = endpoint.accept().await.context("no connection")?;
+                let conn = incoming.await?;
+                let mut stream = conn.open_uni().await?;
+                let mut next = tokio::time::Instant::now();
+                for _ in 0..total {
+                    tokio::time::sleep_until(next).await;
+                    next += cadence;
+                    stream.write_chunk(payload.clone()).await?;
+                }
+                stream.finish()?;
+                // Until the receiver has read everything (it closes the connection).
+                let _ = conn.closed().await;
+                endpoint.wait_idle().await;
+                Ok(())
+            })
+        };
+        let transport = self.transport.clone();
+        let receiver = move |addr_rx: std::sync::mpsc::Receiver<SocketAddr>, progress: Progress| {
+            runtime()?.block_on(async move {
+                let peer = addr_rx.recv_timeout(Duration::from_secs(30))?;
+                let socket = ledger_relay_transport::udp_socket(
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                    &transport,
+                )?;
+                let mut endpoint = ledger_relay_transport::endpoint(socket, None, &transport)?;
+                endpoint.set_default_client_config(client);
+                let conn = endpoint.connect(peer, "localhost")?.await?;
+                let mut stream = conn.accept_uni().await?;
+                let mut got = 0usize;
+                let mut done = 0u32;
+                while let Some(chunk) = stream.read_chunk(usize::MAX, true).await? {
+                    got += chunk.bytes.len();
+                    while got >= size * (done as usize + 1) {
+                        done += 1;
+                        let _ = progress.send(done);
+                    }
+                }
+                if done != total {
+                    bail!("received {done} of {total} ledgers");
+                }
+                conn.close(0u32.into(), b"done");
+                endpoint.wait_idle().await;
+                Ok(())
+            })
+        };
+        self.measure(CpuRow::Quinn, sender, receiver)
+    }
+
+    fn quinn_server(&self) -> anyhow::Result<quinn::ServerConfig> {
+        let (chain, key) = self.identity("relay")?;
+        Ok(tls::server_config(
+            chain,
+            key,
+            self.client_verifier()?,
+            &self.transport,
+        )?)
+    }
+
+    fn quinn_client(&self) -> anyhow::Result<quinn::ClientConfig> {
+        let (chain, key) = self.identity("bench")?;
+        let ca = load_certs(&self.certs.join("ca.pem"))?;
+        Ok(tls::client_config(&ca, chain, key, &self.transport)?)
+    }
+
+    fn identity(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<(
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    )> {
+        Ok((
+            load_certs(&self.certs.join(format!("{name}.pem")))?,
+            load_key(&self.certs.join(format!("{name}.key")))?,
+        ))
+    }
+
+    /// Client certificates from the CA, as the relay verifies them (without its allow-list).
+    fn client_verifier(
+        &self,
+    ) -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in load_certs(&self.certs.join("ca.pem"))? {
+            roots.add(ca)?;
+        }
+        Ok(rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            tls::crypto_provider(),
+        )
+        .build()?)
+    }
+
+    /// One TLS 1.3-over-TCP flow, mutual, the same provider and certificates.
+    fn tls_tcp(&self) -> anyhow::Result<Measured> {
+        let provider = tls::crypto_provider();
+        let (chain, key) = self.identity("relay")?;
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(self.client_verifier()?)
+            .with_single_cert(chain, key)?;
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in load_certs(&self.certs.join("ca.pem"))? {
+            roots.add(ca)?;
+        }
+        let (chain, key) = self.identity("bench")?;
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+        let payload = self.payload();
+        let (total, cadence, size) = (self.total(), self.cadence, self.size);
+        // The sender is the TLS server, as the relay is.
+        let sender = move |addr_tx: std::sync::mpsc::Sender<SocketAddr>| {
+            runtime()?.block_on(async move {
+                let listener =
+                    tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+                        .await?;
+                addr_tx.send(listener.local_addr()?)?;
+                let (tcp, _) = listener.accept().await?;
+                tcp.set_nodelay(true)?;
+                let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(server))
+                    .accept(tcp)
+                    .await?;
+                let mut next = tokio::time::Instant::now();
+                for _ in 0..total {
+                    tokio::time::sleep_until(next).await;
+                    next += cadence;
+                    tls.write_all(&payload).await?;
+                    tls.flush().await?;
+                }
+                tls.shutdown().await?;
+                Ok(())
+            })
+        };
+        let receiver = move |addr_rx: std::sync::mpsc::Receiver<SocketAddr>, progress: Progress| {
+            runtime()?.block_on(async move {
+                let peer = addr_rx.recv_timeout(Duration::from_secs(30))?;
+                let tcp = tokio::net::TcpStream::connect(peer).await?;
+                tcp.set_nodelay(true)?;
+                let name = rustls::pki_types::ServerName::try_from("localhost")?;
+                let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+                    .connect(name, tcp)
+                    .await?;
+                let mut buf = vec![0u8; 256 << 10];
+                let mut got = 0usize;
+                let mut done = 0u32;
+                loop {
+                    let n = tls.read(&mut buf).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                    while got >= size * (done as usize + 1) {
+                        done += 1;
+                        let _ = progress.send(done);
+                    }
+                }
+                if done != total {
+                    bail!("received {done} of {total} ledgers");
+                }
+                Ok(())
+            })
+        };
+        self.measure(CpuRow::TlsTcp, sender, receiver)
+    }
+
+    /// `ledger-relay demo --ratio 1 --codec none`, its CPU lines parsed.
+    fn relay(&self, a: &CpuArgs) -> anyhow::Result<Measured> {
+        let bin = crate::proc::sibling_binary("ledger-relay")?;
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["demo", "--ratio", "1", "--codec", "none"])
+            .args(["--ledgers", &self.total().to_string()])
+            .args(["--warmup", &self.warmup.to_string()])
+            .args(["--lanes", &a.lanes.to_string()])
+            .args(["--size", &a.size, "--cadence", &a.cadence]);
+        if let Some(mtu) = a.max_mtu {
+            cmd.args(["--max-mtu", &mtu.to_string()]);
+        }
+        let out = cmd
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {}", bin.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!("ledger-relay demo failed ({}):\n{text}", out.status);
+        }
+        parse_demo(&text, self.ledgers, self.size as u64)
+    }
+}
+
+/// The figures of `ledger-relay demo`'s CPU lines: `cpu (...): X ms per ledger` and `of which,
+/// ms per ledger: group X, ...`.
+pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measured> {
+    let total = text
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("cpu (")?;
+            let at = rest.find("): ")?;
+            rest[at + 3..].strip_suffix(" ms per ledger")?.parse().ok()
+        })
+        .with_context(|| format!("no CPU line in the demo's output:\n{text}"))?;
+    let mut split = BTreeMap::new();
+    if let Some(line) = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("of which, ms per ledger: "))
+    {
+        for part in line.split(", ") {
+            if let Some((group, ms)) = part.rsplit_once(' ') {
+                if let Ok(ms) = ms.parse::<f64>() {
+                    split.insert(group.to_string(), ms);
+                }
+            }
+        }
+    }
+    Ok(Measured {
+        row: CpuRow::Relay,
+        ledgers,
+        size,
+        cpu_ms_per_ledger: total,
+        split_ms: split,
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Holds the ends' threads after their work until the main thread has its readings.
+#[derive(Clone, Default)]
+struct Release(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+impl Release {
+    /// Waits (at most 5 minutes, so a bench that failed elsewhere still ends) until released,
+    /// then hands back `result`.
+    fn after<T>(&self, result: T) -> T {
+        let (lock, cv) = &*self.0;
+        let held = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = cv.wait_timeout_while(held, Duration::from_secs(300), |released| !*released);
+        result
+    }
+
+    fn release(&self) {
+        let (lock, cv) = &*self.0;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+}
+
+fn spawn_named<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<std::thread::JoinHandle<T>> {
+    Ok(std::thread::Builder::new().name(name.into()).spawn(f)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEMO: &str = "\n28 ledgers after 2 warm-up, 4 lanes, codec none: delivery p50 1.0 ms\n\
+cpu (relay and subscriber together, this process): 195.9 ms per ledger\n  of which, ms per \
+ledger: pipeline 7.2, relay 41.2, ring 86.9, source 0.0, subscriber 51.4, exited threads 9.2\n";
+
+    #[test]
+    fn the_demos_cpu_lines_are_read() {
+        let m = parse_demo(DEMO, 28, 15_204_352).unwrap();
+        assert_eq!(m.cpu_ms_per_ledger, 195.9);
+        assert_eq!(m.split_ms["ring"], 86.9);
+        assert_eq!(m.split_ms["exited threads"], 9.2);
+        assert_eq!(m.split_ms.len(), 6);
+        assert!(parse_demo("nothing", 1, 1).is_err());
+    }
+
+    #[test]
+    fn targets_follow_the_rows() {
+        let row = |row, ms| Measured {
+            row,
+            ledgers: 20,
+            size: 15_204_352,
+            cpu_ms_per_ledger: ms,
+            split_ms: BTreeMap::new(),
+        };
+        let t = table(&[
+            row(CpuRow::Quinn, 20.0),
+            row(CpuRow::TlsTcp, 10.0),
+            row(CpuRow::Relay, 40.0),
+        ]);
+        assert!(t.contains("40.0 ms, MISSED"), "{t}");
+        assert!(t.contains("2.00x, MISSED"), "{t}");
+        let t = table(&[row(CpuRow::Quinn, 20.0), row(CpuRow::Relay, 28.0)]);
+        assert!(t.contains("28.0 ms, met"), "{t}");
+        assert!(t.contains("1.40x, met"), "{t}");
+        // 15.2 MB in 20 ms.
+        assert_eq!(row(CpuRow::Quinn, 20.0).mb_per_cpu_s().round(), 760.0);
+    }
+}
