@@ -206,6 +206,12 @@ impl Hub {
         Self::prune(&mut st, self.recent_cap);
     }
 
+    /// Newest ledger the ring writer has dealt with (written, or given up on); every ledger
+    /// after it that the hub completed is on its way to the ring.
+    pub fn persisted_through(&self) -> u32 {
+        self.lock().persisted
+    }
+
     /// Voids the ledger in progress (its source was cut off mid-ledger).
     pub fn abort(&self, seq: u32) {
         let mut st = self.lock();
@@ -261,12 +267,12 @@ impl Hub {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use bytes::Bytes;
     use ledger_relay_wire::compress::Codec;
 
-    fn chunk(seq: u32, index: u32) -> Chunk {
+    pub(crate) fn chunk(seq: u32, index: u32) -> Chunk {
         Chunk {
             header: ChunkHeader {
                 seq,
@@ -279,7 +285,7 @@ mod tests {
         }
     }
 
-    fn complete(seq: u32, n: u32) -> Arc<CompleteLedger> {
+    pub(crate) fn complete(seq: u32, n: u32) -> Arc<CompleteLedger> {
         Arc::new(CompleteLedger {
             end: LedgerEnd {
                 seq,

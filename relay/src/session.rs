@@ -270,6 +270,17 @@ async fn load(shared: &Shared, seq: u32) -> LoadResult {
         if let Some(chunks) = shared.hub.in_progress(seq) {
             return LoadResult::InProgress(chunks);
         }
+        if shared.ring.is_some()
+            && seq > shared.hub.persisted_through()
+            && seq <= shared.hub.tip().newest
+        {
+            // Complete, but past the hub's bound on ledgers the ring has not written (an
+            // unpaced burst from the source) and not yet in the ring: the ring writer has it
+            // queued, so the session tries again shortly rather than call it below retention.
+            return LoadResult::Unavailable {
+                detail: format!("ledger {seq} is still queued for the ring"),
+            };
+        }
         let (oldest, newest) = held_range(shared);
         if seq > newest {
             return LoadResult::NotYet;
@@ -760,5 +771,43 @@ async fn send_stream(conn: &Connection, unit: Unit) -> Result<(), String> {
         Ok(None) => Ok(()),
         Ok(Some(code)) => Err(format!("stream stopped by peer: {code}")),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A burst from the source outran the ring writer: the hub let go of ledgers the ring has
+    /// not written yet. A session catching up must wait for them, not end below retention
+    /// (found by `ledger-bench lanes`: every row that read the ring ended with "ledger 15 is
+    /// below the retention ...: oldest ledger held is 2, newest 97").
+    #[tokio::test]
+    async fn a_ledger_still_queued_for_the_ring_is_not_below_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
+        let hub = Arc::new(Hub::new(64, 1));
+        for seq in 1..=40 {
+            hub.complete(crate::hub::tests::complete(seq, 1));
+        }
+        let oldest = hub.oldest_recent().unwrap();
+        assert!(
+            oldest > 1,
+            "the hub keeps a bounded number unwritten: {oldest}"
+        );
+        let shared = Shared {
+            hub,
+            ring: Some(ring),
+            metrics: Metrics::new(),
+        };
+        match load(&shared, 1).await {
+            LoadResult::Unavailable { detail } => assert!(detail.contains("queued"), "{detail}"),
+            other => panic!("ledger 1 is on its way to the ring: {other:?}"),
+        }
+        // Once the writer has dealt with it and it is still missing, it is not held.
+        shared.hub.persisted(1);
+        assert!(matches!(load(&shared, 1).await, LoadResult::NotHeld { .. }));
+        // The newest ones are in memory.
+        assert!(matches!(load(&shared, 40).await, LoadResult::Complete(_)));
     }
 }
