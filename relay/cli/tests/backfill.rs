@@ -4,13 +4,14 @@
 //! from the lake, then the ring, then live, with no gap and no duplicate; a start the lake
 //! lacks too gets the below-retention error with the lake's oldest ledger; a damaged or
 //! missing object ends the session with a retryable error and nothing of that ledger, and the
-//! subscription goes on once the lake is mended.
+//! subscription goes on once the lake is mended; sessions beyond `--backfill-sessions` wait for
+//! a reader slot, and what the prefetch holds stays within its stated bound.
 
 use std::time::Duration;
 
 use ledger_relay::lake::backfill::BackfillConfig;
 use ledger_relay_lake::testing::S3Server;
-use ledger_relay_lake::{ClientSettings, ErrorKind, TESTNET_PASSPHRASE};
+use ledger_relay_lake::{ClientSettings, ErrorKind, PrefetchOptions, TESTNET_PASSPHRASE};
 use ledger_relay_subscriber::SubscribeError;
 use ledger_relay_wire::frame::Start;
 use object_store::{ObjectStoreExt, PutPayload};
@@ -31,14 +32,18 @@ fn backfill_from(place: &Place) -> BackfillConfig {
 async fn a_subscriber_below_the_ring_gets_the_lake_then_the_ring_then_live() {
     let want = testnet_ledgers();
     for place in Place::both("session") {
-        // The lake holds the first 200 ledgers, as a Galexie lake (or this relay's export)
-        // would; the ring only the newest 20 of what the source has read.
+        // The lake holds the first 200 ledgers, as Galexie (or an earlier run) wrote them, and
+        // the relay exports to it and backfills from it, as docs/operations.md suggests: the
+        // lake grows past 200 as the ring moves on, so a subscriber that backfills slower than
+        // the source (a loaded machine) still finds every ledger in the lake or the ring. The
+        // ring holds only the newest 20 of what the source has read.
         place.fill(&want[..200], 1).await;
         let dir = TestDir::new();
         let mut config = dir.relay_config(&file_source());
         config.retention = 20;
-        // 16 s of source: the subscriber backfills while it runs, and then goes live.
-        config.source_options.cadence = Duration::from_millis(50);
+        // 32 s of source: the subscriber backfills while it runs, and then goes live.
+        config.source_options.cadence = Duration::from_millis(100);
+        config.export = Some(crate::lake::export_to(&place));
         config.backfill = Some(backfill_from(&place));
         let relay = Running::start(config).await;
         let m = relay.relay.metrics.clone();
@@ -73,15 +78,90 @@ async fn a_subscriber_below_the_ring_gets_the_lake_then_the_ring_then_live() {
         // ring the ledgers after it; the reader slot was given back on leaving the lake.
         let from_lake = load(&m.lake.backfill_ledgers_total);
         assert!(from_lake >= 81, "{from_lake} ledgers from the lake");
-        assert!(from_lake < 200, "{from_lake}: the ring served what it held");
+        assert!(
+            from_lake < COUNT as u64,
+            "{from_lake}: the ring and live served the rest"
+        );
         assert!(load(&m.ring_reads_total) >= 1, "the ring served some");
         assert_eq!(load(&m.lake.backfill_sessions), 0);
         assert!(load(&m.lake.backfill.objects_read) >= from_lake);
         for kind in ErrorKind::ALL {
             assert_eq!(m.lake.backfill.errors(kind), 0, "{kind:?}");
         }
+        // One session read the lake: the prefetch held at most the default depth of objects
+        // being fetched and the one being served, and nothing once it reached the ring.
+        assert_prefetch_within(&m, 1, PrefetchOptions::default().depth, &want);
         relay.stop().await;
     }
+}
+
+/// The bound the relay's backfill memory is stated with (docs/operations.md, "Memory"):
+/// `sessions x (depth + 1)` decoded objects, here one testnet ledger each (its bytes and the
+/// batch's 12-byte header, as the cursor counts them). Asserts the relay's own count of what
+/// the prefetch held reached something, stayed within the bound, and was all given back.
+fn assert_prefetch_within(
+    m: &ledger_relay::metrics::Metrics,
+    sessions: u64,
+    depth: usize,
+    lake: &[bytes::Bytes],
+) {
+    let largest = lake.iter().map(|l| 12 + l.len() as u64).max().unwrap();
+    let bound = sessions * (depth as u64 + 1) * largest;
+    let peak = load(&m.lake.backfill.prefetch_peak_bytes);
+    assert!(peak > 0, "the prefetch held nothing");
+    assert!(
+        peak <= bound,
+        "the prefetch held {peak} bytes, over {sessions} x ({depth} + 1) x {largest} = {bound}"
+    );
+    assert_eq!(load(&m.lake.backfill.prefetch_held_bytes), 0, "given back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_beyond_the_reader_slots_wait_and_the_prefetch_stays_within_its_bound() {
+    let want = testnet_ledgers();
+    let place = Place::file();
+    place.fill(&want[..300], 1).await;
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let mut config = dir.relay_config(&file_source());
+    config.retention = 20;
+    let mut backfill = backfill_from(&place);
+    backfill.sessions = 1;
+    backfill.prefetch.depth = 2;
+    config.backfill = Some(backfill);
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+    let m = relay.relay.metrics.clone();
+
+    // The first subscriber takes the only reader slot and stalls inside the lake: its window
+    // and channel (a few dozen ledgers) fill, and its session keeps its cursor.
+    let first = Collector::start(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)), LAST);
+    first.wait_for(10, 60).await;
+    let stalled = first.halt().await;
+    assert!(stalled.error.is_none(), "{:?}", stalled.error);
+    assert_eq!(load(&m.lake.backfill_sessions), 1);
+
+    // The second waits for the slot, asking again and again, and gets nothing meanwhile.
+    let second = Collector::start(dir.sub(&relay, "rpc-2", 2, Start::Seq(FIRST)), LAST);
+    eventually(60, "the second session asks for the slot", || {
+        load(&m.lake.backfill_busy_total) >= 3
+    })
+    .await;
+    assert_eq!(second.len(), 0, "nothing before it has a slot");
+    assert_eq!(load(&m.lake.backfill_sessions), 1, "one slot, one reader");
+
+    // The stalled subscriber goes away; its session ends and frees the slot, and the second
+    // gets every ledger from the lake, then the ring, byte for byte.
+    drop(stalled);
+    let out = second.finish(120).await;
+    out.assert_complete(&want);
+    eventually(10, "the slot given back", || {
+        load(&m.lake.backfill_sessions) == 0
+    })
+    .await;
+    // Never more than one reader at a time, each within (2 + 1) objects.
+    assert_prefetch_within(&m, 1, 2, &want[..300]);
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

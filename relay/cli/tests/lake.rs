@@ -146,7 +146,7 @@ impl Place {
     }
 }
 
-fn export_to(place: &Place) -> ExportConfig {
+pub(crate) fn export_to(place: &Place) -> ExportConfig {
     let mut e = ExportConfig::new(place.url.clone(), TESTNET_PASSPHRASE.into());
     e.options = place.options();
     e
