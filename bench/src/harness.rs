@@ -66,6 +66,19 @@ pub struct RelaySettings {
     pub retention: u32,
 }
 
+impl RelaySettings {
+    /// The `synthetic:` source of these settings.
+    pub fn synthetic_source(&self) -> String {
+        let mut source = format!("synthetic:size={},ratio={}", self.size, self.ratio);
+        if let Some(n) = self.count {
+            source.push_str(&format!(",count={n}"));
+        }
+        // chunk=: the ratio is calibrated for the relay's chunk size, as in the main bench.
+        source.push_str(&format!(",start={},chunk={}", self.start, self.chunk));
+        source
+    }
+}
+
 /// A running `ledger-relay run` on loopback with `--metrics`.
 #[derive(Debug)]
 pub struct RelayProc {
@@ -100,15 +113,23 @@ impl RelayProc {
         extra: &[String],
         env: &[(&str, String)],
     ) -> anyhow::Result<RelayProc> {
+        Self::start_source(bin, certs, dir, s, &s.synthetic_source(), extra, env)
+    }
+
+    /// [`RelayProc::start_with`] on `source` (`file:...`) instead of the synthetic one; the
+    /// size and ratio of `s` are then unused.
+    pub fn start_source(
+        bin: &Path,
+        certs: &Path,
+        dir: &Path,
+        s: &RelaySettings,
+        source: &str,
+        extra: &[String],
+        env: &[(&str, String)],
+    ) -> anyhow::Result<RelayProc> {
         std::fs::create_dir_all(dir)?;
         let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()?).parse()?;
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
-        let mut source = format!("synthetic:size={},ratio={}", s.size, s.ratio);
-        if let Some(n) = s.count {
-            source.push_str(&format!(",count={n}"));
-        }
-        // chunk=: the ratio is calibrated for the relay's chunk size, as in the main bench.
-        source.push_str(&format!(",start={},chunk={}", s.start, s.chunk));
         let log = dir.join("relay.log");
         let mut child = Command::new(bin)
             .arg("run")
@@ -116,7 +137,7 @@ impl RelayProc {
             .arg(certs)
             .args(["--name", "relay", "--data-dir"])
             .arg(dir.join("data"))
-            .args(["--source", &source])
+            .args(["--source", source])
             .args(["--cadence", &format!("{}ms", s.cadence_ms)])
             .args(["--emit", &format!("{}ms", s.emit_ms)])
             .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
@@ -428,6 +449,21 @@ pub fn spawn_subscriber(
         .context("starting ledger-subscribe")?;
     crate::proc::track(&child);
     Ok(child)
+}
+
+/// Waits for `child` (a subscriber) to exit, killing it and failing after `limit`.
+pub fn wait_child(child: &mut Child, limit: Duration) -> anyhow::Result<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            bail!("the subscriber did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Reads a stats CSV written by a process that may have been killed: a last line cut short

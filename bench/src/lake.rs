@@ -14,7 +14,14 @@
 //!    is also read without chunking, to show where the time goes, and the 320 real testnet
 //!    ledgers (small objects, where per-request latency dominates) are run too.
 //!
+//! 3. **Backfill through a session** ([`session`]): the release relay with `--backfill` on
+//!    that lake and a ring smaller than the history, and a real `ledger-subscribe` from the
+//!    lake's first ledger, against the same relay with a ring holding it all: ledgers/s and
+//!    MB/s at the subscriber, and the relay's memory against the prefetch bound.
+//!
 //! The S3 server is Python (moto) on the same two cores: its CPU is part of what is measured.
+
+mod session;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -75,9 +82,12 @@ pub struct LakeArgs {
     /// Only the delivery runs.
     #[arg(long)]
     pub delivery_only: bool,
-    /// Only the backfill runs.
+    /// Only the backfill runs (the backfill API and through sessions).
     #[arg(long)]
     pub backfill_only: bool,
+    /// Of the backfill runs, only those through a relay and a subscriber.
+    #[arg(long)]
+    pub sessions_only: bool,
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
     #[arg(long, default_value = "../shared/testdata")]
     pub testdata: PathBuf,
@@ -135,6 +145,8 @@ pub struct LakeReport {
     pub reads: Vec<ReadRun>,
     /// Writing the backfill lake (objects put by the lake crate, as the exporter does).
     pub writes: Vec<ReadRun>,
+    /// Backfill through a relay and a subscriber, against catch-up from the ring.
+    pub sessions: Vec<session::SessionRun>,
 }
 
 fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<DeliveryRun>> {
@@ -205,17 +217,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
             )?;
             let limit =
                 Duration::from_secs_f64(30.0 + f64::from(ledgers) * a.cadence_ms / 1e3 * 3.0);
-            let start = Instant::now();
-            let status = loop {
-                if let Some(st) = sub.try_wait()? {
-                    break st;
-                }
-                if start.elapsed() > limit {
-                    let _ = sub.kill();
-                    bail!("the subscriber did not finish within {limit:?}");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
+            let status = crate::harness::wait_child(&mut sub, limit)?;
             if !status.success() {
                 bail!(
                     "the subscriber failed ({status}): {}",
@@ -282,7 +284,7 @@ fn mb(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / 1e6 / secs
 }
 
-fn read_run(what: &str, set: &str, n: u32, raw: u64, secs: f64) -> ReadRun {
+pub(crate) fn read_run(what: &str, set: &str, n: u32, raw: u64, secs: f64) -> ReadRun {
     ReadRun {
         what: what.into(),
         set: set.into(),
@@ -303,7 +305,7 @@ async fn backfill_set(
     set: &str,
     ledgers: &[BatchLedger],
     report: &mut LakeReport,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<LakeUrl> {
     let n = ledgers.len() as u32;
     let raw_total: u64 = ledgers.iter().map(|l| l.raw.len() as u64).sum();
     let first = ledgers[0].info.ledger_seq;
@@ -343,6 +345,9 @@ async fn backfill_set(
     let written = lake.stats().bytes_written.load(Ordering::Relaxed);
     w.object_mb_s = Some(mb(written, secs));
     report.writes.push(w);
+    if a.sessions_only {
+        return Ok(url);
+    }
 
     // The ring, holding the same ledgers as the pipeline stores them.
     let pipeline = PipelineConfig::default();
@@ -450,7 +455,7 @@ async fn backfill_set(
     r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
     r.bound_bytes = Some(depth as u64 * largest);
     report.reads.push(r);
-    Ok(())
+    Ok(url)
 }
 
 fn backfill(
@@ -472,14 +477,73 @@ fn backfill(
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
-        let name = format!(
-            "synthetic {:.1} MiB x{n}",
-            a.ledger_bytes as f64 / f64::from(1 << 20)
-        );
-        backfill_set(a, work, server, &name, &synthetic, report).await?;
-        backfill_set(a, work, server, "testnet x320", &testnet, report).await
-    })
+    let name = format!(
+        "synthetic {:.1} MiB x{n}",
+        a.ledger_bytes as f64 / f64::from(1 << 20)
+    );
+    let (synthetic_url, testnet_url) = rt.block_on(async {
+        let s = backfill_set(a, work, server, &name, &synthetic, report).await?;
+        let t = backfill_set(a, work, server, "testnet x320", &testnet, report).await?;
+        anyhow::Ok((s, t))
+    })?;
+    drop(rt);
+    let largest = |set: &[BatchLedger]| {
+        set.iter()
+            .map(|l| 12 + l.raw.len() as u64)
+            .max()
+            .unwrap_or(0)
+    };
+    // The relay's source makes the lake's ledgers (the same spec makes the same chain) and
+    // twenty more, which its ring keeps.
+    let source = RelaySettings {
+        size: a.ledger_bytes,
+        ratio: a.ratio,
+        count: Some(n + session::TAIL),
+        start: 2,
+        cadence_ms: 0.0,
+        emit_ms: 0.0,
+        codec: "zstd".into(),
+        chunk: 256 << 10,
+        retention: 0,
+    }
+    .synthetic_source();
+    let testnet_first = testnet[0].info.ledger_seq;
+    let sets = [
+        session::SessionSet {
+            name: &name,
+            url: &synthetic_url,
+            n,
+            first: 2,
+            source,
+            largest: largest(&synthetic),
+            cadence_ms: 50.0,
+        },
+        session::SessionSet {
+            name: "testnet x320",
+            url: &testnet_url,
+            n: testnet.len() as u32 - session::TAIL,
+            first: testnet_first,
+            source: format!(
+                "file:{}",
+                a.testdata
+                    .join("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr")
+                    .display()
+            ),
+            largest: largest(&testnet),
+            cadence_ms: 5.0,
+        },
+    ];
+    for set in &sets {
+        for depth in std::iter::once(None).chain(a.depths.iter().map(|d| Some(*d))) {
+            let r = session::run(work, server, set, depth)?;
+            eprintln!(
+                "session {} {}: {:.1} ledgers/s, {:.1} MB/s raw, {} from the lake, relay RSS {:.1} -> {:.1} MiB",
+                r.read.set, r.read.what, r.read.ledgers_per_s, r.read.raw_mb_s, r.from_lake, r.rss_before_mib, r.rss_peak_mib
+            );
+            report.sessions.push(r);
+        }
+    }
+    Ok(())
 }
 
 /// Runs the benchmark.
@@ -491,6 +555,7 @@ pub fn run(a: &LakeArgs) -> anyhow::Result<LakeReport> {
         delivery: Vec::new(),
         reads: Vec::new(),
         writes: Vec::new(),
+        sessions: Vec::new(),
     };
     if !a.backfill_only {
         report.delivery = delivery(a, work.path(), &server)?;
@@ -499,6 +564,13 @@ pub fn run(a: &LakeArgs) -> anyhow::Result<LakeReport> {
         backfill(a, work.path(), &server, &mut report)?;
     }
     Ok(report)
+}
+
+/// Bytes as MiB with one decimal, `-` for none.
+fn mib(b: Option<u64>) -> String {
+    b.map_or("-".into(), |b| {
+        format!("{:.1}", b as f64 / f64::from(1 << 20))
+    })
 }
 
 /// The report as text.
@@ -544,11 +616,6 @@ pub fn summary(r: &LakeReport) -> String {
         out.push_str(&format!("{title}:\n"));
         out.push_str("set                        what                                                      ledgers/s   raw MB/s  object MB/s  peak held MiB  bound MiB\n");
         for x in rows.iter() {
-            let mib = |b: Option<u64>| {
-                b.map_or("-".into(), |b| {
-                    format!("{:.1}", b as f64 / f64::from(1 << 20))
-                })
-            };
             out.push_str(&format!(
                 "{:<26} {:<57} {:>9.1} {:>10.1} {:>12} {:>14} {:>10}\n",
                 x.set,
@@ -558,6 +625,25 @@ pub fn summary(r: &LakeReport) -> String {
                 x.object_mb_s.map_or("-".into(), |v| format!("{v:.1}")),
                 mib(x.peak_held_bytes),
                 mib(x.bound_bytes),
+            ));
+        }
+    }
+    if !r.sessions.is_empty() {
+        out.push_str("through a relay and a subscriber (4 lanes):\n");
+        out.push_str("set                        what                 ledgers/s   raw MB/s  wire MB/s  from lake  RSS before  RSS peak  prefetch peak MiB  bound MiB\n");
+        for x in &r.sessions {
+            out.push_str(&format!(
+                "{:<26} {:<18} {:>11.1} {:>10.1} {:>10.1} {:>10} {:>11.1} {:>9.1} {:>18} {:>10}\n",
+                x.read.set,
+                x.read.what,
+                x.read.ledgers_per_s,
+                x.read.raw_mb_s,
+                x.wire_mb_s,
+                x.from_lake,
+                x.rss_before_mib,
+                x.rss_peak_mib,
+                mib(x.read.peak_held_bytes),
+                mib(x.read.bound_bytes),
             ));
         }
     }

@@ -122,6 +122,13 @@ pub struct RunArgs {
     /// Serve history below the ring from this SEP-54 data lake (same URL forms as --export).
     #[arg(long, value_name = "URL")]
     pub backfill: Option<String>,
+    /// Sessions that may read the backfill lake at once, 1..=1024; more wait for a slot
+    /// [default: 4].
+    #[arg(long = "backfill-sessions", value_name = "N")]
+    pub backfill_sessions: Option<usize>,
+    /// Objects each backfilling session reads ahead, in parallel, 1..=256 [default: 8].
+    #[arg(long = "backfill-prefetch", value_name = "N")]
+    pub backfill_prefetch: Option<usize>,
     /// The network's passphrase, written into and checked against lake manifests [default:
     /// from --network pubnet, testnet or futurenet].
     #[arg(long = "network-passphrase", value_name = "PASSPHRASE")]
@@ -162,6 +169,8 @@ struct FileConfig {
     export_files_per_partition: Option<u32>,
     export_zstd_level: Option<i32>,
     backfill: Option<String>,
+    backfill_sessions: Option<usize>,
+    backfill_prefetch: Option<usize>,
     network_passphrase: Option<String>,
     transport: Option<TransportSettings>,
 }
@@ -403,11 +412,34 @@ impl RelayConfig {
             }
         };
         let backfill = match pick!(backfill) {
-            Some(url) => Some(BackfillConfig::new(
-                lake_url("backfill", &url)?,
-                network_passphrase.clone(),
-            )),
-            None => None,
+            Some(url) => {
+                let mut b =
+                    BackfillConfig::new(lake_url("backfill", &url)?, network_passphrase.clone());
+                if let Some(n) = pick!(backfill_sessions) {
+                    if !(1..=1024).contains(&n) {
+                        bail!("--backfill-sessions {n}: expected 1..=1024");
+                    }
+                    b.sessions = n;
+                }
+                if let Some(n) = pick!(backfill_prefetch) {
+                    if !(1..=256).contains(&n) {
+                        bail!("--backfill-prefetch {n}: expected 1..=256");
+                    }
+                    b.prefetch.depth = n;
+                }
+                Some(b)
+            }
+            None => {
+                for (set, flag) in [
+                    (pick!(backfill_sessions).is_some(), "--backfill-sessions"),
+                    (pick!(backfill_prefetch).is_some(), "--backfill-prefetch"),
+                ] {
+                    if set {
+                        bail!("{flag} needs --backfill URL");
+                    }
+                }
+                None
+            }
         };
         source_options.network_passphrase = network_passphrase.clone();
         let transport = file.transport.clone().unwrap_or_default();
@@ -604,6 +636,7 @@ mod tests {
         a.network = Some("pubnet".into());
         a.export_ledgers_per_file = Some(8);
         a.backfill = Some("file:///var/lake".into());
+        a.backfill_sessions = Some(2);
         let c = RelayConfig::from_args(a).unwrap();
         let e = c.export.unwrap();
         assert_eq!(e.url.to_string(), "s3://lake/pubnet");
@@ -613,6 +646,7 @@ mod tests {
         assert_eq!(e.zstd_level, 1);
         let b = c.backfill.unwrap();
         assert_eq!(b.url.to_string(), "file:///var/lake");
+        assert_eq!((b.sessions, b.prefetch.depth), (2, 8));
         assert_eq!(
             b.network.as_deref(),
             Some(ledger_relay_lake::PUBNET_PASSPHRASE)
@@ -660,6 +694,17 @@ mod tests {
             (
                 |a| a.backfill = Some("file://relative".into()),
                 "--backfill: bad lake url",
+            ),
+            (
+                |a| a.backfill_prefetch = Some(4),
+                "--backfill-prefetch needs --backfill URL",
+            ),
+            (
+                |a| {
+                    a.backfill = Some("file:///l".into());
+                    a.backfill_sessions = Some(0);
+                },
+                "--backfill-sessions 0: expected 1..=1024",
             ),
             (
                 |a| a.source = Some("datalake:s3://b,from=9,to=5".into()),

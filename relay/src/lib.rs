@@ -163,6 +163,7 @@ impl Relay {
         let shared = Shared {
             hub: hub.clone(),
             ring: Some(ring.clone()),
+            backfill: backfill.clone(),
             metrics: metrics.clone(),
         };
         info!(%addr, source = ?config.source, "relay listening");

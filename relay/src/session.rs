@@ -3,8 +3,8 @@
 //! when to end). This module only carries them out:
 //!
 //! - it feeds the sender what happens: lanes joining and dying, control frames, streams that
-//!   ended, ledgers loaded from memory or the ring (on a blocking thread), items of the hub's
-//!   live stream, revocation and shutdown, and time;
+//!   ended, ledgers loaded from memory, the ring (on a blocking thread) or the backfill lake
+//!   ([`backfill`]), items of the hub's live stream, revocation and shutdown, and time;
 //! - it does what the sender asks: open a stream on a lane and send a unit, load a ledger, join
 //!   or leave the live stream, write a heartbeat, close with the `Error` frame of a
 //!   [`CloseReason`];
@@ -33,8 +33,12 @@ use tracing::{debug, info, warn};
 
 use crate::auth::ClientId;
 use crate::hub::{stored_ledger, Hub, Item};
+use crate::lake::backfill::Backfill;
 use crate::metrics::{Metrics, SessionInfo};
 use crate::ring::{Ring, RingError};
+
+mod backfill;
+use backfill::SessionLake;
 
 /// Session parameters from the relay's configuration.
 #[derive(Debug, Clone)]
@@ -132,6 +136,8 @@ pub struct Shared {
     pub hub: Arc<Hub>,
     /// The ring, if the relay keeps one.
     pub ring: Option<Arc<Ring>>,
+    /// The lake below the ring (`--backfill`), if any.
+    pub backfill: Option<Arc<Backfill>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -150,7 +156,8 @@ pub fn held_range(shared: &Shared) -> (u32, u32) {
 }
 
 /// Decides the first ledger to send for `start`, waiting for the tip if the relay holds
-/// nothing yet. `Err` says why the session cannot start.
+/// nothing yet. `Err` says why the session cannot start: a start below the ring only when the
+/// backfill lake lacks it too.
 pub async fn resolve_start(
     shared: &Shared,
     start: Start,
@@ -161,19 +168,11 @@ pub async fn resolve_start(
         Start::Seq(seq) => {
             let (oldest, newest) = held_range(shared);
             if oldest != 0 && seq < oldest {
-                return Err(CloseReason::BelowRetention {
-                    seq,
-                    oldest,
-                    newest,
-                });
+                backfill::start_below(shared, seq, oldest, newest).await?;
             }
             if oldest == 0 && newest != 0 && seq <= newest {
                 // Nothing retained (no ring) but the relay has moved past the start.
-                return Err(CloseReason::BelowRetention {
-                    seq,
-                    oldest: newest,
-                    newest,
-                });
+                backfill::start_below(shared, seq, newest, newest).await?;
             }
             Ok(seq)
         }
@@ -229,9 +228,18 @@ pub async fn read_control(mut reader: FrameReader, tx: mpsc::Sender<Result<Frame
     }
 }
 
-/// Loads ledger `seq` for the sender: from memory, else from the ring on a blocking thread;
-/// the ledger in progress as its chunks so far; or why it cannot be had.
-async fn load(shared: &Shared, seq: u32) -> LoadResult {
+/// Loads ledger `seq` for the sender: from memory, else from the ring on a blocking thread,
+/// else (below both) from the backfill lake; the ledger in progress as its chunks so far; or
+/// why it cannot be had.
+async fn load(shared: &Shared, lake: Option<&SessionLake>, seq: u32) -> LoadResult {
+    match (lake, load_held(shared, seq).await) {
+        (Some(lake), r) => lake.after_held(seq, r).await,
+        (None, r) => r,
+    }
+}
+
+/// [`load`] from memory and the ring only.
+async fn load_held(shared: &Shared, seq: u32) -> LoadResult {
     // A ledger moves from "in progress" to "complete in memory" to "in the ring" while this
     // looks; the hub keeps it in memory until the ring has it, so one of the looks sees it.
     // A second round covers a ledger that completed between them.
@@ -286,11 +294,16 @@ async fn load(shared: &Shared, seq: u32) -> LoadResult {
             return LoadResult::NotYet;
         }
         if oldest == 0 || seq < oldest {
-            return LoadResult::NotHeld { oldest, newest };
+            break;
         }
     }
     let (oldest, newest) = held_range(shared);
-    LoadResult::NotHeld { oldest, newest }
+    let lake = None; // the caller's to fill in
+    LoadResult::NotHeld {
+        oldest,
+        newest,
+        lake,
+    }
 }
 
 /// One lane's connection and, for lanes 1.., its control stream (kept open so the peer's
@@ -332,6 +345,8 @@ pub struct Session {
     live: Option<broadcast::Receiver<Item>>,
     done_tx: mpsc::UnboundedSender<Done>,
     loaded_tx: mpsc::UnboundedSender<(u32, LoadResult)>,
+    /// Reads below the ring, with a backfill lake.
+    lake: Option<Arc<SessionLake>>,
     /// What was last published to the metrics.
     info: Option<SessionInfo>,
     stats: SenderStats,
@@ -393,6 +408,7 @@ impl Session {
             live: None,
             done_tx,
             loaded_tx,
+            lake: SessionLake::new(&shared, cfg.window),
             info: None,
             stats: SenderStats::default(),
             control: send,
@@ -508,8 +524,9 @@ impl Session {
                 match event {
                     Event::Load(seq) => {
                         let (shared, tx) = (self.shared.clone(), self.loaded_tx.clone());
+                        let lake = self.lake.clone();
                         tokio::spawn(async move {
-                            let r = load(&shared, seq).await;
+                            let r = load(&shared, lake.as_deref(), seq).await;
                             let _ = tx.send((seq, r));
                         });
                     }
@@ -665,12 +682,13 @@ impl Session {
         // A below-retention end tells the bounds as they are now, not as they were when the
         // session found it could not go on.
         let reason = match reason {
-            CloseReason::BelowRetention { seq, .. } => {
+            CloseReason::BelowRetention { seq, lake, .. } => {
                 let (oldest, newest) = held_range(&self.shared);
                 CloseReason::BelowRetention {
                     seq: *seq,
                     oldest,
                     newest,
+                    lake: *lake,
                 }
             }
             other => other.clone(),

@@ -412,15 +412,19 @@ pub fn sender(data: &[u8]) {
             5 => {
                 if !loads.is_empty() {
                     let seq = loads.remove(usize::from(arg) % loads.len());
-                    let r = match next().unwrap_or(0) % 7 {
+                    let r = match next().unwrap_or(0) % 8 {
                         0 | 1 => LoadResult::Complete(ledger(seq)),
                         2 => LoadResult::InProgress(ledger(seq).chunks[..1].to_vec()),
                         3 => LoadResult::NotYet,
                         4 => LoadResult::NotHeld {
                             oldest: FIRST,
                             newest: FIRST + 20,
+                            lake: (arg & 1 == 1).then_some((1, FIRST + 5)),
                         },
                         5 => LoadResult::Corrupt {
+                            detail: "fuzz".into(),
+                        },
+                        6 => LoadResult::Failed {
                             detail: "fuzz".into(),
                         },
                         _ => LoadResult::Unavailable {

@@ -124,7 +124,7 @@ pub struct Transmit {
 /// What the shell found when asked to load a ledger ([`Event::Load`]).
 #[derive(Debug, Clone)]
 pub enum LoadResult {
-    /// The ledger is complete (in memory or in the ring, verified).
+    /// The ledger is complete (in memory, in the ring or in the backfill lake, verified).
     Complete(Arc<CompleteLedger>),
     /// The ledger is being published now: its chunks so far.
     InProgress(Vec<Chunk>),
@@ -132,14 +132,24 @@ pub enum LoadResult {
     NotYet,
     /// The ledger is older than anything the relay holds (or was lost).
     NotHeld {
-        /// Oldest ledger held (0: none).
+        /// Oldest ledger held in memory or the ring (0: none).
         oldest: u32,
         /// Newest ledger held (0: none).
         newest: u32,
+        /// The backfill lake's oldest and newest ledger, when the relay has one that holds
+        /// any (the ledger is not among them).
+        lake: Option<(u32, u32)>,
     },
-    /// The stored ledger failed verification.
+    /// The stored ledger failed verification (in the ring, or its object in the backfill
+    /// lake is missing or damaged).
     Corrupt {
         /// What failed.
+        detail: String,
+    },
+    /// The ledger could not be read and the session should not wait for it (the backfill
+    /// lake failed after its client's own retries): the subscriber reconnects, or fails over.
+    Failed {
+        /// Why.
         detail: String,
     },
     /// It could not be read now (the store is degraded or a read failed): ask again later.
@@ -168,8 +178,8 @@ pub enum LiveItem {
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// Load ledger `seq` (from memory, else from the ring, on a thread that may block) and
-    /// report with [`Sender::handle_loaded`].
+    /// Load ledger `seq` (from memory, else from the ring on a thread that may block, else
+    /// from the backfill lake) and report with [`Sender::handle_loaded`].
     Load(u32),
     /// Join the live stream and report with [`Sender::handle_joined`].
     JoinLive,
@@ -676,13 +686,18 @@ impl Sender {
                     self.join();
                 }
             }
-            LoadResult::NotHeld { oldest, newest } => {
+            LoadResult::NotHeld {
+                oldest,
+                newest,
+                lake,
+            } => {
                 if catch_up {
                     self.end_after_drain(
                         CloseReason::BelowRetention {
                             seq,
                             oldest,
                             newest,
+                            lake,
                         },
                         now,
                     );
@@ -691,6 +706,12 @@ impl Sender {
             LoadResult::Corrupt { detail } => {
                 if catch_up {
                     self.end_after_drain(CloseReason::Corrupt { seq, detail }, now);
+                }
+            }
+            LoadResult::Failed { detail } => {
+                if catch_up {
+                    let detail = format!("ledger {seq} cannot be read: {detail}");
+                    self.end_after_drain(CloseReason::Internal { detail }, now);
                 }
             }
             LoadResult::Unavailable { .. } => {

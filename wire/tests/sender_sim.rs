@@ -355,6 +355,7 @@ impl Sim {
             return LoadResult::NotHeld {
                 oldest: self.first,
                 newest: self.newest,
+                lake: None,
             };
         }
         if self.newest != 0 && seq <= self.newest {

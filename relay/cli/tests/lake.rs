@@ -33,14 +33,14 @@ use crate::support::{
 };
 
 /// Where a test's lake lives, with the settings that reach it.
-struct Place {
+pub(crate) struct Place {
     _dir: Option<tempfile::TempDir>,
-    server: Option<Arc<S3Server>>,
-    url: LakeUrl,
+    pub(crate) server: Option<Arc<S3Server>>,
+    pub(crate) url: LakeUrl,
 }
 
 impl Place {
-    fn file() -> Place {
+    pub(crate) fn file() -> Place {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}/lake", dir.path().display())
             .parse()
@@ -52,7 +52,7 @@ impl Place {
         }
     }
 
-    fn s3(tag: &str) -> Place {
+    pub(crate) fn s3(tag: &str) -> Place {
         let server = S3Server::shared().expect("a loopback S3 server (moto_server)");
         let bucket = unique_bucket(tag);
         server.create_bucket(&bucket).unwrap();
@@ -63,11 +63,11 @@ impl Place {
         }
     }
 
-    fn both(tag: &str) -> Vec<Place> {
+    pub(crate) fn both(tag: &str) -> Vec<Place> {
         vec![Place::file(), Place::s3(tag)]
     }
 
-    fn options(&self) -> LakeOptions {
+    pub(crate) fn options(&self) -> LakeOptions {
         LakeOptions {
             store_config: self
                 .server
@@ -77,7 +77,7 @@ impl Place {
         }
     }
 
-    async fn reader(&self) -> Arc<Lake> {
+    pub(crate) async fn reader(&self) -> Arc<Lake> {
         Arc::new(
             Lake::open(
                 &self.url,
@@ -91,7 +91,7 @@ impl Place {
     }
 
     /// Writes `ledgers` into the lake with the lake crate, as an exporter would.
-    async fn fill(&self, ledgers: &[Bytes], per_batch: u32) {
+    pub(crate) async fn fill(&self, ledgers: &[Bytes], per_batch: u32) {
         let lake = Lake::open_for_writing(
             &self.url,
             &self.options(),
@@ -146,7 +146,7 @@ impl Place {
     }
 }
 
-fn export_to(place: &Place) -> ExportConfig {
+pub(crate) fn export_to(place: &Place) -> ExportConfig {
     let mut e = ExportConfig::new(place.url.clone(), TESTNET_PASSPHRASE.into());
     e.options = place.options();
     e
@@ -182,14 +182,14 @@ async fn export_writes_every_ledger_byte_identical() {
 }
 
 /// `ledger-relay run` as a process, with the loopback S3 server in its environment.
-struct RelayProcess {
+pub(crate) struct RelayProcess {
     child: tokio::process::Child,
     log: Arc<Mutex<Vec<String>>>,
     metrics: std::net::SocketAddr,
 }
 
 impl RelayProcess {
-    async fn start(dir: &TestDir, server: &S3Server, args: &[&str]) -> RelayProcess {
+    pub(crate) async fn start(dir: &TestDir, server: &S3Server, args: &[&str]) -> RelayProcess {
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -227,12 +227,34 @@ impl RelayProcess {
         }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// The UDP address the relay listens on, from its log.
+    pub(crate) async fn udp_addr(&self) -> std::net::SocketAddr {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = self.log.lock().unwrap().iter().find_map(|l| {
+                let at = l.find("relay listening")?;
+                let rest = &l[at..];
+                let addr = &rest[rest.find("addr=")? + 5..];
+                addr.split_whitespace().next()?.parse().ok()
+            });
+            if let Some(a) = found {
+                return a;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no listening line:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A gauge or counter from `/metrics` (0 until the relay answers).
-    async fn metric(&self, name: &str) -> u64 {
+    pub(crate) async fn metric(&self, name: &str) -> u64 {
         let Ok(Ok(mut s)) = tokio::time::timeout(
             Duration::from_secs(2),
             tokio::net::TcpStream::connect(self.metrics),
@@ -256,7 +278,7 @@ impl RelayProcess {
             .unwrap_or(0)
     }
 
-    async fn wait_metric(&self, name: &str, at_least: u64, secs: u64) -> u64 {
+    pub(crate) async fn wait_metric(&self, name: &str, at_least: u64, secs: u64) -> u64 {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         loop {
             let v = self.metric(name).await;
@@ -278,7 +300,7 @@ impl RelayProcess {
         let _ = self.child.wait().await;
     }
 
-    async fn sigterm(mut self) {
+    pub(crate) async fn sigterm(mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())

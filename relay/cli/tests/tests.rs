@@ -13,6 +13,7 @@ macro_rules! testdata {
     };
 }
 
+mod backfill;
 mod cli;
 mod health;
 mod lake;

@@ -1,37 +1,40 @@
 //! `--backfill URL`: history below the ring, from a SEP-54 lake, in the relay's chunked form.
 //!
-//! This is the library side a session calls when a subscription starts below the ring (the
-//! session shell itself is not wired to it here):
+//! This is the lake side of what a session does when the sender asks for a ledger the ring and
+//! memory no longer hold (`session::backfill` is the session side):
 //!
 //! 1. [`Backfill::range`]: the oldest and newest ledger the lake holds (cached for a few
 //!    seconds), to decide whether a start the ring lacks can be served at all; when it cannot,
-//!    the "too far behind" error carries the lake's oldest ledger.
-//! 2. [`Backfill::cursor`]`(start, stop)`: a [`BackfillCursor`] over `start..=stop`, `stop`
+//!    the "too far behind" error carries the lake's range beside the ring's.
+//! 2. [`Backfill::reader`]: one of the relay's `--backfill-sessions` reader slots, held while a
+//!    session reads the lake, so that the relay's backfill memory is that many cursors' bound.
+//! 3. [`Backfill::cursor`]`(start, stop)`: a [`BackfillCursor`] over `start..=stop`, `stop`
 //!    being the ledger before the oldest the ring (or memory) holds
 //!    ([`Backfill::cursor_after`] goes on from a previous cursor's last ledger, chain kept, if
 //!    the ring pruned further meanwhile).
-//! 3. [`BackfillCursor::fetch`]`(seq)`, in order: the ledger `seq` as an
+//! 4. [`BackfillCursor::fetch`]`(seq)`, in order: the ledger `seq` as an
 //!    `Arc<`[`CompleteLedger`]`>`, cut and compressed exactly as the live pipeline does
 //!    ([`crate::pipeline::complete_ledger`]), ready to queue like a ledger read from the ring.
 //!    Every ledger was checked (its batch decoded whole, its header hash, its sequence) and
 //!    chains to the one fetched before it; a ledger the lake does not hold is
-//!    [`LakeError::Lacks`] with the range it does hold.
-//! 4. [`BackfillCursor::verify_join`] with the first ledger taken from the ring after the
+//!    [`LakeError::Lacks`] with the range it does hold. [`Backfill::fetch_one`] reads one
+//!    ledger again (a resend), checked against the hash it had when first served.
+//! 5. [`BackfillCursor::verify_join`] with the first ledger taken from the ring after the
 //!    lake: the ring's ledger must link to the last one the lake gave, so the subscription
 //!    crosses from lake to ring with no gap, no duplicate and no splice of two histories.
 //!
 //! Prefetch runs ahead by [`PrefetchOptions::depth`] batches, in parallel; see
-//! `ledger_relay_lake::cursor` for the memory bound.
+//! `ledger_relay_lake::cursor` for the memory bound of one cursor.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ledger_relay_lake::{
-    Lake, LakeCursor, LakeError, LakeOptions, LakeStats, LakeUrl, PrefetchOptions,
+    BatchLedger, Lake, LakeCursor, LakeError, LakeOptions, LakeStats, LakeUrl, PrefetchOptions,
 };
 use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::frame::LedgerEnd;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use crate::hub::CompleteLedger;
 use crate::pipeline::{complete_ledger, PipelineConfig};
@@ -48,7 +51,13 @@ pub struct BackfillConfig {
     pub prefetch: PrefetchOptions,
     /// Store client settings.
     pub options: LakeOptions,
+    /// Sessions that may read the lake at once (`--backfill-sessions`, at least 1); each holds
+    /// one cursor, so the relay's backfill memory is this many times a cursor's bound.
+    pub sessions: usize,
 }
+
+/// Sessions reading the backfill lake at once without `--backfill-sessions`.
+pub const DEFAULT_BACKFILL_SESSIONS: usize = 4;
 
 impl BackfillConfig {
     /// The defaults for `url`.
@@ -58,6 +67,7 @@ impl BackfillConfig {
             network,
             prefetch: PrefetchOptions::default(),
             options: LakeOptions::default(),
+            sessions: DEFAULT_BACKFILL_SESSIONS,
         }
     }
 }
@@ -78,6 +88,13 @@ pub struct Backfill {
     stats: Arc<LakeStats>,
     lake: OnceCell<Arc<Lake>>,
     range: Mutex<Listed>,
+    readers: Arc<Semaphore>,
+}
+
+/// A reader slot of the backfill lake ([`Backfill::reader`]); dropping it frees the slot.
+#[derive(Debug)]
+pub struct Reader {
+    _permit: OwnedSemaphorePermit,
 }
 
 impl Backfill {
@@ -86,12 +103,58 @@ impl Backfill {
         let mut pipeline = pipeline.clone();
         pipeline.export = None;
         Backfill {
+            readers: Arc::new(Semaphore::new(cfg.sessions.max(1))),
             cfg,
             pipeline,
             stats,
             lake: OnceCell::new(),
             range: Mutex::new(None),
         }
+    }
+
+    /// The lake's counters.
+    pub fn stats(&self) -> &Arc<LakeStats> {
+        &self.stats
+    }
+
+    /// How far each cursor reads ahead.
+    pub fn prefetch(&self) -> PrefetchOptions {
+        self.cfg.prefetch
+    }
+
+    /// A reader slot, or `None` while `--backfill-sessions` sessions hold one.
+    pub fn reader(&self) -> Option<Reader> {
+        self.readers
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .map(|p| Reader { _permit: p })
+    }
+
+    /// Ledger `seq` alone, read again (for a resend) and chunked; `hash` is the header hash it
+    /// had when a cursor first served it, which it must still have.
+    pub async fn fetch_one(
+        &self,
+        seq: u32,
+        hash: Option<[u8; 32]>,
+    ) -> Result<Arc<CompleteLedger>, LakeError> {
+        let lake = self.lake().await?;
+        let key = lake.key(seq);
+        let batch = lake.read_batch(seq).await?;
+        let Some(ledger) = batch.ledgers.into_iter().find(|l| l.info.ledger_seq == seq) else {
+            let e = LakeError::Missing { key };
+            self.stats.count(&e);
+            return Err(e);
+        };
+        if hash.is_some_and(|h| h != ledger.info.hash) {
+            let e = LakeError::Corrupt {
+                key,
+                reason: format!("ledger {seq} is not the one served from it before"),
+            };
+            self.stats.count(&e);
+            return Err(e);
+        }
+        chunk(&self.pipeline, ledger, key).await
     }
 
     /// The lake, opened on first use.
@@ -178,6 +241,27 @@ impl Backfill {
     }
 }
 
+/// `ledger` cut and compressed as the live pipeline does it.
+async fn chunk(
+    pipeline: &PipelineConfig,
+    ledger: BatchLedger,
+    key: String,
+) -> Result<Arc<CompleteLedger>, LakeError> {
+    let pipeline = pipeline.clone();
+    // Compression is CPU work: off the session's task.
+    let chunked = tokio::task::spawn_blocking(move || {
+        let mut comp = Compressor::new(pipeline.codec, pipeline.zstd_level);
+        let now = now_ns();
+        complete_ledger(&ledger.raw, &ledger.info, &pipeline, &mut comp, now, now)
+    })
+    .await
+    .map_err(|e| LakeError::Store {
+        key,
+        reason: format!("chunking task failed: {e}"),
+    })?;
+    Ok(Arc::new(chunked))
+}
+
 /// Ledgers `start..=stop` from the lake, verified, in the relay's chunked form.
 #[derive(Debug)]
 pub struct BackfillCursor {
@@ -210,38 +294,33 @@ impl BackfillCursor {
         let Some(ledger) = self.inner.next().await? else {
             return Ok(None);
         };
-        let pipeline = self.pipeline.clone();
         let key = self.inner.lake().key(seq);
-        // Compression is CPU work: off the session's task.
-        let chunked = tokio::task::spawn_blocking(move || {
-            let mut comp = Compressor::new(pipeline.codec, pipeline.zstd_level);
-            let now = now_ns();
-            complete_ledger(&ledger.raw, &ledger.info, &pipeline, &mut comp, now, now)
-        })
-        .await
-        .map_err(|e| LakeError::Store {
-            key,
-            reason: format!("chunking task failed: {e}"),
-        })?;
-        Ok(Some(Arc::new(chunked)))
+        chunk(&self.pipeline, ledger, key).await.map(Some)
     }
 
     /// Checks that `ring_first`, the first ledger served from the ring after the lake, follows
     /// the last ledger the lake gave and links to it.
     pub fn verify_join(&self, ring_first: &LedgerEnd) -> Result<(), LakeError> {
-        let Some((seq, hash)) = self.inner.last() else {
-            return Ok(());
-        };
-        if ring_first.seq != seq.wrapping_add(1) || ring_first.previous_hash != hash {
-            let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
-            return Err(LakeError::BrokenChain {
-                key: "ring".into(),
-                seq: ring_first.seq,
-                prev: seq,
-                got: hex(&ring_first.previous_hash),
-                expected: hex(&hash),
-            });
+        match self.inner.last() {
+            Some(last) => verify_link(last, ring_first),
+            None => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// Checks that `next`, served from the ring, follows ledger `last` (its sequence and hash,
+/// served from the lake) and links to it.
+pub fn verify_link(last: (u32, [u8; 32]), next: &LedgerEnd) -> Result<(), LakeError> {
+    let (seq, hash) = last;
+    if next.seq != seq.wrapping_add(1) || next.previous_hash != hash {
+        let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        return Err(LakeError::BrokenChain {
+            key: "ring".into(),
+            seq: next.seq,
+            prev: seq,
+            got: hex(&next.previous_hash),
+            expected: hex(&hash),
+        });
+    }
+    Ok(())
 }

@@ -1,6 +1,6 @@
 //! The relay and SEP-54 data lakes (what Galexie writes and stellar-rpc reads): exporting every
 //! ledger the relay receives ([`export`]), serving history below the ring from a lake
-//! ([`backfill`], a library API the sessions call), and the lake's metrics. Replaying a lake as
+//! ([`backfill`], which sessions read through `session::backfill`), and the lake's metrics. Replaying a lake as
 //! a source is `source::datalake`.
 //!
 //! The lake itself (URLs, manifest, reading, writing, errors) is the `ledger-relay-lake` crate;
@@ -41,6 +41,12 @@ pub struct LakeMetrics {
     pub export_gaps_total: AtomicU64,
     /// Upload attempts that failed and were retried.
     pub export_retries_total: AtomicU64,
+    /// Ledgers read from the backfill lake for sessions (resends included).
+    pub backfill_ledgers_total: AtomicU64,
+    /// Sessions holding a backfill reader slot now.
+    pub backfill_sessions: AtomicU64,
+    /// Loads that found every backfill reader slot taken (the session asks again shortly).
+    pub backfill_busy_total: AtomicU64,
 }
 
 impl LakeMetrics {
@@ -114,6 +120,24 @@ impl LakeMetrics {
             "lake_export_retries_total",
             "Failed export uploads, retried with backoff.",
             load(&self.export_retries_total),
+        );
+        gauge(
+            out,
+            "lake_backfill_ledgers_total",
+            "Ledgers read from the backfill lake for sessions below the ring.",
+            load(&self.backfill_ledgers_total),
+        );
+        gauge(
+            out,
+            "lake_backfill_sessions",
+            "Sessions reading the backfill lake now (at most --backfill-sessions).",
+            load(&self.backfill_sessions),
+        );
+        gauge(
+            out,
+            "lake_backfill_busy_total",
+            "Backfill loads that waited for a reader slot.",
+            load(&self.backfill_busy_total),
         );
         let lakes = [
             ("export", &self.export),

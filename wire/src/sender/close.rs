@@ -82,6 +82,10 @@ pub enum CloseReason {
         oldest: u32,
         /// Newest ledger held now (0: none).
         newest: u32,
+        /// The oldest and newest ledger of the relay's backfill lake (`--backfill`), when it
+        /// has one and the lake holds any: `oldest` and `newest` are then the ring's, and the
+        /// `Error` frame's bounds take the lake in.
+        lake: Option<(u32, u32)>,
     },
     /// The source cut off ledger `seq` after this session was given some of its chunks.
     SourceReset {
@@ -140,6 +144,23 @@ impl fmt::Display for CloseReason {
                 seq,
                 oldest,
                 newest,
+                lake: Some((lo, hi)),
+            } => {
+                write!(
+                    f,
+                    "ledger {seq} is not held: the backfill lake holds {lo} to {hi}, "
+                )?;
+                if *oldest == 0 {
+                    f.write_str("the ring none")
+                } else {
+                    write!(f, "the ring {oldest} to {newest}")
+                }
+            }
+            CloseReason::BelowRetention {
+                seq,
+                oldest,
+                newest,
+                lake: None,
             } => {
                 if *oldest == 0 && *newest == 0 {
                     write!(f, "ledger {seq} is not held; the relay holds no ledger")
@@ -195,9 +216,26 @@ impl CloseReason {
 
     /// The `Error` frame the relay sends for this reason: the code, the retention bounds for
     /// `BelowRetention` (0 otherwise) and the message. `None` when there is no one to tell.
+    ///
+    /// With a backfill lake the bounds are what the relay can serve at all: the lake's oldest
+    /// ledger (where a subscriber may start again) unless the ring's is older, and the newer
+    /// of the two newest; the message names both ranges.
     pub fn error_frame(&self) -> Option<ErrorFrame> {
         let code = self.code()?;
         let (oldest, newest) = match self {
+            CloseReason::BelowRetention {
+                oldest,
+                newest,
+                lake: Some((lo, hi)),
+                ..
+            } => (
+                if *oldest == 0 {
+                    *lo
+                } else {
+                    (*lo).min(*oldest)
+                },
+                (*hi).max(*newest),
+            ),
             CloseReason::BelowRetention { oldest, newest, .. } => (*oldest, *newest),
             _ => (0, 0),
         };
@@ -228,9 +266,20 @@ mod tests {
                     seq: 5,
                     oldest: 10,
                     newest: 20,
+                    lake: None,
                 },
                 Some(ErrorCode::BelowRetention),
                 "ledger 5 is not held (oldest 10, newest 20)",
+            ),
+            (
+                CloseReason::BelowRetention {
+                    seq: 5,
+                    oldest: 300,
+                    newest: 320,
+                    lake: Some((10, 200)),
+                },
+                Some(ErrorCode::BelowRetention),
+                "ledger 5 is not held: the backfill lake holds 10 to 200, the ring 300 to 320",
             ),
             (
                 CloseReason::SourceReset { seq: 9 },
@@ -289,10 +338,27 @@ mod tests {
             seq: 1,
             oldest: 2,
             newest: 3,
+            lake: None,
         }
         .error_frame()
         .unwrap();
         assert_eq!((f.oldest, f.newest), (2, 3));
+        // With a lake: from the lake's oldest to the newest of either.
+        let below = |oldest, newest, lake| {
+            let f = CloseReason::BelowRetention {
+                seq: 1,
+                oldest,
+                newest,
+                lake: Some(lake),
+            }
+            .error_frame()
+            .unwrap();
+            (f.oldest, f.newest)
+        };
+        assert_eq!(below(300, 320, (10, 200)), (10, 320));
+        assert_eq!(below(0, 0, (10, 200)), (10, 200));
+        assert_eq!(below(0, 320, (10, 200)), (10, 320));
+        assert_eq!(below(5, 320, (10, 400)), (5, 400));
         let f = CloseReason::Internal { detail: "x".into() }
             .error_frame()
             .unwrap();

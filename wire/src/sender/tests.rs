@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 use super::*;
 use crate::compress::Codec;
-use crate::frame::ChunkHeader;
+use crate::frame::{ChunkHeader, ErrorCode};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -292,32 +292,79 @@ fn other_frames_on_the_control_stream_are_violations() {
     );
 }
 
-#[test]
-fn a_ledger_no_longer_held_ends_the_session_after_the_rest_is_acknowledged() {
+/// Ledger 1 loaded and sent, ledger 2's load answered with `result`: what the sender does
+/// before ledger 1 is acknowledged (it must wait), and once it is.
+fn second_load_fails(result: LoadResult) -> (Vec<Event>, Vec<Event>) {
     let mut s = sender(1, 1);
     s.handle_timeout(Duration::ZERO);
     events(&mut s);
     s.handle_loaded(1, LoadResult::Complete(ledger(1, 1)), MS);
     events(&mut s);
-    s.handle_loaded(
-        2,
-        LoadResult::NotHeld {
-            oldest: 5,
-            newest: 9,
-        },
-        MS,
-    );
-    assert!(events(&mut s).is_empty(), "ledger 1 is still on its way");
+    s.handle_loaded(2, result, MS);
+    let before = events(&mut s);
     let t = transmits(&mut s, MS);
     deliver(&mut s, &t, 2 * MS);
     s.handle_frame(Frame::Ack(1), 3 * MS);
+    (before, events(&mut s))
+}
+
+#[test]
+fn a_ledger_no_longer_held_ends_the_session_after_the_rest_is_acknowledged() {
+    let (before, after) = second_load_fails(LoadResult::NotHeld {
+        oldest: 5,
+        newest: 9,
+        lake: None,
+    });
+    assert!(before.is_empty(), "ledger 1 is still on its way");
     assert_eq!(
-        events(&mut s),
+        after,
         vec![Event::Close(CloseReason::BelowRetention {
             seq: 2,
             oldest: 5,
-            newest: 9
+            newest: 9,
+            lake: None,
         })]
+    );
+}
+
+#[test]
+fn a_ledger_neither_held_nor_in_the_lake_ends_with_both_ranges() {
+    let mut s = sender(1, 1);
+    s.handle_timeout(Duration::ZERO);
+    events(&mut s);
+    s.handle_loaded(
+        1,
+        LoadResult::NotHeld {
+            oldest: 300,
+            newest: 320,
+            lake: Some((10, 200)),
+        },
+        MS,
+    );
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Close(CloseReason::BelowRetention {
+            seq: 1,
+            oldest: 300,
+            newest: 320,
+            lake: Some((10, 200)),
+        })]
+    );
+}
+
+#[test]
+fn a_failed_load_ends_the_session_as_the_relay_s_failure_after_the_drain() {
+    let (before, after) = second_load_fails(LoadResult::Failed {
+        detail: "lake unreachable at k: refused".into(),
+    });
+    assert!(before.is_empty(), "ledger 1 is still on its way");
+    let [Event::Close(reason)] = after.as_slice() else {
+        panic!("{after:?}");
+    };
+    assert_eq!(reason.code(), Some(ErrorCode::Internal), "retryable");
+    assert_eq!(
+        reason.to_string(),
+        "ledger 2 cannot be read: lake unreachable at k: refused"
     );
 }
 

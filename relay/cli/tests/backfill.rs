@@ -1,0 +1,359 @@
+//! `--backfill` through sessions: a relay with a small ring (20 ledgers) fed the 320 testnet
+//! ledgers, a SEP-54 lake holding older ones (on a local directory and on the loopback S3
+//! server), and a subscriber that starts below the ring. It gets every ledger byte for byte,
+//! from the lake, then the ring, then live, with no gap and no duplicate; a start the lake
+//! lacks too gets the below-retention error with the lake's oldest ledger; a damaged or
+//! missing object ends the session with a retryable error and nothing of that ledger, and the
+//! subscription goes on once the lake is mended; sessions beyond `--backfill-sessions` wait for
+//! a reader slot, and what the prefetch holds stays within its stated bound.
+
+use std::time::Duration;
+
+use ledger_relay::lake::backfill::BackfillConfig;
+use ledger_relay_lake::testing::S3Server;
+use ledger_relay_lake::{ClientSettings, ErrorKind, PrefetchOptions, TESTNET_PASSPHRASE};
+use ledger_relay_subscriber::SubscribeError;
+use ledger_relay_wire::frame::Start;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use crate::lake::Place;
+use crate::support::{
+    assert_identical, eventually, file_source, load, take, testnet_ledgers, Collector, Running,
+    TestDir, COUNT, FIRST, LAST,
+};
+
+fn backfill_from(place: &Place) -> BackfillConfig {
+    let mut b = BackfillConfig::new(place.url.clone(), Some(TESTNET_PASSPHRASE.into()));
+    b.options = place.options();
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_below_the_ring_gets_the_lake_then_the_ring_then_live() {
+    let want = testnet_ledgers();
+    for place in Place::both("session") {
+        // The lake holds the first 200 ledgers, as Galexie (or an earlier run) wrote them, and
+        // the relay exports to it and backfills from it, as docs/operations.md suggests: the
+        // lake grows past 200 as the ring moves on, so a subscriber that backfills slower than
+        // the source (a loaded machine) still finds every ledger in the lake or the ring. The
+        // ring holds only the newest 20 of what the source has read.
+        place.fill(&want[..200], 1).await;
+        let dir = TestDir::new();
+        let mut config = dir.relay_config(&file_source());
+        config.retention = 20;
+        // 32 s of source: the subscriber backfills while it runs, and then goes live.
+        config.source_options.cadence = Duration::from_millis(100);
+        config.export = Some(crate::lake::export_to(&place));
+        config.backfill = Some(backfill_from(&place));
+        let relay = Running::start(config).await;
+        let m = relay.relay.metrics.clone();
+        eventually(60, "the ring moves past ledger 100", || {
+            load(&m.ring_oldest) > u64::from(FIRST + 80)
+        })
+        .await;
+        let sub = Collector::start(dir.sub(&relay, "rpc-1", 4, Start::Seq(FIRST)), LAST);
+        // Live: the session reads the hub's live stream while the source still runs.
+        let mut live_at = None;
+        while live_at.is_none() && load(&m.source_newest) < u64::from(LAST) {
+            let live = m
+                .sessions
+                .lock()
+                .unwrap()
+                .values()
+                .any(|s| !s.catching_up && s.acked > FIRST + 200);
+            if live {
+                live_at = Some(load(&m.source_newest));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let out = sub.finish(120).await;
+        out.assert_complete(&want);
+        assert_eq!(out.sub.status().sessions, 1, "one session, no reconnect");
+        assert!(
+            live_at.is_some_and(|at| at < u64::from(LAST)),
+            "the session went live before the source ended ({live_at:?}) on {}",
+            place.url
+        );
+        // The lake served at least what the ring had dropped when the subscriber came, the
+        // ring the ledgers after it; the reader slot was given back on leaving the lake.
+        let from_lake = load(&m.lake.backfill_ledgers_total);
+        assert!(from_lake >= 81, "{from_lake} ledgers from the lake");
+        assert!(
+            from_lake < COUNT as u64,
+            "{from_lake}: the ring and live served the rest"
+        );
+        assert!(load(&m.ring_reads_total) >= 1, "the ring served some");
+        assert_eq!(load(&m.lake.backfill_sessions), 0);
+        assert!(load(&m.lake.backfill.objects_read) >= from_lake);
+        for kind in ErrorKind::ALL {
+            assert_eq!(m.lake.backfill.errors(kind), 0, "{kind:?}");
+        }
+        // One session read the lake: the prefetch held at most the default depth of objects
+        // being fetched and the one being served, and nothing once it reached the ring.
+        assert_prefetch_within(&m, 1, PrefetchOptions::default().depth, &want);
+        relay.stop().await;
+    }
+}
+
+/// The bound the relay's backfill memory is stated with (docs/operations.md, "Memory"):
+/// `sessions x (depth + 1)` decoded objects, here one testnet ledger each (its bytes and the
+/// batch's 12-byte header, as the cursor counts them). Asserts the relay's own count of what
+/// the prefetch held reached something, stayed within the bound, and was all given back.
+fn assert_prefetch_within(
+    m: &ledger_relay::metrics::Metrics,
+    sessions: u64,
+    depth: usize,
+    lake: &[bytes::Bytes],
+) {
+    let largest = lake.iter().map(|l| 12 + l.len() as u64).max().unwrap();
+    let bound = sessions * (depth as u64 + 1) * largest;
+    let peak = load(&m.lake.backfill.prefetch_peak_bytes);
+    assert!(peak > 0, "the prefetch held nothing");
+    assert!(
+        peak <= bound,
+        "the prefetch held {peak} bytes, over {sessions} x ({depth} + 1) x {largest} = {bound}"
+    );
+    assert_eq!(load(&m.lake.backfill.prefetch_held_bytes), 0, "given back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_beyond_the_reader_slots_wait_and_the_prefetch_stays_within_its_bound() {
+    let want = testnet_ledgers();
+    let place = Place::file();
+    place.fill(&want[..300], 1).await;
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let mut config = dir.relay_config(&file_source());
+    config.retention = 20;
+    let mut backfill = backfill_from(&place);
+    backfill.sessions = 1;
+    backfill.prefetch.depth = 2;
+    config.backfill = Some(backfill);
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+    let m = relay.relay.metrics.clone();
+
+    // The first subscriber takes the only reader slot and stalls inside the lake: its window
+    // and channel (a few dozen ledgers) fill, and its session keeps its cursor.
+    let first = Collector::start(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)), LAST);
+    first.wait_for(10, 60).await;
+    let stalled = first.halt().await;
+    assert!(stalled.error.is_none(), "{:?}", stalled.error);
+    assert_eq!(load(&m.lake.backfill_sessions), 1);
+
+    // The second waits for the slot, asking again and again, and gets nothing meanwhile.
+    let second = Collector::start(dir.sub(&relay, "rpc-2", 2, Start::Seq(FIRST)), LAST);
+    eventually(60, "the second session asks for the slot", || {
+        load(&m.lake.backfill_busy_total) >= 3
+    })
+    .await;
+    assert_eq!(second.len(), 0, "nothing before it has a slot");
+    assert_eq!(load(&m.lake.backfill_sessions), 1, "one slot, one reader");
+
+    // The stalled subscriber goes away; its session ends and frees the slot, and the second
+    // gets every ledger from the lake, then the ring, byte for byte.
+    drop(stalled);
+    let out = second.finish(120).await;
+    out.assert_complete(&want);
+    eventually(10, "the slot given back", || {
+        load(&m.lake.backfill_sessions) == 0
+    })
+    .await;
+    // Never more than one reader at a time, each within (2 + 1) objects.
+    assert_prefetch_within(&m, 1, 2, &want[..300]);
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_neither_the_lake_nor_the_ring_holds_is_below_retention_with_the_lake_s_oldest() {
+    let want = testnet_ledgers();
+    let place = Place::file();
+    // The lake holds FIRST+50 ..= FIRST+199, the ring the last 20: ledgers 200..299 of the
+    // file are in neither.
+    place.fill(&want[50..200], 1).await;
+    let dir = TestDir::new();
+    let mut config = dir.relay_config(&file_source());
+    config.retention = 20;
+    config.backfill = Some(backfill_from(&place));
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+
+    // Below the lake: refused at the start, with the lake's oldest and the relay's newest.
+    match take(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST + 10)), 1, 30).await {
+        Err(SubscribeError::BelowRetention {
+            requested,
+            oldest,
+            newest,
+            ..
+        }) => assert_eq!((requested, oldest, newest), (FIRST + 10, FIRST + 50, LAST)),
+        other => panic!("{:?}", other.map(|l| l.len())),
+    }
+    // The lake's oldest is where a subscriber can start.
+    let got = take(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST + 50)), 10, 30)
+        .await
+        .unwrap();
+    assert_identical(&got, &want, FIRST + 50);
+
+    // Inside the lake but running into the gap after it: everything the lake holds, then the
+    // below-retention end for the first ledger of the gap.
+    let sub = Collector::start(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST + 190)), LAST);
+    let out = sub.finish(60).await;
+    assert_eq!(out.got.len(), 10, "FIRST+190 ..= FIRST+199");
+    assert_identical(&out.got, &want, FIRST + 190);
+    match out.error {
+        Some(SubscribeError::BelowRetention {
+            requested,
+            oldest,
+            newest,
+            ..
+        }) => assert_eq!((requested, oldest, newest), (FIRST + 200, FIRST + 50, LAST)),
+        other => panic!("{other:?}"),
+    }
+    let m = &relay.relay.metrics;
+    assert!(m.lake.backfill.errors(ErrorKind::Lacks) >= 2);
+    eventually(10, "reader slots given back", || {
+        load(&m.lake.backfill_sessions) == 0
+    })
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_or_missing_lake_object_is_a_retryable_error_and_nothing_of_it_is_served() {
+    let want = testnet_ledgers();
+    let place = Place::s3("damaged");
+    // Up to the ledger before the ring's oldest (the ring keeps the last 20).
+    place.fill(&want[..300], 1).await;
+    let lake = place.reader().await;
+    let store = place
+        .url
+        .open(&ClientSettings::default(), &place.options().store_config)
+        .unwrap();
+    let (bad, gone) = (FIRST + 30, FIRST + 60);
+    let (bad_key, gone_key) = (lake.key(bad), lake.key(gone));
+    let good = store
+        .get(&bad_key.as_str().into())
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let kept = store
+        .get(&gone_key.as_str().into())
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    store
+        .put(
+            &bad_key.as_str().into(),
+            PutPayload::from_static(b"\x28\xb5\x2f\xfd garbage"),
+        )
+        .await
+        .unwrap();
+    store.delete(&gone_key.as_str().into()).await.unwrap();
+
+    let dir = TestDir::new();
+    let mut config = dir.relay_config(&file_source());
+    config.retention = 20;
+    config.backfill = Some(backfill_from(&place));
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+    let m = relay.relay.metrics.clone();
+    let sub = Collector::start(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)), LAST);
+
+    // The damaged object: everything before it, nothing of it, and the subscriber retries;
+    // mended, the same subscription goes on by itself to the missing object, likewise.
+    for (at, key, kind, word, mended) in [
+        (bad, &bad_key, ErrorKind::Corrupt, "is corrupt", good),
+        (gone, &gone_key, ErrorKind::Missing, "is missing", kept),
+    ] {
+        let n = (at - FIRST) as usize;
+        sub.wait_for(n, 60).await;
+        eventually(60, "the session ends with the object's error", || {
+            let st = sub.status();
+            st.sessions >= 2
+                && st
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("internal") && e.contains(key.as_str()))
+        })
+        .await;
+        assert_eq!(sub.len(), n, "nothing of ledger {at}");
+        assert!(m.lake.backfill.errors(kind) >= 1);
+        assert!(sub.status().last_error.unwrap().contains(word));
+        store
+            .put(&key.as_str().into(), PutPayload::from(mended))
+            .await
+            .unwrap();
+    }
+
+    // Restored: every ledger, once, in order, byte for byte.
+    let out = sub.finish(120).await;
+    assert_eq!(out.got.len(), COUNT);
+    out.assert_complete(&want);
+    relay.stop().await;
+}
+
+/// `ledger-relay run --backfill` as a process: flags, environment and the log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_backfills_from_an_s3_lake() {
+    let want = testnet_ledgers();
+    let place = Place::s3("binary");
+    // Up to the ledger before the ring's oldest (the ring keeps the last 20).
+    place.fill(&want[..300], 1).await;
+    let server: &S3Server = place.server.as_deref().unwrap();
+    let dir = TestDir::new();
+    let url = place.url.to_string();
+    let source = file_source();
+    let relay = crate::lake::RelayProcess::start(
+        &dir,
+        server,
+        &[
+            "--source",
+            &source,
+            "--cadence",
+            "2ms",
+            "--retention",
+            "20",
+            "--network",
+            "testnet",
+            "--backfill",
+            &url,
+            "--backfill-sessions",
+            "1",
+            "--backfill-prefetch",
+            "4",
+        ],
+    )
+    .await;
+    relay
+        .wait_metric("ledger_relay_ring_newest", u64::from(LAST), 60)
+        .await;
+    let addr = relay.udp_addr().await;
+    let config = crate::support::sub_config(
+        vec![ledger_relay_subscriber::RelayAddr::new(
+            "127.0.0.1",
+            addr.port(),
+        )],
+        dir.certs.path(),
+        "rpc-1",
+        2,
+        Start::Seq(FIRST),
+    );
+    let got = take(config, COUNT, 60).await.unwrap();
+    assert_identical(&got, &want, FIRST);
+    assert!(
+        relay
+            .metric("ledger_relay_lake_backfill_ledgers_total")
+            .await
+            >= 200
+    );
+    assert!(
+        relay.log().contains("backfill lake opened"),
+        "{}",
+        relay.log()
+    );
+    relay.sigterm().await;
+}
