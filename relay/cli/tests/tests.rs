@@ -14,6 +14,7 @@ macro_rules! testdata {
 }
 
 mod cli;
+mod flood;
 mod health;
 mod lake;
 mod process;
