@@ -15,7 +15,7 @@ use ledger_relay_wire::frame::{Frame, Resend, Start};
 use tokio_util::sync::CancellationToken;
 
 use crate::process::{metric, scrape, status_kib, RelayProcess};
-use crate::support::{control, free_port, raw_connect_to, session_open, tls_client, TestDir};
+use crate::support::{control, raw_connect_to, session_open, tls_client, TestDir};
 
 /// Ledgers the source writes: all of them are in the ring before the attack starts.
 const LEDGERS: u32 = 120;
@@ -48,22 +48,7 @@ fn bound_mib(lanes: u64, window: u64) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_flood_keeps_the_relays_memory_within_its_bound() {
     let dir = TestDir::new();
-    let port = free_port();
-    let metrics_addr: SocketAddr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let source = format!("synthetic:size=1MiB,ratio=4,start=2,count={LEDGERS}");
-    let metrics_flag = metrics_addr.to_string();
-    let args = [
-        "--source",
-        &source,
-        "--cadence",
-        "5ms",
-        "--metrics",
-        &metrics_flag,
-    ];
-    let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
+    let (relay, port, metrics_addr) = RelayProcess::synthetic_mib(&dir, 2, LEDGERS).await;
     let pid = relay.child.id().expect("running").to_string();
     let last = LEDGERS + 1;
     let deadline = Instant::now() + Duration::from_secs(60);

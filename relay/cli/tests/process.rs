@@ -82,6 +82,32 @@ impl RelayProcess {
         process
     }
 
+    /// A relay on `count` synthetic ledgers of 1 MiB from `first`, as fast as a debug build on
+    /// two cores goes (about 100 ledgers/s alone), with its metrics on a free port: the relay,
+    /// its port and its metrics address.
+    pub(crate) async fn synthetic_mib(
+        dir: &TestDir,
+        first: u32,
+        count: u32,
+    ) -> (RelayProcess, u16, SocketAddr) {
+        let (port, metrics_addr) = (free_port(), {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        });
+        let source = format!("synthetic:size=1MiB,ratio=4,start={first},count={count}");
+        let metrics_flag = metrics_addr.to_string();
+        let args = [
+            "--source",
+            &source,
+            "--cadence",
+            "5ms",
+            "--metrics",
+            &metrics_flag,
+        ];
+        let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
+        (relay, port, metrics_addr)
+    }
+
     pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
@@ -280,22 +306,8 @@ async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
     // The relay runs as a process of its own too: its memory (1 MiB ledgers in its hub, ring
     // cache and send buffers) must not show in this test process, where other tests measure
     // their own growth.
-    let (port, metrics_addr) = (free_port(), {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    });
-    let source = format!("synthetic:size=1MiB,ratio=4,start={SLOW_FIRST},count={SLOW_LEDGERS}");
-    let metrics_flag = metrics_addr.to_string();
-    // As fast as a debug build on two cores goes (about 100 ledgers/s alone).
-    let args = [
-        "--source",
-        &source,
-        "--cadence",
-        "5ms",
-        "--metrics",
-        &metrics_flag,
-    ];
-    let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
+    let (relay, port, metrics_addr) =
+        RelayProcess::synthetic_mib(&dir, SLOW_FIRST, SLOW_LEDGERS).await;
     let started = Instant::now();
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
