@@ -97,6 +97,24 @@ pub struct RunArgs {
     /// Most lanes per session [default: 16].
     #[arg(long = "max-lanes")]
     pub max_lanes: Option<u8>,
+    /// Most QUIC connections from one IP address at once, counted once the address is
+    /// validated [default: 256].
+    #[arg(long = "max-connections-per-address", value_name = "N")]
+    pub max_connections_per_address: Option<usize>,
+    /// Most QUIC connections of one client identity at once [default: 256].
+    #[arg(long = "max-connections-per-identity", value_name = "N")]
+    pub max_connections_per_identity: Option<usize>,
+    /// Most sessions of one client identity at once [default: 64].
+    #[arg(long = "max-sessions-per-identity", value_name = "N")]
+    pub max_sessions_per_identity: Option<usize>,
+    /// Handshakes from addresses not validated yet beyond which a new connection attempt must
+    /// first prove its address with a QUIC Retry (one round trip more); 0: always [default: 64].
+    #[arg(long = "retry-threshold", value_name = "N")]
+    pub retry_threshold: Option<usize>,
+    /// How long a session whose start is ahead of the relay (or, for the tip, a relay that holds
+    /// no ledger yet) waits for it before it is refused with Overloaded [default: 20s].
+    #[arg(long = "start-wait", value_name = "DURATION")]
+    pub start_wait: Option<String>,
     /// Send a ledger to subscribers only once the source has written all of it, instead of
     /// streaming its chunks while the source still writes (catch-up from the ring is the same
     /// either way).
@@ -162,6 +180,11 @@ struct FileConfig {
     max_connections: Option<usize>,
     max_sessions: Option<usize>,
     max_lanes: Option<u8>,
+    max_connections_per_address: Option<usize>,
+    max_connections_per_identity: Option<usize>,
+    max_sessions_per_identity: Option<usize>,
+    retry_threshold: Option<usize>,
+    start_wait: Option<String>,
     store_and_forward: Option<bool>,
     streams_per_lane: Option<u32>,
     export: Option<String>,
@@ -225,6 +248,11 @@ pub const DEFAULT_WINDOW: u16 = 8;
 /// Items (chunks and end records) the live broadcast channel holds before a subscriber that
 /// has not read them is moved to ring reading.
 pub const LIVE_CAPACITY: usize = 512;
+
+/// How long a session whose start the relay has not reached waits for it without
+/// `--start-wait`: less than a subscriber's default wait for `SessionAccept` (30 s), so that it
+/// hears why rather than timing out.
+pub const DEFAULT_START_WAIT: Duration = Duration::from_secs(20);
 
 /// The most `--streams-per-lane` accepts: far above what helps (quinn's default is 100
 /// concurrent streams per connection), low enough to catch a typo.
@@ -443,6 +471,30 @@ impl RelayConfig {
         };
         source_options.network_passphrase = network_passphrase.clone();
         let transport = file.transport.clone().unwrap_or_default();
+        let start_wait = match pick!(start_wait) {
+            Some(w) => parse_duration(&w).context("--start-wait")?,
+            None => DEFAULT_START_WAIT,
+        };
+        let at_least_one = |flag: &str, v: Option<usize>, default: usize| match v {
+            Some(0) => bail!("--{flag} must be at least 1"),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
+        let max_connections_per_address = at_least_one(
+            "max-connections-per-address",
+            pick!(max_connections_per_address),
+            256,
+        )?;
+        let max_connections_per_identity = at_least_one(
+            "max-connections-per-identity",
+            pick!(max_connections_per_identity),
+            256,
+        )?;
+        let max_sessions_per_identity = at_least_one(
+            "max-sessions-per-identity",
+            pick!(max_sessions_per_identity),
+            64,
+        )?;
         let server = ServerConfig {
             session: SessionConfig {
                 limits,
@@ -451,11 +503,15 @@ impl RelayConfig {
                 heartbeat,
                 lane_budget: transport.send_window,
                 streams_per_lane,
-                start_wait: None,
+                start_wait: Some(start_wait),
             },
             max_connections: pick!(max_connections).unwrap_or(1024),
             max_sessions: pick!(max_sessions).unwrap_or(256),
             max_lanes: pick!(max_lanes).unwrap_or(16).clamp(1, 64),
+            max_connections_per_address,
+            max_connections_per_identity,
+            max_sessions_per_identity,
+            retry_threshold: pick!(retry_threshold).unwrap_or(64),
             handshake_timeout: Duration::from_secs(10),
             codec: pipeline.codec,
         };
@@ -628,6 +684,56 @@ mod tests {
     }
 
     #[test]
+    fn admission_flags_default_and_parse() {
+        let c = RelayConfig::from_args(base()).unwrap();
+        let s = &c.server;
+        assert_eq!(
+            (
+                s.max_connections_per_address,
+                s.max_connections_per_identity,
+                s.max_sessions_per_identity,
+                s.retry_threshold
+            ),
+            (256, 256, 64, 64)
+        );
+        assert_eq!(s.session.start_wait, Some(DEFAULT_START_WAIT));
+        let mut a = base();
+        a.max_connections_per_address = Some(8);
+        a.max_connections_per_identity = Some(16);
+        a.max_sessions_per_identity = Some(2);
+        a.retry_threshold = Some(0);
+        a.start_wait = Some("1m".into());
+        let c = RelayConfig::from_args(a).unwrap();
+        let s = &c.server;
+        assert_eq!(
+            (
+                s.max_connections_per_address,
+                s.max_connections_per_identity,
+                s.max_sessions_per_identity,
+                s.retry_threshold
+            ),
+            (8, 16, 2, 0)
+        );
+        assert_eq!(s.session.start_wait, Some(Duration::from_secs(60)));
+        for (set, want) in [
+            (
+                (|a: &mut RunArgs| a.max_sessions_per_identity = Some(0)) as fn(&mut RunArgs),
+                "--max-sessions-per-identity must be at least 1",
+            ),
+            (
+                |a| a.max_connections_per_address = Some(0),
+                "--max-connections-per-address must be at least 1",
+            ),
+            (|a| a.start_wait = Some("soon".into()), "--start-wait"),
+        ] {
+            let mut a = base();
+            set(&mut a);
+            let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+            assert!(e.starts_with(want), "{e}");
+        }
+    }
+
+    #[test]
     fn lake_flags_parse_and_are_checked() {
         let c = RelayConfig::from_args(base()).unwrap();
         assert!(c.export.is_none() && c.backfill.is_none());
@@ -726,7 +832,9 @@ mod tests {
         std::fs::write(
             &path,
             "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
-             retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\nstale_after = \"45s\"\n[transport]\nsend_window = 1000000\n",
+             retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\nstale_after = \"45s\"\n\
+             max_sessions_per_identity = 3\nretry_threshold = 5\nstart_wait = \"2s\"\n\
+             max_connections_per_address = 7\nmax_connections_per_identity = 9\n[transport]\nsend_window = 1000000\n",
         )
         .unwrap();
         let args = RunArgs {
@@ -741,6 +849,16 @@ mod tests {
         assert_eq!(c.transport.send_window, 1_000_000);
         assert_eq!(c.listen.port(), 7400);
         assert_eq!(c.stale_after, Duration::from_secs(45));
+        assert_eq!(
+            (
+                c.server.max_sessions_per_identity,
+                c.server.retry_threshold,
+                c.server.max_connections_per_address,
+                c.server.max_connections_per_identity
+            ),
+            (3, 5, 7, 9)
+        );
+        assert_eq!(c.server.session.start_wait, Some(Duration::from_secs(2)));
         std::fs::write(&path, "listen = \"127.0.0.1:7400\"\nbogus = 1\n").unwrap();
         let args = RunArgs {
             config: Some(path),

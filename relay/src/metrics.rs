@@ -87,6 +87,8 @@ counters! {
     protocol_errors_total: "Connections closed for protocol violations.",
     handshakes_failed_total: "QUIC/TLS handshakes that failed (no client certificate, another CA, expired, revoked at the handshake, or a broken handshake).",
     handshakes_timed_out_total: "QUIC/TLS handshakes not finished within the handshake timeout.",
+    handshakes_unvalidated: "Handshakes in progress from addresses not validated yet (no Retry token, handshake not done).",
+    retries_total: "Connection attempts answered with a QUIC Retry (address validation under load).",
     certificate_not_after_timestamp_seconds: "Unix time at which the certificate this relay serves expires (0: unreadable).",
     crl_next_update_timestamp_seconds: "Unix time of the next update DIR/crl.pem promises, as last read (0: no CRL, or none stated).",
 }

@@ -1,6 +1,6 @@
 //! The QUIC endpoint: accepting connections, authorizing them, opening sessions, routing lane
-//! joins, enforcing connection and session limits, and revoking live sessions when the CRL
-//! changes.
+//! joins, enforcing connection and session limits ([`crate::admission`]), and revoking live
+//! sessions when the CRL changes.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -18,10 +18,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::admission::{Admission, Caps, Decision, Slot};
 use crate::auth::{log_reload, Auth, CRL_POLL};
 use crate::metrics::Metrics;
 use crate::session::{
     resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared, CLOSE_LINGER,
+    MAX_LANE_CERTIFICATES,
 };
 
 /// Limits and parameters of the accept loop.
@@ -29,16 +31,39 @@ use crate::session::{
 pub struct ServerConfig {
     /// Per-session parameters.
     pub session: SessionConfig,
-    /// Most QUIC connections (lanes) open at once; more are refused before the handshake.
+    /// Most QUIC connections (lanes) from validated addresses open at once; more are refused
+    /// before the handshake.
     pub max_connections: usize,
     /// Most sessions open at once.
     pub max_sessions: usize,
     /// Most lanes per session.
     pub max_lanes: u8,
+    /// Most connections from one validated IP address at once.
+    pub max_connections_per_address: usize,
+    /// Most connections of one client identity at once.
+    pub max_connections_per_identity: usize,
+    /// Most sessions of one client identity at once.
+    pub max_sessions_per_identity: usize,
+    /// Handshakes from addresses not validated yet beyond which new attempts get a QUIC Retry.
+    pub retry_threshold: usize,
     /// Time allowed for the TLS handshake and for the first frame.
     pub handshake_timeout: Duration,
     /// The codec chunks are compressed with (a subscriber must accept it).
     pub codec: Codec,
+}
+
+impl ServerConfig {
+    /// The caps the accept loop enforces.
+    pub fn caps(&self) -> Caps {
+        Caps {
+            max_connections: self.max_connections,
+            max_connections_per_address: self.max_connections_per_address,
+            max_connections_per_identity: self.max_connections_per_identity,
+            max_sessions: self.max_sessions,
+            max_sessions_per_identity: self.max_sessions_per_identity,
+            retry_threshold: self.retry_threshold,
+        }
+    }
 }
 
 type Registry = Arc<Mutex<HashMap<u64, SessionHandle>>>;
@@ -48,23 +73,8 @@ struct Ctx {
     auth: Arc<Auth>,
     shared: Shared,
     registry: Registry,
+    admission: Arc<Admission>,
     shutdown: CancellationToken,
-}
-
-/// Counts a connection open for as long as it lives.
-struct ConnGuard(Arc<Metrics>);
-
-impl ConnGuard {
-    fn new(m: &Arc<Metrics>) -> ConnGuard {
-        Metrics::add(&m.connections_open, 1);
-        ConnGuard(m.clone())
-    }
-}
-
-impl Drop for ConnGuard {
-    fn drop(&mut self) {
-        self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Accepts connections on `endpoint` until `shutdown`, then ends every session with
@@ -76,9 +86,11 @@ pub async fn serve(
     cfg: ServerConfig,
     shutdown: CancellationToken,
 ) {
+    let admission = Admission::new(cfg.caps(), shared.metrics.clone());
     let ctx = Arc::new(Ctx {
         cfg,
         auth,
+        admission,
         shared,
         registry: Arc::new(Mutex::new(HashMap::new())),
         shutdown: shutdown.clone(),
@@ -92,19 +104,28 @@ pub async fn serve(
             },
             _ = shutdown.cancelled() => break,
         };
-        let open = ctx.shared.metrics.connections_open.load(Ordering::Relaxed);
-        if open >= ctx.cfg.max_connections as u64 {
-            Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-            debug!(open, "connection limit reached: refusing");
-            incoming.refuse();
-            continue;
+        // Counted here, before the task is spawned, under one lock with the check.
+        let remote = incoming.remote_address();
+        match ctx
+            .admission
+            .incoming(remote.ip(), incoming.remote_address_validated())
+        {
+            Decision::Admit(slot) => {
+                tokio::spawn(handle(ctx.clone(), incoming, slot));
+            }
+            Decision::Retry => {
+                Metrics::add(&ctx.shared.metrics.retries_total, 1);
+                // Only unvalidated attempts are retried, and those may always be.
+                if let Err(e) = incoming.retry() {
+                    e.into_incoming().refuse();
+                }
+            }
+            Decision::Refuse(reason) => {
+                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+                debug!(%remote, %reason, "connection refused");
+                incoming.refuse();
+            }
         }
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let guard = ConnGuard::new(&ctx.shared.metrics);
-            handle(ctx, incoming).await;
-            drop(guard);
-        });
     }
     let handles: Vec<SessionHandle> = ctx
         .registry
@@ -201,7 +222,7 @@ async fn first_frame(reader: &mut FrameReader) -> Result<Frame, String> {
     }
 }
 
-async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
+async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, mut slot: Slot) {
     let timeout = ctx.cfg.handshake_timeout;
     let remote = incoming.remote_address();
     let conn = match tokio::time::timeout(timeout, incoming).await {
@@ -217,7 +238,24 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
             return;
         }
     };
+    // The handshake proved the address: it counts against the connection caps now.
+    if let Err(reason) = slot.handshake_done() {
+        Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+        debug!(%remote, %reason, "connection refused after its handshake");
+        conn.close(reason.close_code().into(), reason.to_string().as_bytes());
+        return;
+    }
     let client = ctx.auth.identify(&conn);
+    // Counted as soon as the identity is known: a connection that never opens a stream holds
+    // its place until the handshake timeout, and must hold it against its identity's cap.
+    if let Ok(c) = &client {
+        if let Err(reason) = slot.identify(&c.name) {
+            Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+            info!(%remote, client = %c.name, %reason, "connection refused");
+            conn.close(reason.close_code().into(), reason.to_string().as_bytes());
+            return;
+        }
+    }
     let (mut send, mut recv) = match tokio::time::timeout(timeout, conn.accept_bi()).await {
         Ok(Ok((send, recv))) => (
             FrameWriter::new(send),
@@ -265,19 +303,6 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                 refuse(&conn, &mut send, violation(msg)).await;
                 return;
             }
-            let sessions = ctx.registry.lock().unwrap_or_else(|e| e.into_inner()).len();
-            if sessions >= ctx.cfg.max_sessions {
-                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                refuse(
-                    &conn,
-                    &mut send,
-                    CloseReason::Overloaded {
-                        detail: "session limit reached".into(),
-                    },
-                )
-                .await;
-                return;
-            }
             let mut token = [0u8; TOKEN_LEN];
             rand::thread_rng().fill_bytes(&mut token);
             let id = rand::thread_rng().next_u64();
@@ -293,10 +318,15 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                 close: Arc::new(Mutex::new(None)),
                 cancel: ctx.shutdown.child_token(),
             };
-            ctx.registry
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, handle.clone());
+            if let Err(reason) = ctx
+                .admission
+                .register_session(&ctx.registry, handle.clone())
+            {
+                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+                info!(%remote, client = %client.name, %reason, "session refused");
+                refuse(&conn, &mut send, reason).await;
+                return;
+            }
             // The CRL may have changed since `identify`, and the watcher may have scanned the
             // registry before this session was in it: check again now that it is.
             if ctx.auth.is_revoked(&client.serial) {
@@ -385,11 +415,18 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                 return;
             }
             if let Some(h) = handle {
+                if !h.add_lane_serial(&client.serial) {
+                    Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+                    let reason = CloseReason::Overloaded {
+                        detail: format!(
+                            "the session already holds {MAX_LANE_CERTIFICATES} other certificates"
+                        ),
+                    };
+                    info!(%remote, client = %client.name, %reason, "lane refused");
+                    refuse(&conn, &mut send, reason).await;
+                    return;
+                }
                 if client.serial != h.client.serial {
-                    h.lane_serials
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(client.serial.clone());
                     // As at session open: the CRL watcher may have scanned the session before
                     // this serial was on it.
                     if ctx.auth.is_revoked(&client.serial) {

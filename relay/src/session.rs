@@ -10,10 +10,10 @@
 //!   [`CloseReason`];
 //! - it keeps the metrics.
 //!
-//! Every wait races the session's cancellation, and every control write a deadline, so a
-//! subscriber that withholds flow-control credit cannot keep a revoked or ended session open.
+//! Every wait, control writes included, races the session's cancellation, and every control
+//! write a deadline as well, so a subscriber that withholds flow-control credit can keep neither
+//! a revoked or ended session open nor a live one waiting.
 
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,8 +56,9 @@ pub struct SessionConfig {
     /// Most streams open at once per lane (`--streams-per-lane`); a stream counts from its
     /// opening until the peer has acknowledged all of it. `None`: no limit.
     pub streams_per_lane: Option<u32>,
-    /// How long a session waits for its first ledger (start above the tip) before giving up;
-    /// `None` waits until shutdown.
+    /// How long a session waits for the relay to reach its start (a start ahead of the newest
+    /// ledger held, or the tip of a relay that holds none yet) before it is refused; `None`
+    /// waits until shutdown.
     pub start_wait: Option<Duration>,
 }
 
@@ -84,7 +85,8 @@ pub struct SessionHandle {
     /// Identity of lane 0's certificate.
     pub client: ClientId,
     /// Serials of the certificates the other lanes joined with, where they differ from lane
-    /// 0's (same name, another certificate): revoking any of them ends the session.
+    /// 0's (same name, another certificate): revoking any of them ends the session. Each once,
+    /// at most [`MAX_LANE_CERTIFICATES`] ([`SessionHandle::add_lane_serial`]).
     pub lane_serials: Arc<Mutex<Vec<Vec<u8>>>>,
     /// Lanes granted.
     pub lanes: u8,
@@ -96,7 +98,30 @@ pub struct SessionHandle {
     pub cancel: CancellationToken,
 }
 
+/// Most certificates other than lane 0's that the lanes of one session may join with. Each is
+/// another certificate of the same identity (a renewal gives one), so a correct subscriber
+/// shows a handful at most; the list is bounded so that rejoining lanes cannot grow it.
+pub const MAX_LANE_CERTIFICATES: usize = 16;
+
 impl SessionHandle {
+    /// Notes the serial of the certificate a lane joins with, so that revoking it ends the
+    /// session. `false` when it is a new one and the session already holds
+    /// [`MAX_LANE_CERTIFICATES`]: the lane is refused.
+    pub fn add_lane_serial(&self, serial: &[u8]) -> bool {
+        if serial == self.client.serial.as_slice() {
+            return true;
+        }
+        let mut serials = self.lane_serials.lock().unwrap_or_else(|e| e.into_inner());
+        if serials.iter().any(|s| s.as_slice() == serial) {
+            return true;
+        }
+        if serials.len() >= MAX_LANE_CERTIFICATES {
+            return false;
+        }
+        serials.push(serial.to_vec());
+        true
+    }
+
     /// Whether lane 0's certificate or any lane's is revoked according to `revoked`.
     pub fn any_revoked(&self, revoked: impl Fn(&[u8]) -> bool) -> bool {
         revoked(&self.client.serial)
@@ -155,51 +180,69 @@ pub fn held_range(shared: &Shared) -> (u32, u32) {
     (oldest, newest)
 }
 
-/// Decides the first ledger to send for `start`, waiting for the tip if the relay holds
-/// nothing yet. `Err` says why the session cannot start: a start below the ring only when the
-/// backfill lake lacks it too.
+/// How often a session waiting for its start looks at the ring as well as the hub's tip (the
+/// ring can hold a newer ledger than the hub after a restart).
+const START_POLL: Duration = Duration::from_millis(100);
+
+/// Decides the first ledger to send for `start`. A start the relay has not reached (beyond
+/// the ledger after the newest it holds, or the tip while it holds nothing) waits for it, at
+/// most `wait`: a session must not hold its slot for a ledger that may never come. `Err` says
+/// why the session cannot start: a start below the ring only when the backfill lake lacks it
+/// too.
 pub async fn resolve_start(
     shared: &Shared,
     start: Start,
     cancel: &CancellationToken,
     wait: Option<Duration>,
 ) -> Result<u32, CloseReason> {
-    match start {
-        Start::Seq(seq) => {
-            let (oldest, newest) = held_range(shared);
-            if oldest != 0 && seq < oldest {
-                backfill::start_below(shared, seq, oldest, newest).await?;
+    let mut tip = shared.hub.watch_tip();
+    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    loop {
+        let t = *tip.borrow_and_update();
+        let (oldest, newest) = held_range(shared);
+        match start {
+            Start::Seq(seq) => {
+                if oldest != 0 && seq < oldest {
+                    // Below the ring: served from the backfill lake if it holds the start.
+                    backfill::start_below(shared, seq, oldest, newest).await?;
+                    return Ok(seq);
+                }
+                if oldest == 0 && newest != 0 && seq <= newest {
+                    // Nothing retained (no ring) but the relay has moved past the start.
+                    backfill::start_below(shared, seq, newest, newest).await?;
+                    return Ok(seq);
+                }
+                // Held, the next ledger, or the one being published: served without delay.
+                if (newest != 0 && seq <= newest.saturating_add(1))
+                    || (t.current != 0 && seq <= t.current)
+                {
+                    return Ok(seq);
+                }
             }
-            if oldest == 0 && newest != 0 && seq <= newest {
-                // Nothing retained (no ring) but the relay has moved past the start.
-                backfill::start_below(shared, seq, newest, newest).await?;
-            }
-            Ok(seq)
-        }
-        Start::Tip => {
-            let mut tip = shared.hub.watch_tip();
-            let deadline = wait.map(|w| tokio::time::Instant::now() + w);
-            loop {
-                let t = *tip.borrow_and_update();
+            Start::Tip => {
                 if t.newest != 0 {
                     return Ok(t.newest);
                 }
                 if t.current != 0 {
                     return Ok(t.current);
                 }
-                if let Some((_, newest)) = shared.ring.as_ref().and_then(|r| r.range()) {
+                if newest != 0 {
                     return Ok(newest);
                 }
-                tokio::select! {
-                    r = tip.changed() => if r.is_err() {
-                        return Err(CloseReason::ShuttingDown);
-                    },
-                    _ = cancel.cancelled() => return Err(CloseReason::ShuttingDown),
-                    _ = sleep_until_opt(deadline) => return Err(CloseReason::Overloaded {
-                        detail: "the relay has no ledger yet".into(),
-                    }),
-                }
             }
+        }
+        tokio::select! {
+            r = tip.changed() => if r.is_err() {
+                return Err(CloseReason::ShuttingDown);
+            },
+            _ = tokio::time::sleep(START_POLL) => {}
+            _ = cancel.cancelled() => return Err(CloseReason::ShuttingDown),
+            _ = sleep_until_opt(deadline) => return Err(match start {
+                Start::Seq(seq) => CloseReason::StartAhead { seq, newest },
+                Start::Tip => CloseReason::Overloaded {
+                    detail: "the relay has no ledger yet".into(),
+                },
+            }),
         }
     }
 }
@@ -361,7 +404,7 @@ impl Session {
         shared: Shared,
         handle: SessionHandle,
         conn: Connection,
-        mut send: FrameWriter,
+        send: FrameWriter,
         recv: FrameReader,
         first: u32,
         mut lanes_rx: mpsc::Receiver<LaneRequest>,
@@ -381,13 +424,7 @@ impl Session {
             max_chunk_raw: cfg.limits.max_chunk_raw,
             max_ledger_raw: cfg.limits.max_ledger_raw,
         });
-        if let Err(e) = write_bounded(&mut send, &accept, cfg.heartbeat).await {
-            return CloseReason::PeerGone {
-                detail: format!("writing session-accept: {e}"),
-            };
-        }
         let (ctl_tx, mut ctl_rx) = mpsc::channel(64);
-        tokio::spawn(read_control(recv, ctl_tx));
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
         let (loaded_tx, mut loaded_rx) = mpsc::unbounded_channel();
         let mut sender_cfg = SenderConfig::new(first, handle.lanes);
@@ -417,15 +454,41 @@ impl Session {
             shared,
             handle,
         };
-        let reason = s
-            .main(&mut ctl_rx, &mut lanes_rx, &mut done_rx, &mut loaded_rx)
-            .await;
+        let reason = match s.write_control(&accept).await {
+            Ok(()) => {
+                tokio::spawn(read_control(recv, ctl_tx));
+                s.main(&mut ctl_rx, &mut lanes_rx, &mut done_rx, &mut loaded_rx)
+                    .await
+            }
+            Err(WriteError::Cancelled) => s.cancelled_reason(),
+            Err(WriteError::Failed(e)) => CloseReason::PeerGone {
+                detail: format!("writing session-accept: {e}"),
+            },
+        };
         s.finish(&reason).await;
         reason
     }
 
     fn now(&self) -> Duration {
         self.epoch.elapsed()
+    }
+
+    /// Why the session was cancelled from outside (revocation, shutdown).
+    fn cancelled_reason(&self) -> CloseReason {
+        self.handle
+            .end_reason()
+            .unwrap_or(CloseReason::ShuttingDown)
+    }
+
+    /// Writes a frame on lane 0's control stream (see [`write_control`]).
+    async fn write_control(&mut self, frame: &Frame) -> Result<(), WriteError> {
+        write_control(
+            &mut self.control,
+            frame,
+            self.cfg.heartbeat,
+            &self.handle.cancel,
+        )
+        .await
     }
 
     async fn main(
@@ -459,7 +522,7 @@ impl Session {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
-                    let reason = self.handle.end_reason().unwrap_or(CloseReason::ShuttingDown);
+                    let reason = self.cancelled_reason();
                     self.sender.handle_close(reason);
                 }
                 ((lane, err), _, _) = lane_died => {
@@ -546,10 +609,15 @@ impl Session {
                             oldest,
                             time_ns: crate::source::now_ns(),
                         });
-                        if let Err(e) =
-                            write_bounded(&mut self.control, &hb, self.cfg.heartbeat).await
-                        {
-                            self.sender.handle_control_error(ControlError::Failed(e));
+                        match self.write_control(&hb).await {
+                            Ok(()) => {}
+                            Err(WriteError::Cancelled) => {
+                                let reason = self.cancelled_reason();
+                                self.sender.handle_close(reason);
+                            }
+                            Err(WriteError::Failed(e)) => {
+                                self.sender.handle_control_error(ControlError::Failed(e));
+                            }
                         }
                     }
                     Event::Close(reason) => return Some(reason),
@@ -622,10 +690,18 @@ impl Session {
             return;
         }
         let ack = Frame::LaneAccept(req.lane);
-        if write_bounded(&mut req.send, &ack, self.cfg.heartbeat)
-            .await
-            .is_err()
-        {
+        let written =
+            write_control(&mut req.send, &ack, self.cfg.heartbeat, &self.handle.cancel).await;
+        if let Err(e) = written {
+            let reason = match e {
+                WriteError::Cancelled => self.cancelled_reason(),
+                WriteError::Failed(detail) => CloseReason::PeerGone { detail },
+            };
+            debug!(session = self.handle.id, lane, %reason, "lane not joined");
+            // Not a lane of the session yet, so its end does not close it: the accept loop's
+            // task (and the connection's slot) would wait for the peer to close it.
+            req.conn
+                .close(reason.close_code().into(), reason.to_string().as_bytes());
             return;
         }
         if let Some(old) = self.lanes[lane].take() {
@@ -731,23 +807,36 @@ async fn recv_live(
     }
 }
 
-/// Writes a control frame, giving up after four heartbeat intervals (at least a second): a
-/// peer that withholds flow-control credit must not hold the session.
-async fn write_bounded(
+/// Why a control write did not complete.
+enum WriteError {
+    /// The session was cancelled (revocation, shutdown) meanwhile.
+    Cancelled,
+    /// The stream failed, or the peer gave no credit before the deadline.
+    Failed(String),
+}
+
+/// Writes a control frame, racing the session's cancellation and a deadline of four heartbeat
+/// intervals (at least a second): a peer that withholds flow-control credit holds neither a
+/// session that must end (revoked, shutting down) nor, past the deadline, one that goes on.
+async fn write_control(
     w: &mut FrameWriter,
     frame: &Frame,
     heartbeat: Duration,
-) -> Result<(), String> {
+    cancel: &CancellationToken,
+) -> Result<(), WriteError> {
     let limit = (heartbeat * 4).max(Duration::from_secs(1));
-    bounded(limit, w.write(frame))
-        .await
-        .and_then(|r| r.map_err(|e| format!("control stream: {e:#}")))
-}
-
-async fn bounded<T>(limit: Duration, f: impl Future<Output = T>) -> Result<T, String> {
-    tokio::time::timeout(limit, f)
-        .await
-        .map_err(|_| format!("control stream blocked for {} ms", limit.as_millis()))
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(WriteError::Cancelled),
+        r = tokio::time::timeout(limit, w.write(frame)) => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(WriteError::Failed(format!("control stream: {e:#}"))),
+            Err(_) => Err(WriteError::Failed(format!(
+                "control stream blocked for {} ms",
+                limit.as_millis()
+            ))),
+        },
+    }
 }
 
 /// Sends `unit` on its own unidirectional stream of `conn`, waits until the peer has
@@ -816,16 +905,17 @@ mod tests {
         let shared = Shared {
             hub,
             ring: Some(ring),
+            backfill: None,
             metrics: Metrics::new(),
         };
-        match load(&shared, 1).await {
+        match load_held(&shared, 1).await {
             LoadResult::Unavailable { detail } => assert!(detail.contains("queued"), "{detail}"),
             other => panic!("ledger 1 is on its way to the ring: {other:?}"),
         }
         // Once the writer has dealt with it and it is still missing, it is not held.
         shared.hub.persisted(1);
-        assert!(matches!(load(&shared, 1).await, LoadResult::NotHeld { .. }));
+        assert!(matches!(load_held(&shared, 1).await, LoadResult::NotHeld { .. }));
         // The newest ones are in memory.
-        assert!(matches!(load(&shared, 40).await, LoadResult::Complete(_)));
+        assert!(matches!(load_held(&shared, 40).await, LoadResult::Complete(_)));
     }
 }

@@ -12,8 +12,8 @@ use ledger_relay_wire::frame::{ErrorCode, Frame, Resend, Start};
 use quinn::ConnectionError;
 
 use crate::support::{
-    certs, control, eventually, raw_connect, relay_config, session_open, sub_config, take,
-    tls_client, within, Raw, Running,
+    certs, control, eventually, lane_join, raw_connect, relay_config, session_open, sub_config,
+    take, tls_client, tls_client_with, within, Raw, Running,
 };
 
 /// An endless source of small valid ledgers.
@@ -349,5 +349,85 @@ async fn a_resend_flood_reads_the_ring_at_the_rate_limit_only() {
         "{reads} ring reads for {frames} resends in {secs:.2} s (allowed {allowed:.0})"
     );
     assert!(raw.conn.close_reason().is_none(), "the session goes on");
+    relay.stop().await;
+}
+
+/// Transport settings of a peer that gives the relay `bytes` of credit on its control stream
+/// and no more (it never reads).
+fn credit(bytes: u64) -> ledger_relay_transport::TransportSettings {
+    ledger_relay_transport::TransportSettings {
+        stream_receive_window: bytes,
+        receive_window: bytes,
+        ..Default::default()
+    }
+}
+
+/// Issue "hardening", item 9: a subscriber that withholds flow-control credit on a control
+/// stream, so that the relay cannot finish writing its `SessionAccept` (session A) or a lane's
+/// `LaneAccept` (session B), is still ended at once when its certificate is revoked, with the
+/// code `Revoked`. Every control write races the session's cancellation as well as its deadline
+/// (four heartbeats: 12 s here). Before, both sessions ran on until the deadline, A ending
+/// without a code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_peer_that_withholds_control_credit_is_ended_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = relay(dir.path(), |c| {
+        c.server.session.heartbeat = Duration::from_secs(3);
+    })
+    .await;
+    relay.wait_for(3).await;
+    let certs = dir.path().join("certs");
+    // A: 16 bytes of credit, less than a SessionAccept.
+    let a = raw_connect(&relay, tls_client_with(&certs, "rpc-1", &credit(16))).await;
+    let mut aio = control(&a.conn).await;
+    aio.writer
+        .write(&session_open(Start::Tip, 1))
+        .await
+        .unwrap();
+    // B: lane 0 reads its control stream; lane 1 gives 4 bytes, less than a LaneAccept.
+    let b = raw_connect(&relay, tls_client(&certs, "rpc-1")).await;
+    let mut bio = control(&b.conn).await;
+    bio.writer
+        .write(&session_open(Start::Tip, 2))
+        .await
+        .unwrap();
+    let accept = match within(5, "session accept", bio.reader.next()).await {
+        Ok(Some(Frame::SessionAccept(a))) => a,
+        other => panic!("expected SessionAccept, got {other:?}"),
+    };
+    let b1 = raw_connect(&relay, tls_client_with(&certs, "rpc-1", &credit(4))).await;
+    let mut b1io = control(&b1.conn).await;
+    b1io.writer
+        .write(&lane_join(accept.session_id, accept.token, 1))
+        .await
+        .unwrap();
+    // Both writes are blocked now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(a.conn.close_reason().is_none() && b.conn.close_reason().is_none());
+    let revoked = std::time::Instant::now();
+    ledger_relay_certs::CertDir::open(&certs)
+        .unwrap()
+        .revoke("rpc-1")
+        .unwrap();
+    for (what, conn) in [
+        ("session A (SessionAccept blocked)", &a.conn),
+        ("session B (LaneAccept blocked)", &b.conn),
+    ] {
+        let closed = within(20, what, conn.closed()).await;
+        let took = revoked.elapsed();
+        let code = match &closed {
+            ConnectionError::ApplicationClosed(c) => {
+                ErrorCode::from_close_code(c.error_code.into_inner())
+            }
+            _ => None,
+        };
+        assert_eq!(code, Some(ErrorCode::Revoked), "{what}: {closed:?}");
+        // The CRL is polled every 250 ms; the Error frame may wait 500 ms for credit.
+        assert!(
+            took < Duration::from_secs(4),
+            "{what} ended {took:?} after the revocation"
+        );
+    }
+    drop(b1);
     relay.stop().await;
 }

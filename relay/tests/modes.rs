@@ -155,7 +155,14 @@ async fn raw_session(
     if lose {
         settings.stream_receive_window = 16 << 10;
     }
-    let tls = client_config(&creds.ca, creds.cert_chain, creds.key, &settings).unwrap();
+    let tls = client_config(
+        &creds.ca,
+        &creds.crls,
+        creds.cert_chain,
+        creds.key,
+        &settings,
+    )
+    .unwrap();
     // Each lane from its own socket, as the subscriber does; the endpoints live as long as this.
     let mut lane_conns = Vec::new();
     for _ in 0..lanes {

@@ -280,17 +280,29 @@ pub struct Raw {
 
 /// The subscriber's own TLS client configuration for certificate `name` of `dir`.
 pub fn tls_client(dir: &Path, name: &str) -> quinn::ClientConfig {
+    tls_client_with(dir, name, &TransportSettings::default())
+}
+
+/// [`tls_client`] with other transport settings (a hostile peer's flow-control windows).
+pub fn tls_client_with(
+    dir: &Path,
+    name: &str,
+    settings: &TransportSettings,
+) -> quinn::ClientConfig {
     let c = Credentials::from_cert_dir(dir, name).unwrap();
-    client_config(&c.ca, c.cert_chain, c.key, &TransportSettings::default()).unwrap()
+    client_config(&c.ca, &c.crls, c.cert_chain, c.key, settings).unwrap()
 }
 
 pub async fn raw_connect(relay: &Running, config: quinn::ClientConfig) -> Raw {
+    raw_connect_to(relay.relay.addr, config).await
+}
+
+/// [`raw_connect`] to a relay at `addr` (one running as a process of its own).
+pub async fn raw_connect_to(addr: SocketAddr, config: quinn::ClientConfig) -> Raw {
     let settings = TransportSettings::default();
     let socket = udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
     let endpoint = endpoint(socket, None, &settings).unwrap();
-    let connecting = endpoint
-        .connect_with(config, relay.relay.addr, "127.0.0.1")
-        .unwrap();
+    let connecting = endpoint.connect_with(config, addr, "127.0.0.1").unwrap();
     let conn = within(5, "handshake", connecting)
         .await
         .expect("handshake completes");

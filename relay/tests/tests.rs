@@ -8,6 +8,7 @@ macro_rules! testdata {
     };
 }
 
+mod admission;
 mod auth;
 mod e2e;
 mod faults;

@@ -86,6 +86,7 @@ pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> 
     let creds = &config.credentials;
     let client = transport::client_config(
         &creds.ca,
+        &creds.crls,
         creds.cert_chain.clone(),
         creds.key.clone_key(),
         &config.transport,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ledger_relay_wire::frame::Start;
 use ledger_relay_wire::{Codec, Limits};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
 
 use crate::backoff::BackoffConfig;
 use crate::error::SubscribeError;
@@ -235,6 +235,9 @@ impl FromStr for Anchor {
 pub struct Credentials {
     /// CA certificates the relay's certificate must chain to.
     pub ca: Vec<CertificateDer<'static>>,
+    /// Certificate revocation lists the relay's certificate is checked against (empty: none):
+    /// a relay whose certificate they revoke is refused ([`crate::AuthReason::RelayRevoked`]).
+    pub crls: Vec<CertificateRevocationListDer<'static>>,
     /// Our certificate chain, leaf first.
     pub cert_chain: Vec<CertificateDer<'static>>,
     /// Our private key.
@@ -242,23 +245,31 @@ pub struct Credentials {
 }
 
 impl Credentials {
-    /// Loads the CA certificates, our certificate chain and our key from PEM files.
+    /// Loads the CA certificates, our certificate chain and our key from PEM files (no CRL).
     pub fn load(ca: &Path, cert: &Path, key: &Path) -> Result<Credentials, SubscribeError> {
         Ok(Credentials {
             ca: ledger_relay_certs::load_certs(ca)?,
+            crls: Vec::new(),
             cert_chain: ledger_relay_certs::load_certs(cert)?,
             key: ledger_relay_certs::load_key(key)?,
         })
     }
 
-    /// Loads `DIR/ca.pem`, `DIR/NAME.pem` and `DIR/NAME.key` (the layout `ledger-certs`
-    /// writes).
+    /// Loads `DIR/ca.pem`, `DIR/NAME.pem`, `DIR/NAME.key` and, when present, `DIR/crl.pem`
+    /// (the layout `ledger-certs` writes). A `crl.pem` that is there but cannot be read or is
+    /// not a PEM CRL is an error, not "no revocations".
     pub fn from_cert_dir(dir: &Path, name: &str) -> Result<Credentials, SubscribeError> {
-        Credentials::load(
+        let mut c = Credentials::load(
             &dir.join("ca.pem"),
             &dir.join(format!("{name}.pem")),
             &dir.join(format!("{name}.key")),
-        )
+        )?;
+        let crl = dir.join("crl.pem");
+        match std::fs::symlink_metadata(&crl) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            _ => c.crls = ledger_relay_certs::load_crls(&crl)?,
+        }
+        Ok(c)
     }
 }
 
@@ -266,6 +277,7 @@ impl Clone for Credentials {
     fn clone(&self) -> Self {
         Credentials {
             ca: self.ca.clone(),
+            crls: self.crls.clone(),
             cert_chain: self.cert_chain.clone(),
             key: self.key.clone_key(),
         }
@@ -276,6 +288,7 @@ impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Credentials")
             .field("ca", &self.ca.len())
+            .field("crls", &self.crls.len())
             .field("cert_chain", &self.cert_chain.len())
             .field("key", &"<redacted>")
             .finish()
@@ -564,6 +577,7 @@ mod tests {
     fn credentials() -> Credentials {
         Credentials {
             ca: vec![CertificateDer::from(vec![1u8])],
+            crls: Vec::new(),
             cert_chain: vec![CertificateDer::from(vec![2u8])],
             key: PrivateKeyDer::Pkcs8(vec![3u8].into()),
         }

@@ -43,6 +43,9 @@ pub enum AuthReason {
     /// We rejected the relay's certificate: not issued by our CA, expired, or not valid for
     /// the server name.
     RelayCertificate,
+    /// We rejected the relay's certificate because our `crl.pem` revokes it (its key may be in
+    /// other hands).
+    RelayRevoked,
 }
 
 impl std::fmt::Display for AuthReason {
@@ -56,6 +59,7 @@ impl std::fmt::Display for AuthReason {
                 write!(f, "the relay rejected our certificate (tls alert {alert})")
             }
             AuthReason::RelayCertificate => f.write_str("the relay's certificate is not trusted"),
+            AuthReason::RelayRevoked => f.write_str("the relay's certificate is revoked"),
         }
     }
 }
@@ -399,9 +403,8 @@ mod alert {
 /// The TLS alert in a QUIC transport error code, if it is a crypto error.
 fn tls_alert(code: quinn::TransportErrorCode) -> Option<u8> {
     let code = u64::from(code);
-    (0x100..0x200)
-        .contains(&code)
-        .then_some((code - 0x100) as u8)
+    // Lazily: `code - 0x100` underflows for the other codes (a refused connection is 0x2).
+    (0x100..0x200).contains(&code).then(|| (code - 0x100) as u8)
 }
 
 /// The authorization reason a certificate-related TLS alert from the relay means, if it is one.
@@ -443,9 +446,14 @@ pub(crate) fn classify_connection(
         C::TransportError(t) => {
             if let Some(a) = tls_alert(t.code) {
                 if reason_for_alert(a).is_some() {
+                    let reason = if a == alert::CERTIFICATE_REVOKED {
+                        AuthReason::RelayRevoked
+                    } else {
+                        AuthReason::RelayCertificate
+                    };
                     return SubscribeError::Unauthorized {
                         relay: name.to_owned(),
-                        reason: AuthReason::RelayCertificate,
+                        reason,
                         detail: t.to_string(),
                     }
                     .into();

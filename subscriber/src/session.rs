@@ -473,11 +473,14 @@ impl Session<'_> {
         })
     }
 
+    /// Writes an `Ack` or a `Resend` on lane 0's control stream, within the heartbeat timeout:
+    /// the session loop waits here, so a relay that stops reading its control stream would
+    /// otherwise hold it where no watchdog can fire.
     async fn write_control(&mut self, frame: &Frame) -> Step {
-        match self.writer.write(frame).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(Exit::failure(self.peer.classify_io(e))),
-        }
+        self.peer
+            .write(&mut self.writer, frame, self.heartbeat_timeout)
+            .await
+            .map_err(Exit::failure)
     }
 
     /// Hands the oldest pending ledger to the consumer's channel and acknowledges it.

@@ -138,3 +138,19 @@ async fn the_server_name_defaults_to_the_relay_host() {
         Err(_) => eprintln!("skipped: localhost does not resolve to 127.0.0.1 first here"),
     }
 }
+
+/// Issue "hardening", item 8: the subscriber checks the relay's certificate against `crl.pem`
+/// of its certificate directory: a revoked relay certificate (a stolen relay key) is refused
+/// at once, with its own reason, and not retried. Before, the subscriber read no CRL and
+/// streamed from the revoked relay.
+#[tokio::test]
+async fn a_revoked_relay_certificate_is_refused() {
+    let pki = Pki::new();
+    CertDir::open(pki.path()).unwrap().revoke("relay").unwrap();
+    let relay = FakeRelay::start(Plan::new(testnet_ledgers(2)), pki.path(), pki.path());
+    let config = subscriber_config(&[relay.addr], &pki, Start::Seq(FIRST_SEQ), 1);
+    assert_eq!(
+        expect_unauthorized(config, &relay).await,
+        AuthReason::RelayRevoked
+    );
+}

@@ -407,3 +407,24 @@ async fn large_incompressible_ledgers_cross_four_lanes() {
     assert_eq!(record.joins.len(), 3);
     eprintln!("4 x 6 MiB over 4 lanes in {:?}", started.elapsed());
 }
+
+/// Issue "hardening", item 10: a relay that stops reading its control stream (it gives 64 bytes
+/// of credit, then our acks pile up in flow control) is given up after the heartbeat timeout,
+/// like a silent one, and the subscription goes on from the next relay with no gap. Before,
+/// the session loop waited in its write of an `Ack` forever: no watchdog could fire.
+#[tokio::test]
+async fn a_relay_that_stops_reading_our_acks_is_left_for_the_next_one() {
+    let pki = Pki::new();
+    let ledgers = testnet_ledgers(40);
+    let mut plan = Plan::new(ledgers.clone());
+    plan.deaf = true;
+    plan.control_credit = Some(64);
+    let deaf = FakeRelay::start(plan, pki.path(), pki.path());
+    let good = FakeRelay::start(Plan::new(ledgers.clone()), pki.path(), pki.path());
+    let config = subscriber_config(&[deaf.addr, good.addr], &pki, Start::Seq(FIRST_SEQ), 1);
+    let mut sub = connect(config).unwrap();
+    let got = within(30, take(&mut sub, 40)).await;
+    assert_identical(&got, &ledgers);
+    assert!(got.iter().any(|l| l.relay == good.addr), "failed over");
+    assert!(deaf.record().acked == 0, "the deaf relay read nothing");
+}

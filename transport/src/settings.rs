@@ -126,7 +126,10 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
         .initial_mtu(s.initial_mtu.max(1200))
         .mtu_discovery_config(Some(mtu_discovery(s)))
         .enable_segmentation_offload(s.gso)
-        .send_fairness(s.fair_streams);
+        .send_fairness(s.fair_streams)
+        // Neither end sends QUIC datagrams: offering no buffer for them means a peer may not
+        // send any (quinn closes a connection that does), rather than filling one nothing reads.
+        .datagram_receive_buffer_size(None);
     if s.ack_eliciting_threshold > 0 {
         let mut ack = quinn::AckFrequencyConfig::default();
         ack.ack_eliciting_threshold(VarInt::from_u32(s.ack_eliciting_threshold));

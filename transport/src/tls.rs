@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::danger::ClientCertVerifier;
 
 use crate::settings::{server_transport_config, transport_config, TransportSettings};
@@ -33,6 +34,9 @@ pub enum TlsConfigError {
         #[source]
         source: rustls::Error,
     },
+    /// A certificate revocation list could not be used (it does not parse as a CRL).
+    #[error("unusable certificate revocation list")]
+    Crl(#[from] rustls::client::VerifierBuilderError),
     /// rustls refused the configuration (for example a key that does not match the
     /// certificate, or a key type it cannot sign with).
     #[error("invalid TLS configuration")]
@@ -43,10 +47,16 @@ pub enum TlsConfigError {
 }
 
 /// The QUIC client configuration of a lane: TLS 1.3 only, trusting exactly the CA
-/// certificates `ca`, presenting `cert_chain` (leaf first) and `key` for mutual TLS, ALPN
-/// [`ledger_relay_wire::ALPN`], with the transport settings `transport`.
+/// certificates `ca`, refusing a relay certificate that `crls` revoke, presenting `cert_chain`
+/// (leaf first) and `key` for mutual TLS, ALPN [`ledger_relay_wire::ALPN`], with the transport
+/// settings `transport`.
+///
+/// Only the relay's own certificate is checked against the CRLs (the CA is the trust anchor),
+/// and a certificate no CRL speaks for is accepted: a CRL of another CA must not lock a
+/// subscriber out of every relay.
 pub fn client_config(
     ca: &[CertificateDer<'static>],
+    crls: &[CertificateRevocationListDer<'static>],
     cert_chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     transport: &TransportSettings,
@@ -60,9 +70,15 @@ pub fn client_config(
             .add(cert.clone())
             .map_err(|source| TlsConfigError::BadCa { index, source })?;
     }
-    let mut tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
+    let provider = crypto_provider();
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .with_crls(crls.iter().cloned())
+        .only_check_end_entity_revocation()
+        .allow_unknown_revocation_status()
+        .build()?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots)
+        .with_webpki_verifier(verifier)
         .with_client_auth_cert(cert_chain, key)?;
     tls.alpn_protocols = vec![ledger_relay_wire::ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;

@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
-use ledger_relay_certs::{load_certs, load_key, CertDir};
+use ledger_relay_certs::{load_certs, load_crls, load_key, CertDir};
 use ledger_relay_transport::{
     self as transport, client_config, udp_socket, TlsConfigError, TransportSettings,
 };
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
 /// A CA with a relay and a client certificate in a temporary directory.
 struct Pki {
@@ -16,6 +16,7 @@ struct Pki {
 
 struct Creds {
     ca: Vec<CertificateDer<'static>>,
+    crls: Vec<CertificateRevocationListDer<'static>>,
     cert_chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 }
@@ -34,6 +35,7 @@ impl Pki {
         let load = |f: &str| load_certs(&self.dir.join(f)).unwrap();
         Creds {
             ca: load("ca.pem"),
+            crls: load_crls(&self.dir.join("crl.pem")).unwrap(),
             cert_chain: load(&format!("{name}.pem")),
             key: load_key(&self.dir.join(Path::new(&format!("{name}.key")))).unwrap(),
         }
@@ -82,14 +84,17 @@ fn client_config_builds_from_a_certificate_directory() {
     let settings = TransportSettings::default();
     client_config(
         &creds.ca,
+        &creds.crls,
         creds.cert_chain.clone(),
         creds.key.clone_key(),
         &settings,
     )
     .unwrap();
+    assert!(!creds.crls.is_empty(), "DIR/crl.pem is loaded");
 
     assert!(matches!(
         client_config(
+            &[],
             &[],
             creds.cert_chain.clone(),
             creds.key.clone_key(),
@@ -99,7 +104,26 @@ fn client_config_builds_from_a_certificate_directory() {
     ));
     // A key that is not the certificate's.
     let relay_key = pki.credentials("relay").key;
-    assert!(client_config(&creds.ca, creds.cert_chain.clone(), relay_key, &settings).is_err());
+    assert!(client_config(
+        &creds.ca,
+        &[],
+        creds.cert_chain.clone(),
+        relay_key,
+        &settings
+    )
+    .is_err());
+    // Bytes that are no CRL.
+    let bogus = CertificateRevocationListDer::from(vec![0x30, 0x03, 1, 2, 3]);
+    assert!(matches!(
+        client_config(
+            &creds.ca,
+            &[bogus],
+            creds.cert_chain.clone(),
+            creds.key.clone_key(),
+            &settings
+        ),
+        Err(TlsConfigError::Crl(_))
+    ));
 }
 
 #[test]

@@ -270,7 +270,9 @@ fn check_config_exits_0_for_a_good_file_and_2_with_the_reason() {
     let good = config_file(
         dir.path(),
         certs.path(),
-        "source = \"synthetic\"\nmetrics = \"127.0.0.1:9100\"\nstale_after = \"45s\"\n",
+        "source = \"synthetic\"\nmetrics = \"127.0.0.1:9100\"\nstale_after = \"45s\"\n\
+         max_connections_per_address = 32\nmax_connections_per_identity = 64\n\
+         max_sessions_per_identity = 8\nretry_threshold = 16\nstart_wait = \"10s\"\n",
     );
     let out = relay_bin()
         .args(["check-config", "--config"])
@@ -303,6 +305,14 @@ fn check_config_exits_0_for_a_good_file_and_2_with_the_reason() {
         (
             "source = \"synthetic\"\nstale_after = \"0s\"\n",
             "--stale-after must be more than 0",
+        ),
+        (
+            "source = \"synthetic\"\nmax_sessions_per_identity = 0\n",
+            "--max-sessions-per-identity must be at least 1",
+        ),
+        (
+            "source = \"synthetic\"\nstart_wait = \"a while\"\n",
+            "--start-wait",
         ),
         ("source = \"tcp:nowhere\"\n", "unknown source kind"),
         ("", "--source is required"),

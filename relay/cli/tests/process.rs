@@ -27,15 +27,15 @@ use crate::support::{
 };
 
 /// A relay run as the real `ledger-relay` binary, killed with SIGKILL when dropped.
-struct RelayProcess {
-    child: tokio::process::Child,
+pub(crate) struct RelayProcess {
+    pub(crate) child: tokio::process::Child,
     log: Arc<Mutex<Vec<String>>>,
 }
 
 impl RelayProcess {
     /// `ledger-relay run` listening on `port` with `args` (the source and its pacing) and 50 ms
     /// heartbeats; returns once it logs that it listens.
-    async fn start(certs: &Path, data: &Path, port: u16, args: &[&str]) -> RelayProcess {
+    pub(crate) async fn start(certs: &Path, data: &Path, port: u16, args: &[&str]) -> RelayProcess {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ledger-relay"))
             .arg("run")
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -82,7 +82,33 @@ impl RelayProcess {
         process
     }
 
-    fn log(&self) -> String {
+    /// A relay on `count` synthetic ledgers of 1 MiB from `first`, as fast as a debug build on
+    /// two cores goes (about 100 ledgers/s alone), with its metrics on a free port: the relay,
+    /// its port and its metrics address.
+    pub(crate) async fn synthetic_mib(
+        dir: &TestDir,
+        first: u32,
+        count: u32,
+    ) -> (RelayProcess, u16, SocketAddr) {
+        let (port, metrics_addr) = (free_port(), {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        });
+        let source = format!("synthetic:size=1MiB,ratio=4,start={first},count={count}");
+        let metrics_flag = metrics_addr.to_string();
+        let args = [
+            "--source",
+            &source,
+            "--cadence",
+            "5ms",
+            "--metrics",
+            &metrics_flag,
+        ];
+        let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
+        (relay, port, metrics_addr)
+    }
+
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
 
@@ -144,19 +170,22 @@ const SLOW_RSS_BOUND_MIB: u64 = 100;
 
 /// A field of /proc/self/status in KiB (`VmRSS`: resident now; `VmHWM`: the peak).
 fn vm_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .strip_prefix(':')?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+    status_kib("self", field).unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// A field of `/proc/PID/status` in KiB (`PID` a number or `self`); `None` once the process
+/// is gone.
+pub(crate) fn status_kib(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix(field)?
+            .strip_prefix(':')?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// The next ledger; any error, end or 30 s without one fails the child.
@@ -251,7 +280,7 @@ fn field(line: &str, key: &str) -> u64 {
 }
 
 /// The relay's metrics: `/metrics` from a relay process, as (name with labels, value).
-async fn scrape(addr: SocketAddr) -> Vec<(String, u64)> {
+pub(crate) async fn scrape(addr: SocketAddr) -> Vec<(String, u64)> {
     let text = http_get(addr, "/metrics").await;
     text.lines()
         .filter(|l| l.starts_with("ledger_relay_"))
@@ -263,7 +292,7 @@ async fn scrape(addr: SocketAddr) -> Vec<(String, u64)> {
 }
 
 /// A metric by name (for a labelled one, the least value over its series).
-fn metric(metrics: &[(String, u64)], name: &str) -> Option<u64> {
+pub(crate) fn metric(metrics: &[(String, u64)], name: &str) -> Option<u64> {
     metrics
         .iter()
         .filter(|(n, _)| n == name || n.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
@@ -277,22 +306,8 @@ async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
     // The relay runs as a process of its own too: its memory (1 MiB ledgers in its hub, ring
     // cache and send buffers) must not show in this test process, where other tests measure
     // their own growth.
-    let (port, metrics_addr) = (free_port(), {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    });
-    let source = format!("synthetic:size=1MiB,ratio=4,start={SLOW_FIRST},count={SLOW_LEDGERS}");
-    let metrics_flag = metrics_addr.to_string();
-    // As fast as a debug build on two cores goes (about 100 ledgers/s alone).
-    let args = [
-        "--source",
-        &source,
-        "--cadence",
-        "5ms",
-        "--metrics",
-        &metrics_flag,
-    ];
-    let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
+    let (relay, port, metrics_addr) =
+        RelayProcess::synthetic_mib(&dir, SLOW_FIRST, SLOW_LEDGERS).await;
     let started = Instant::now();
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([

@@ -15,6 +15,7 @@ macro_rules! testdata {
 
 mod backfill;
 mod cli;
+mod flood;
 mod health;
 mod lake;
 mod process;

@@ -208,10 +208,9 @@ pub(super) async fn join_lane(
     let conn = peer.connect_lane(join.lane).await?;
     let joined = async {
         let mut io = peer.open_control(&conn).await?;
-        io.writer
-            .write(&Frame::LaneJoin(join.clone()))
-            .await
-            .map_err(|e| peer.classify_io(e))?;
+        let frame = Frame::LaneJoin(join.clone());
+        peer.write(&mut io.writer, &frame, peer.shared.config.accept_timeout)
+            .await?;
         match peer.answer(&mut io.reader, "LaneJoin").await? {
             Frame::LaneAccept(n) if n == join.lane => Ok(io),
             other => Err(peer.violation(format!(

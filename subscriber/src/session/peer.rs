@@ -71,6 +71,26 @@ impl Peer {
         Ok(LaneConn { endpoint, conn })
     }
 
+    /// Writes `frame` on a control stream, giving up after `limit`: a relay that stops reading
+    /// its control stream (QUIC flow control then holds our writes) is a relay that does not
+    /// answer, and the session must be free to time out and fail over.
+    pub(super) async fn write(
+        &self,
+        writer: &mut FrameWriter,
+        frame: &Frame,
+        limit: Duration,
+    ) -> Result<(), Failure> {
+        match tokio::time::timeout(limit, writer.write(frame)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.classify_io(e)),
+            Err(_) => Err(self.timeout(format!(
+                "the relay took no {} frame for {} ms (it does not read its control stream)",
+                frame.frame_type().name(),
+                limit.as_millis()
+            ))),
+        }
+    }
+
     /// Opens the lane's control stream. In TLS 1.3 a relay that rejects our certificate does so
     /// after our handshake completed: the failure shows here or on the first read.
     pub(super) async fn open_control(&self, lane: &LaneConn) -> Result<FrameIo, Failure> {
@@ -132,10 +152,8 @@ pub(super) async fn open(
             codecs: config.codec_mask(),
             window,
         });
-        io.writer
-            .write(&open)
-            .await
-            .map_err(|e| peer.classify_io(e))?;
+        peer.write(&mut io.writer, &open, config.accept_timeout)
+            .await?;
         let accept = match peer.answer(&mut io.reader, "SessionOpen").await? {
             Frame::SessionAccept(a) => a,
             other => {

@@ -49,6 +49,12 @@ pub struct Plan {
     pub tamper: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
     pub silent: bool,
+    /// Never read a session's control stream after its `SessionOpen`: acks and resends pile up
+    /// in flow control, and no more than the first window of ledgers is sent.
+    pub deaf: bool,
+    /// Flow-control credit, in bytes, the relay gives each stream and each connection of a
+    /// subscriber (what a deaf relay lets the subscriber write before its writes block).
+    pub control_credit: Option<u64>,
 }
 
 impl Plan {
@@ -67,6 +73,8 @@ impl Plan {
             drop_chunks: Vec::new(),
             tamper: None,
             silent: false,
+            deaf: false,
+            control_credit: None,
         }
     }
 }
@@ -208,7 +216,12 @@ impl FakeRelay {
             quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap(),
         ));
         let settings = TransportSettings::default();
-        server.transport_config(Arc::new(transport::transport_config(&settings)));
+        let mut server_settings = settings.clone();
+        if let Some(credit) = plan.control_credit {
+            server_settings.stream_receive_window = credit;
+            server_settings.receive_window = credit;
+        }
+        server.transport_config(Arc::new(transport::transport_config(&server_settings)));
         let socket = transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
         let endpoint = transport::endpoint(socket, Some(server), &settings).unwrap();
         let addr = endpoint.local_addr().unwrap();
@@ -374,9 +387,13 @@ async fn serve(
     let (acked_tx, mut acked_rx) = watch::channel(first_seq - 1);
     let (resend_tx, mut resend_rx) = tokio::sync::mpsc::unbounded_channel::<Resend>();
 
-    // Control: acks and resends.
+    // Control: acks and resends (a deaf relay holds the stream and reads nothing).
     let record = shared.record.clone();
+    let deaf = plan.deaf;
     let control = tokio::spawn(async move {
+        if deaf {
+            std::future::pending::<()>().await;
+        }
         while let Ok(Some(frame)) = reader.next().await {
             match frame {
                 Frame::Ack(seq) => {

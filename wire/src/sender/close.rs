@@ -109,6 +109,15 @@ pub enum CloseReason {
         /// Which limit.
         detail: String,
     },
+    /// The session asked to start at ledger `seq`, beyond the ledger after the newest the
+    /// relay holds, and the relay did not reach it within its start wait: the subscriber
+    /// tries again later, or another relay that is further along.
+    StartAhead {
+        /// The start asked for.
+        seq: u32,
+        /// The newest ledger the relay held when it gave up (0: none).
+        newest: u32,
+    },
     /// The relay is stopping.
     ShuttingDown,
     /// A stored ledger failed its verification and is not served.
@@ -180,6 +189,10 @@ impl fmt::Display for CloseReason {
             | CloseReason::Overloaded { detail }
             | CloseReason::Internal { detail }
             | CloseReason::PeerGone { detail } => f.write_str(detail),
+            CloseReason::StartAhead { seq, newest } => write!(
+                f,
+                "ledger {seq} is ahead of this relay (newest {newest}) and was not reached in time"
+            ),
             CloseReason::ShuttingDown => f.write_str("relay shutting down"),
             CloseReason::Corrupt { seq, detail } => {
                 write!(f, "stored ledger {seq} is corrupt: {detail}")
@@ -200,7 +213,10 @@ impl CloseReason {
             CloseReason::Violation(_) => ErrorCode::ProtocolViolation,
             CloseReason::Revoked { .. } => ErrorCode::Revoked,
             CloseReason::Unauthorized { .. } => ErrorCode::Unauthorized,
-            CloseReason::Overloaded { .. } => ErrorCode::Overloaded,
+            // Retryable, as a limit is: the relay may get there, another relay may be there.
+            CloseReason::Overloaded { .. } | CloseReason::StartAhead { .. } => {
+                ErrorCode::Overloaded
+            }
             CloseReason::ShuttingDown => ErrorCode::ShuttingDown,
             // A corrupt stored ledger is the relay's failure: the subscriber retries, and with
             // several relays configured, fails over.
@@ -302,6 +318,14 @@ mod tests {
                 CloseReason::ShuttingDown,
                 Some(ErrorCode::ShuttingDown),
                 "relay shutting down",
+            ),
+            (
+                CloseReason::StartAhead {
+                    seq: 900,
+                    newest: 40,
+                },
+                Some(ErrorCode::Overloaded),
+                "ledger 900 is ahead of this relay (newest 40) and was not reached in time",
             ),
             (
                 CloseReason::Corrupt {
