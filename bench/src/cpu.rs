@@ -411,7 +411,7 @@ impl Run {
     fn quinn_client(&self) -> anyhow::Result<quinn::ClientConfig> {
         let (chain, key) = self.identity("bench")?;
         let ca = load_certs(&self.certs.join("ca.pem"))?;
-        Ok(tls::client_config(&ca, chain, key, &self.transport)?)
+        Ok(tls::client_config(&ca, &[], chain, key, &self.transport)?)
     }
 
     fn identity(
