@@ -9,6 +9,7 @@ macro_rules! testdata {
 }
 
 mod auth;
+mod dashboard;
 mod e2e;
 mod faults;
 mod hostile;
