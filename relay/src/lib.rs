@@ -24,6 +24,7 @@ pub mod hub;
 pub mod lake;
 pub mod metrics;
 pub mod pipeline;
+pub mod reload;
 pub mod ring;
 pub mod server;
 pub mod session;

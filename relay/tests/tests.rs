@@ -15,6 +15,7 @@ mod faults;
 mod hostile;
 mod lanes;
 mod modes;
+mod reload;
 mod resume;
 mod ring;
 mod source;
