@@ -274,6 +274,14 @@ impl Auth {
             .map_err(tls_error)
     }
 
+    /// A rustls server config for TLS over TCP (the TCP baseline) with ALPN `alpn`: the same
+    /// certificate, client verification and CRL as the QUIC lanes, as in force now.
+    pub fn tls_config(&self, alpn: &[u8]) -> Result<rustls::ServerConfig, AuthError> {
+        let (chain, key) = self.identity();
+        ledger_relay_transport::server_tls(chain, key, self.client_verifier()?, alpn)
+            .map_err(tls_error)
+    }
+
     /// The client verifier of the CA with the CRL in force.
     fn client_verifier(
         &self,
@@ -370,10 +378,19 @@ impl Auth {
 
     /// The identity of a connected client, checked against the allow-list and the CRL in force.
     pub fn identify(&self, conn: &quinn::Connection) -> Result<ClientId, Refusal> {
-        let leaf = conn
+        let certs = conn
             .peer_identity()
             .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
-            .and_then(|certs| certs.first().cloned())
+            .map(|certs| *certs)
+            .unwrap_or_default();
+        self.identify_certs(&certs)
+    }
+
+    /// [`Auth::identify`] of the certificate chain a client presented (leaf first), for
+    /// transports other than QUIC.
+    pub fn identify_certs(&self, certs: &[CertificateDer<'_>]) -> Result<ClientId, Refusal> {
+        let leaf = certs
+            .first()
             .ok_or_else(|| Refusal::NoIdentity("no client certificate".into()))?;
         let name = ledger_relay_certs::client_identity(leaf.as_ref())
             .map_err(|e| Refusal::NoIdentity(e.to_string()))?;
@@ -506,11 +523,12 @@ pub fn log_reload(r: &Result<bool, AuthError>, metrics: &crate::metrics::Metrics
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ledger_relay_certs::CertDir;
 
-    fn auth(certs: &CertDir) -> Result<Auth, AuthError> {
+    /// An [`Auth`] of a relay certificate `relay` issued now in `certs` (also `reload`'s tests).
+    pub(crate) fn auth(certs: &CertDir) -> Result<Auth, AuthError> {
         certs
             .issue_server("relay", &["127.0.0.1".into()], 30)
             .unwrap();

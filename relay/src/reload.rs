@@ -162,28 +162,13 @@ impl Reloader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::AuthConfig;
     use ledger_relay_certs::CertDir;
-    use ledger_relay_transport::TransportSettings;
     use std::sync::atomic::Ordering;
 
     fn setup() -> (tempfile::TempDir, CertDir, Auth) {
         let dir = tempfile::tempdir().unwrap();
         let certs = CertDir::init(&dir.path().join("ca"), 365).unwrap();
-        certs
-            .issue_server("relay", &["127.0.0.1".into()], 30)
-            .unwrap();
-        let auth = Auth::load(
-            AuthConfig {
-                ca: certs.ca_path(),
-                cert: certs.cert_path("relay"),
-                key: certs.key_path("relay"),
-                crl: certs.crl_path(),
-                allow: Vec::new(),
-            },
-            TransportSettings::default(),
-        )
-        .unwrap();
+        let auth = crate::auth::tests::auth(&certs).unwrap();
         (dir, certs, auth)
     }
 
