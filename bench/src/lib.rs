@@ -23,6 +23,7 @@ pub mod lanes;
 pub mod load;
 pub mod netem;
 pub mod proc;
+pub mod remote;
 pub mod report;
 pub mod scenario;
 pub mod slow;
@@ -81,6 +82,17 @@ pub enum Helper {
     /// TLS-over-TCP flow against `ledger-relay demo`, in MB per CPU-second, measured in the same
     /// run (issue 12).
     Cpu(cpu::CpuArgs),
+    /// Against a relay on another host: a row per lane count, and with --tcp one over the
+    /// relay's TCP baseline (one TLS-over-TCP flow), in the same table, CSV, JSON and plots.
+    ///
+    /// Run the relay elsewhere with `ledger-relay run ... --tcp-baseline ADDR` (and, to compare
+    /// transports rather than codecs, `--codec none`); give this host a client certificate of
+    /// its CA. Delivery is put on one clock NTP-style over the TCP baseline: probes before and
+    /// after the rows, the one with the shortest round trip of each, offset ((t1 - t0) + (t2 -
+    /// t3)) / 2, accurate to half that round trip; the header line says what was added. Without
+    /// --tcp, delivery is left as the two clocks say. Inter-arrival, throughput (tput) and
+    /// whole-transfer goodput (xfer) use this host's clock only.
+    Remote(remote::RemoteArgs),
     /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
     #[command(hide = true)]
     HttpGet {
@@ -460,6 +472,10 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
             return lanes::main(&a);
         }
         Some(Helper::Cpu(a)) => return cpu::main(&a),
+        Some(Helper::Remote(a)) => {
+            install_signal_handler();
+            return remote::main(&a);
+        }
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);
             return Ok(());

@@ -27,7 +27,8 @@ fn opt(v: Option<f64>, prec: usize) -> String {
 fn codec(r: &Row) -> &str {
     match &r.scenario.kind {
         Kind::Relay { codec, .. } => codec,
-        Kind::Tcp => "tcp",
+        Kind::Tcp | Kind::Remote { lanes: None, .. } => "tcp",
+        Kind::Remote { .. } => "quic",
         Kind::Pipe => "pipe",
     }
 }
@@ -37,20 +38,20 @@ pub fn table(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
+        "{:<22} {:>6} {:>3} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
         "scenario", "net", "ln", "codec", "subs", "p50 ms", "p90 ms", "p99 ms", "max ms",
-        "ia ms", "gput", "tput", "ratio", "rly cpu", "sub cpu", "bound", "p99/b"
+        "ia ms", "gput", "tput", "xfer", "ratio", "rly cpu", "sub cpu", "bound", "p99/b"
     );
     for r in rows {
-        let net = if r.scenario.emulated { "emu" } else { "lo" };
+        let net = r.scenario.network();
         if let Some(e) = &r.error {
-            let _ = writeln!(s, "{:<22} {:>4} ERROR: {e}", r.scenario.name, net);
+            let _ = writeln!(s, "{:<22} {:>6} ERROR: {e}", r.scenario.name, net);
             continue;
         }
         let m = &r.summary;
         let _ = writeln!(
             s,
-            "{:<22} {:>4} {:>3} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} {:>8.1} {:>8.1} {:>6.2} {:>8} {:>8} {:>8} {:>6}",
+            "{:<22} {:>6} {:>3} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>8} {:>8} {:>8} {:>6}",
             r.scenario.name,
             net,
             r.lanes,
@@ -63,6 +64,7 @@ pub fn table(rows: &[Row]) -> String {
             m.inter_p50_ms,
             m.goodput_mib_s,
             m.throughput_mib_s,
+            m.transfer_mib_s,
             m.ratio,
             opt(r.relay_cpu_ms, 2),
             opt(r.sub_cpu_ms, 2),
@@ -77,7 +79,7 @@ pub fn table(rows: &[Row]) -> String {
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
         "scenario,network,kind,lanes,codec,payload,subscribers,ledgers,p50_ms,p90_ms,p99_ms,max_ms,\
-inter_p50_ms,inter_max_ms,goodput_mib_s,throughput_mib_s,streams_per_lane,store_and_forward,catch_up,raw_bytes,wire_bytes,ratio,relay_cpu_ms_per_ledger,\
+inter_p50_ms,inter_max_ms,goodput_mib_s,throughput_mib_s,transfer_mib_s,streams_per_lane,store_and_forward,catch_up,raw_bytes,wire_bytes,ratio,relay_cpu_ms_per_ledger,\
 sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
     );
     for r in rows {
@@ -86,12 +88,18 @@ sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
             Kind::Relay { payload, .. } => ("relay", payload.label()),
             Kind::Tcp => ("tcp", "raw".into()),
             Kind::Pipe => ("pipe", "raw".into()),
+            // What a remote relay serves is its own business: the ratio column tells.
+            Kind::Remote { .. } => ("remote", String::new()),
+        };
+        let network = match r.scenario.network() {
+            "emu" => "emulated",
+            "lo" => "loopback",
+            other => other,
         };
         let _ = writeln!(
             s,
-            "{},{},{kind},{},{},{payload},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.2},{},{},{},{:.0},{:.0},{:.3},{},{},{},{},{:.3},{}",
+            "{},{network},{kind},{},{},{payload},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.2},{:.2},{},{},{},{:.0},{:.0},{:.3},{},{},{},{},{:.3},{}",
             r.scenario.name,
-            if r.scenario.emulated { "emulated" } else { "loopback" },
             r.lanes,
             codec(r),
             r.subscribers,
@@ -104,6 +112,7 @@ sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
             m.inter_max_ms,
             m.goodput_mib_s,
             m.throughput_mib_s,
+            m.transfer_mib_s,
             mode(r).streams_per_lane.map(|n| n.to_string()).unwrap_or_default(),
             mode(r).store_and_forward,
             mode(r).catch_up,
@@ -149,7 +158,9 @@ pub fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
     let live: Vec<&Row> = ok.iter().copied().filter(|r| !mode(r).catch_up).collect();
     cdf(&live, dir, &mut written)?;
     lanes(&ok, dir, &mut written)?;
-    fanout(&ok, dir, &mut written)?;
+    if ok.iter().any(|r| r.scenario.name.starts_with("fanout")) {
+        fanout(&ok, dir, &mut written)?;
+    }
     Ok(written)
 }
 
@@ -211,11 +222,7 @@ fn cdf(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<(
             chart
                 .draw_series(LineSeries::new(pts, color))
                 .map_err(err)?
-                .label(format!(
-                    "{} ({})",
-                    r.scenario.name,
-                    if r.scenario.emulated { "emu" } else { "lo" }
-                ))
+                .label(format!("{} ({})", r.scenario.name, r.scenario.network()))
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], Palette99::pick(i))
                 });
@@ -236,6 +243,22 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
     // One series per (network, codec, payload) among single-subscriber relay rows.
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in rows {
+        if let Kind::Remote { lanes, .. } = &r.scenario.kind {
+            let y = r.summary.goodput_mib_s;
+            // One TCP flow is drawn as a level across the lane counts, for comparison.
+            let (key, pts) = match lanes {
+                Some(n) => ("remote quic live (per ledger)", vec![(f64::from(*n), y)]),
+                None => (
+                    "remote tcp, one flow (per ledger)",
+                    vec![(1.0, y), (8.0, y)],
+                ),
+            };
+            match series.iter_mut().find(|(k, _)| k == key) {
+                Some((_, v)) => v.extend(pts),
+                None => series.push((key.to_owned(), pts)),
+            }
+            continue;
+        }
         let Kind::Relay {
             codec,
             payload,
@@ -251,7 +274,7 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
         }
         let key = format!(
             "{} {} {}{}",
-            if r.scenario.emulated { "emu" } else { "lo" },
+            r.scenario.network(),
             codec,
             payload.label(),
             if m.catch_up {
@@ -435,7 +458,7 @@ pub fn targets(rows: &[Row]) -> String {
     let pipe = named(rows, "pipe").map(|r| r.wall_s);
     for r in rows
         .iter()
-        .filter(|r| !r.scenario.emulated && r.error.is_none() && r.scenario.name != "pipe")
+        .filter(|r| r.scenario.network() == "lo" && r.error.is_none() && r.scenario.name != "pipe")
     {
         if let Some(pw) = pipe.filter(|w| w.is_finite() && *w > 0.0) {
             let ratio = r.wall_s / pw;

@@ -75,6 +75,14 @@ pub enum Kind {
     Tcp,
     /// A local pipe read of ledgers of the same size.
     Pipe,
+    /// A relay running elsewhere (`ledger-bench remote`): one `ledger-subscribe` with `lanes`
+    /// lanes, or (`None`) the relay's TCP baseline, one TLS-over-TCP flow.
+    Remote {
+        /// The relay's QUIC address, or its TCP baseline's.
+        addr: String,
+        /// Lanes; `None` for the TCP baseline.
+        lanes: Option<u8>,
+    },
 }
 
 /// One row.
@@ -109,6 +117,17 @@ pub struct Settings {
     pub scale: f64,
 }
 
+impl Scenario {
+    /// The network column: `lo`, `emu` or `remote`.
+    pub fn network(&self) -> &'static str {
+        match self.kind {
+            Kind::Remote { .. } => "remote",
+            _ if self.emulated => "emu",
+            _ => "lo",
+        }
+    }
+}
+
 /// One measured row.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
@@ -137,6 +156,25 @@ pub struct Row {
     pub delivery_ms: Vec<f64>,
     /// Why the row has no numbers.
     pub error: Option<String>,
+}
+
+impl Row {
+    /// A row of `sc` with nothing measured yet.
+    pub fn empty(sc: &Scenario, lanes: u8, subscribers: u8) -> Row {
+        Row {
+            scenario: sc.clone(),
+            lanes,
+            subscribers,
+            summary: Summary::default(),
+            relay_cpu_ms: None,
+            sub_cpu_ms: None,
+            bound_ms: None,
+            p99_over_bound: None,
+            wall_s: f64::NAN,
+            delivery_ms: Vec::new(),
+            error: None,
+        }
+    }
 }
 
 /// Paths and binaries for a run.
@@ -214,25 +252,16 @@ pub fn run(env: &mut Env, s: &Settings, sc: &Scenario) -> Row {
         } => (*lanes, *subscribers),
         _ => (1, 1),
     };
-    let mut row = Row {
-        scenario: sc.clone(),
-        lanes,
-        subscribers: subs,
-        summary: Summary::default(),
-        relay_cpu_ms: None,
-        sub_cpu_ms: None,
-        bound_ms: None,
-        p99_over_bound: None,
-        wall_s: f64::NAN,
-        delivery_ms: Vec::new(),
-        error: None,
-    };
+    let mut row = Row::empty(sc, lanes, subs);
     let result = match &sc.kind {
         Kind::Relay { .. } => run_relay(env, s, sc, &mut row),
         Kind::Tcp => run_tcp(env, s, sc, &mut row),
         Kind::Pipe => {
             crate::baseline::pipe(pacing(s)).map(|r| finish(s, &mut row, &[r], s.chunk as f64))
         }
+        Kind::Remote { .. } => Err(anyhow::anyhow!(
+            "a remote row runs with `ledger-bench remote`"
+        )),
     };
     if let Err(e) = result {
         row.error = Some(format!("{e:#}"));
@@ -250,7 +279,10 @@ fn pacing(s: &Settings) -> Pacing {
     }
 }
 
-fn finish(s: &Settings, row: &mut Row, subs: &[Vec<Record>], chunk_wire: f64) {
+/// Fills `row` from each subscriber's records: the summary after warm-up, the sorted delivery
+/// samples, the wall time and, on the emulated network, the model bound (`chunk_wire`: the
+/// wire bytes of a ledger's last chunk).
+pub fn finish(s: &Settings, row: &mut Row, subs: &[Vec<Record>], chunk_wire: f64) {
     let warm = s.warmup as usize;
     row.summary = summarize(subs, warm, s.emit_ms);
     let mut d: Vec<f64> = subs

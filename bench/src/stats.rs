@@ -122,6 +122,11 @@ pub struct Summary {
     /// per subscriber, averaged over subscribers. Bounded by the source's cadence on live rows;
     /// on catch-up rows (ledgers back to back from the ring) it is the delivery path's goodput.
     pub throughput_mib_s: f64,
+    /// Whole-transfer goodput, MiB/s: the raw bytes of the ledgers after the first kept one over
+    /// the time from its arrival to the last arrival, per subscriber, averaged. One clock (the
+    /// subscriber's) only, so it needs no clock shared with the relay; like throughput it is
+    /// bounded by the source's cadence unless the path is slower.
+    pub transfer_mib_s: f64,
 }
 
 /// Summarizes `records` (each subscriber's in arrival order, concatenated), leaving out the
@@ -160,11 +165,16 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
             (median > 0.0).then(|| bytes / f64::from(1 << 20) / (median / 1e3))
         })
         .collect();
-    let throughput = if per_sub.is_empty() {
-        f64::NAN
-    } else {
-        per_sub.iter().sum::<f64>() / per_sub.len() as f64
-    };
+    let throughput = mean(&per_sub);
+    let transfer: Vec<f64> = subs
+        .iter()
+        .filter_map(|v| {
+            let after: Vec<&Record> = v.iter().skip(warmup + 1).collect();
+            let secs = after.iter().filter_map(|r| r.inter_arrival_ms).sum::<f64>() / 1e3;
+            let bytes = after.iter().map(|r| r.raw_bytes as f64).sum::<f64>();
+            (secs > 0.0).then(|| bytes / f64::from(1 << 20) / secs)
+        })
+        .collect();
     Summary {
         ledgers: kept.len(),
         p50_ms: quantile(&d, 0.5),
@@ -178,6 +188,15 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
         ratio: raw / wire.max(1.0),
         goodput_mib_s: quantile(&gp, 0.5),
         throughput_mib_s: throughput,
+        transfer_mib_s: mean(&transfer),
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
     }
 }
 
@@ -210,6 +229,17 @@ mod tests {
             "{}",
             s.throughput_mib_s
         );
+        assert!(
+            (s.transfer_mib_s - want).abs() < 1e-12,
+            "{}",
+            s.transfer_mib_s
+        );
+        // Uneven arrivals: throughput takes the median gap, transfer goodput the whole span.
+        let uneven = "2,1000,1000,1,\n3,1000,1000,1,100\n4,1000,1000,1,100\n5,1000,1000,1,400\n";
+        let s = summarize(&[parse_csv(uneven).unwrap()], 0, 0.0);
+        let mib = 1000.0 / f64::from(1 << 20);
+        assert!((s.throughput_mib_s - mib / 0.1).abs() < 1e-9);
+        assert!((s.transfer_mib_s - 3.0 * mib / 0.6).abs() < 1e-9);
         assert!(parse_csv("seq\n1,2\n").is_err());
     }
 

@@ -2,3 +2,4 @@
 
 mod emulation;
 mod reliability;
+mod remote;

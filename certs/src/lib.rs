@@ -59,7 +59,7 @@ pub use dir::{
 pub use error::CertError;
 pub use expiry::{cert_not_after, crl_next_update};
 pub use identity::{client_identity, CLIENT_URI_PREFIX};
-pub use load::{load_certs, load_crls, load_key};
+pub use load::{load_certs, load_crls, load_key, parse_certs, parse_key};
 pub use names::{validate_name, MAX_NAME_LEN};
 
 /// What a certificate is for.

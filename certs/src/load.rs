@@ -15,8 +15,18 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CertError
 
 /// The first private key (PKCS#8, SEC1 or PKCS#1) in the PEM file at `path`.
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, CertError> {
-    let bytes = fsutil::read(path)?;
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| pem_error(path, "PRIVATE KEY", e))
+    parse_key(path, &fsutil::read(path)?)
+}
+
+/// [`load_certs`] of bytes already read from `path` (named in errors): a caller that must
+/// know exactly which bytes it loaded, to notice when the file changes, reads once.
+pub fn parse_certs(path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    parse_all(path, "CERTIFICATE", bytes)
+}
+
+/// [`load_key`] of bytes already read from `path` (named in errors).
+pub fn parse_key(path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>, CertError> {
+    PrivateKeyDer::from_pem_slice(bytes).map_err(|e| pem_error(path, "PRIVATE KEY", e))
 }
 
 /// Every CRL (`BEGIN X509 CRL`) in the PEM file at `path`. Fails if there is none: a
@@ -26,8 +36,15 @@ pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static
 }
 
 fn load_all<T: PemObject>(path: &Path, label: &'static str) -> Result<Vec<T>, CertError> {
-    let bytes = fsutil::read(path)?;
-    let items = T::pem_slice_iter(&bytes)
+    parse_all(path, label, &fsutil::read(path)?)
+}
+
+fn parse_all<T: PemObject>(
+    path: &Path,
+    label: &'static str,
+    bytes: &[u8],
+) -> Result<Vec<T>, CertError> {
+    let items = T::pem_slice_iter(bytes)
         .collect::<Result<Vec<T>, _>>()
         .map_err(|e| pem_error(path, label, e))?;
     if items.is_empty() {

@@ -1,12 +1,15 @@
 //! Mutual TLS on every lane: the server certificate, client verification against the operator's
-//! CA and CRL, identities and the allow-list, and CRL reloading without a restart.
+//! CA and CRL, identities and the allow-list, and what is in force of the CRL and of the relay's
+//! own certificate and key, replaceable without a restart.
 //!
 //! rustls freezes CRLs into a verifier when it is built, and a new server config affects new
 //! connections only. So when `crl.pem` changes, [`Auth`] validates the new CRL (issued and
 //! signed by the CA), installs a new server config on the endpoint, and reports the newly
 //! revoked serials so the server can close the live sessions that use them. An unreadable or
 //! invalid CRL keeps the previous one in force; it is reported (logged and counted) once, not
-//! on every poll, until the file changes again.
+//! on every poll, until the file changes again. The relay's own certificate and key are
+//! replaced the same way ([`Auth::replace_identity`], driven by [`crate::reload`]): live
+//! connections keep the certificate they were opened with.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -54,6 +57,16 @@ pub enum AuthError {
     InvalidCrl {
         /// The CRL file.
         path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A new certificate and key of the relay cannot be served (the ones in force stay).
+    #[error("relay certificate {cert} with key {key}: {reason}")]
+    InvalidIdentity {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
         /// What is wrong.
         reason: String,
     },
@@ -114,14 +127,22 @@ enum Rejected {
     Invalid(Vec<u8>),
 }
 
+/// The relay's own certificate chain and key in force, with the file contents they came from
+/// (to notice when the files change).
+struct Identity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert_raw: Vec<u8>,
+    key_raw: Vec<u8>,
+}
+
 /// The relay's TLS state. See the module documentation.
 pub struct Auth {
     config: AuthConfig,
     transport: TransportSettings,
     roots: Arc<RootCertStore>,
     ca_ders: Vec<CertificateDer<'static>>,
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
+    identity: RwLock<Identity>,
     allow: HashSet<String>,
     crl: RwLock<CrlState>,
     /// The last rejected content of the CRL file, while it is still there.
@@ -156,14 +177,20 @@ impl Auth {
                 .add(c.clone())
                 .map_err(|e| AuthError::Tls(format!("ca certificate: {e}")))?;
         }
-        let chain = ledger_relay_certs::load_certs(&config.cert)?;
-        let key = ledger_relay_certs::load_key(&config.key)?;
+        // Read once: the bytes parsed are the bytes a later change is compared with.
+        let cert_raw = read_file(&config.cert)?;
+        let key_raw = read_file(&config.key)?;
+        let identity = Identity {
+            chain: ledger_relay_certs::parse_certs(&config.cert, &cert_raw)?,
+            key: ledger_relay_certs::parse_key(&config.key, &key_raw)?,
+            cert_raw,
+            key_raw,
+        };
         let allow = config.allow.iter().cloned().collect();
         let auth = Auth {
             roots: Arc::new(roots),
             ca_ders,
-            chain,
-            key,
+            identity: RwLock::new(identity),
             allow,
             transport,
             crl: RwLock::new(CrlState {
@@ -240,9 +267,25 @@ impl Auth {
         })
     }
 
-    /// A quinn server config with the CRL now in force.
+    /// A quinn server config with the CRL and the relay's certificate now in force.
     pub fn server_config(&self) -> Result<quinn::ServerConfig, AuthError> {
-        let provider = crypto_provider();
+        let (chain, key) = self.identity();
+        ledger_relay_transport::server_config(chain, key, self.client_verifier()?, &self.transport)
+            .map_err(tls_error)
+    }
+
+    /// A rustls server config for TLS over TCP (the TCP baseline) with ALPN `alpn`: the same
+    /// certificate, client verification and CRL as the QUIC lanes, as in force now.
+    pub fn tls_config(&self, alpn: &[u8]) -> Result<rustls::ServerConfig, AuthError> {
+        let (chain, key) = self.identity();
+        ledger_relay_transport::server_tls(chain, key, self.client_verifier()?, alpn)
+            .map_err(tls_error)
+    }
+
+    /// The client verifier of the CA with the CRL in force.
+    fn client_verifier(
+        &self,
+    ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, AuthError> {
         let crls = self
             .crl
             .read()
@@ -250,28 +293,104 @@ impl Auth {
             .ders
             .clone();
         let mut builder =
-            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider.clone());
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), crypto_provider());
         if !crls.is_empty() {
             builder = builder.with_crls(crls).only_check_end_entity_revocation();
         }
-        let verifier = builder
+        builder
             .build()
-            .map_err(|e| AuthError::Tls(format!("client verifier: {e}")))?;
-        ledger_relay_transport::server_config(
-            self.chain.clone(),
-            self.key.clone_key(),
-            verifier,
-            &self.transport,
+            .map_err(|e| AuthError::Tls(format!("client verifier: {e}")))
+    }
+
+    /// The relay's certificate chain and key in force.
+    fn identity(&self) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        let id = self.identity.read().unwrap_or_else(|e| e.into_inner());
+        (id.chain.clone(), id.key.clone_key())
+    }
+
+    /// Whether `cert` and `key` (file contents) are the certificate and key in force.
+    pub fn identity_is(&self, cert: &[u8], key: &[u8]) -> bool {
+        let id = self.identity.read().unwrap_or_else(|e| e.into_inner());
+        id.cert_raw == cert && id.key_raw == key
+    }
+
+    /// Puts a new certificate chain and key of the relay (file contents) in force for the next
+    /// server config, after checking that they can be served: both parse, the key is the
+    /// certificate's, and the certificate is issued by the CA and valid now (a pair that fails
+    /// would leave subscribers refusing the relay, while the one in force still works). Returns
+    /// the new leaf certificate.
+    pub fn replace_identity(
+        &self,
+        cert: &[u8],
+        key: &[u8],
+    ) -> Result<CertificateDer<'static>, AuthError> {
+        let invalid = |reason: String| AuthError::InvalidIdentity {
+            cert: self.config.cert.clone(),
+            key: self.config.key.clone(),
+            reason,
+        };
+        let chain = ledger_relay_certs::parse_certs(&self.config.cert, cert)
+            .map_err(|e| invalid(e.to_string()))?;
+        let private = ledger_relay_certs::parse_key(&self.config.key, key)
+            .map_err(|e| invalid(e.to_string()))?;
+        // `parse_certs` fails on a file without a certificate: there is a leaf.
+        let leaf = chain[0].clone();
+        let (_, parsed) = X509Certificate::from_der(leaf.as_ref())
+            .map_err(|e| invalid(format!("certificate: {e}")))?;
+        let issued_by_ca = self.ca_ders.iter().any(|ca| {
+            X509Certificate::from_der(ca.as_ref()).is_ok_and(|(_, ca)| {
+                ca.subject() == parsed.issuer()
+                    && parsed.verify_signature(Some(ca.public_key())).is_ok()
+            })
+        });
+        if !issued_by_ca {
+            return Err(invalid(
+                "the certificate is not issued and signed by the configured CA".into(),
+            ));
+        }
+        if !parsed.validity().is_valid() {
+            return Err(invalid(format!(
+                "the certificate is not valid now (valid {} to {})",
+                parsed.validity().not_before,
+                parsed.validity().not_after
+            )));
+        }
+        // rustls compares the key's public half with the certificate's.
+        rustls::sign::CertifiedKey::from_der(
+            chain.clone(),
+            private.clone_key(),
+            &crypto_provider(),
         )
-        .map_err(|e| AuthError::Tls(format!("relay certificate: {:#}", anyhow::Error::from(e))))
+        .map_err(|e| invalid(format!("the key does not fit the certificate: {e}")))?;
+        *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Identity {
+            chain,
+            key: private,
+            cert_raw: cert.to_vec(),
+            key_raw: key.to_vec(),
+        };
+        Ok(leaf)
+    }
+
+    /// The relay's certificate and key files.
+    pub fn identity_paths(&self) -> (&std::path::Path, &std::path::Path) {
+        (&self.config.cert, &self.config.key)
     }
 
     /// The identity of a connected client, checked against the allow-list and the CRL in force.
     pub fn identify(&self, conn: &quinn::Connection) -> Result<ClientId, Refusal> {
-        let leaf = conn
+        let certs = conn
             .peer_identity()
             .and_then(|any| any.downcast::<Vec<CertificateDer<'static>>>().ok())
-            .and_then(|certs| certs.first().cloned())
+            .map(|certs| *certs)
+            .unwrap_or_default();
+        self.identify_certs(&certs)
+    }
+
+    /// [`Auth::identify`] of the certificate chain a client presented (leaf first), for
+    /// transports other than QUIC.
+    pub fn identify_certs(&self, certs: &[CertificateDer<'_>]) -> Result<ClientId, Refusal> {
+        let leaf = certs
+            .first()
             .ok_or_else(|| Refusal::NoIdentity("no client certificate".into()))?;
         let name = ledger_relay_certs::client_identity(leaf.as_ref())
             .map_err(|e| Refusal::NoIdentity(e.to_string()))?;
@@ -373,6 +492,18 @@ impl Auth {
     }
 }
 
+fn tls_error(e: ledger_relay_transport::TlsConfigError) -> AuthError {
+    AuthError::Tls(format!("relay certificate: {:#}", anyhow::Error::from(e)))
+}
+
+fn read_file(path: &std::path::Path) -> Result<Vec<u8>, ledger_relay_certs::CertError> {
+    std::fs::read(path).map_err(|source| ledger_relay_certs::CertError::Io {
+        action: "read",
+        path: path.to_owned(),
+        source,
+    })
+}
+
 /// How often the CRL file is checked for changes: revocations take effect within this.
 pub const CRL_POLL: Duration = Duration::from_millis(250);
 
@@ -392,11 +523,12 @@ pub fn log_reload(r: &Result<bool, AuthError>, metrics: &crate::metrics::Metrics
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ledger_relay_certs::CertDir;
 
-    fn auth(certs: &CertDir) -> Result<Auth, AuthError> {
+    /// An [`Auth`] of a relay certificate `relay` issued now in `certs` (also `reload`'s tests).
+    pub(crate) fn auth(certs: &CertDir) -> Result<Auth, AuthError> {
         certs
             .issue_server("relay", &["127.0.0.1".into()], 30)
             .unwrap();

@@ -1,8 +1,8 @@
 //! When the relay's certificate and its CRL run out, as metrics, so that an alert fires weeks
 //! before a peer starts refusing them.
 //!
-//! It reads dates only, from the files: the certificate once at start (the relay serves the
-//! one it loaded until it restarts), `crl.pem` every [`CRL_POLL`]. It verifies nothing and
+//! It reads dates only: the certificate's from the file at start and from each certificate
+//! [`crate::reload`] puts in force, `crl.pem`'s every [`CRL_POLL`]. It verifies nothing and
 //! decides nothing: `auth` loads, checks and reloads what is in force.
 
 use std::path::{Path, PathBuf};
@@ -23,6 +23,16 @@ pub fn record_certificate(cert: &Path, metrics: &Metrics) {
         .ok()
         .and_then(|certs| certs.first().cloned())
         .and_then(|leaf| ledger_relay_certs::cert_not_after(&leaf).ok());
+    Metrics::set(
+        &metrics.certificate_not_after_timestamp_seconds,
+        not_after.map_or(0, unix_secs),
+    );
+}
+
+/// Sets `certificate_not_after_timestamp_seconds` from `leaf`, the certificate now in force
+/// (0 if its date cannot be read).
+pub fn record_leaf(leaf: &[u8], metrics: &Metrics) {
+    let not_after = ledger_relay_certs::cert_not_after(leaf).ok();
     Metrics::set(
         &metrics.certificate_not_after_timestamp_seconds,
         not_after.map_or(0, unix_secs),

@@ -151,6 +151,10 @@ pub struct RunArgs {
     /// from --network pubnet, testnet or futurenet].
     #[arg(long = "network-passphrase", value_name = "PASSPHRASE")]
     pub network_passphrase: Option<String>,
+    /// Also serve the ledgers over one TLS-over-TCP flow on this TCP address, for benchmarks
+    /// that compare one flow with the lanes (`ledger-bench remote --tcp`).
+    #[arg(long = "tcp-baseline", value_name = "ADDR")]
+    pub tcp_baseline: Option<SocketAddr>,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -195,6 +199,7 @@ struct FileConfig {
     backfill_sessions: Option<usize>,
     backfill_prefetch: Option<usize>,
     network_passphrase: Option<String>,
+    tcp_baseline: Option<SocketAddr>,
     transport: Option<TransportSettings>,
 }
 
@@ -240,6 +245,8 @@ pub struct RelayConfig {
     pub export: Option<ExportConfig>,
     /// `--backfill`: the data lake history below the ring is served from.
     pub backfill: Option<BackfillConfig>,
+    /// `--tcp-baseline`: the TCP address of the one-flow baseline ([`crate::tcp_baseline`]).
+    pub tcp_baseline: Option<SocketAddr>,
 }
 
 /// Ledgers in flight per subscriber without `--window`.
@@ -535,6 +542,7 @@ impl RelayConfig {
             network_passphrase,
             export,
             backfill,
+            tcp_baseline: pick!(tcp_baseline),
         })
     }
 }

@@ -25,10 +25,12 @@ pub mod hub;
 pub mod lake;
 pub mod metrics;
 pub mod pipeline;
+pub mod reload;
 pub mod ring;
 pub mod server;
 pub mod session;
 pub mod source;
+pub mod tcp_baseline;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,6 +56,8 @@ pub struct Relay {
     pub addr: SocketAddr,
     /// The metrics address, if serving metrics.
     pub metrics_addr: Option<SocketAddr>,
+    /// The TCP baseline's address (`--tcp-baseline`), if serving it.
+    pub tcp_baseline_addr: Option<SocketAddr>,
     /// Live metrics.
     pub metrics: Arc<Metrics>,
     /// Live state.
@@ -167,6 +171,16 @@ impl Relay {
             backfill: backfill.clone(),
             metrics: metrics.clone(),
         };
+        let tcp_baseline_addr = match config.tcp_baseline {
+            Some(a) => {
+                let bound = tcp_baseline::spawn(a, auth.clone(), shared.clone(), shutdown.clone())
+                    .await
+                    .with_context(|| format!("binding the tcp baseline on {a}"))?;
+                info!(addr = %bound, "tcp baseline listening");
+                Some(bound)
+            }
+            None => None,
+        };
         info!(%addr, source = ?config.source, "relay listening");
         let server_cfg = config.server.clone();
         let ring2 = ring.clone();
@@ -188,6 +202,7 @@ impl Relay {
         Ok(Relay {
             addr,
             metrics_addr,
+            tcp_baseline_addr,
             metrics,
             hub,
             ring,

@@ -84,6 +84,8 @@ counters! {
     revoked_sessions_total: "Sessions closed because their certificate was revoked.",
     crl_reloads_total: "Times the CRL was reloaded.",
     crl_errors_total: "CRL reloads that failed (the previous CRL stays in force).",
+    certificate_reloads_total: "Times a new certificate and key of this relay were put in force for new handshakes.",
+    certificate_errors_total: "Changed certificate or key files of this relay that could not be used (the pair in force stays).",
     protocol_errors_total: "Connections closed for protocol violations.",
     handshakes_failed_total: "QUIC/TLS handshakes that failed (no client certificate, another CA, expired, revoked at the handshake, or a broken handshake).",
     handshakes_timed_out_total: "QUIC/TLS handshakes not finished within the handshake timeout.",

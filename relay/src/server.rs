@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::admission::{Admission, Caps, Decision, Slot};
-use crate::auth::{log_reload, Auth, CRL_POLL};
+use crate::auth::Auth;
 use crate::metrics::Metrics;
+use crate::reload::{Reloader, CRL_POLL};
 use crate::session::{
     resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared, CLOSE_LINGER,
     MAX_LANE_CERTIFICATES,
@@ -155,23 +156,26 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
 }
 
-/// Polls the CRL; on change installs a new server config and ends sessions whose certificate
-/// it revokes.
+/// Polls the CRL and the relay's certificate and key ([`Reloader`]); on a change installs a new
+/// server config (new handshakes only) and ends sessions whose certificate a new CRL revokes.
 async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
     let mut tick = tokio::time::interval(CRL_POLL);
+    let mut reloader = Reloader::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = ctx.shutdown.cancelled() => return,
         }
-        let r = ctx.auth.reload_crl();
-        log_reload(&r, &ctx.shared.metrics);
-        if !matches!(r, Ok(true)) {
+        let changed = reloader.poll(&ctx.auth, &ctx.shared.metrics);
+        if !changed.any() {
             continue;
         }
         match ctx.auth.server_config() {
             Ok(sc) => endpoint.set_server_config(Some(sc)),
-            Err(e) => warn!(error = %e, "new server config with the reloaded crl failed"),
+            Err(e) => warn!(error = %e, "new server config after a reload failed"),
+        }
+        if !changed.crl {
+            continue;
         }
         let handles: Vec<SessionHandle> = ctx
             .registry

@@ -914,8 +914,14 @@ mod tests {
         }
         // Once the writer has dealt with it and it is still missing, it is not held.
         shared.hub.persisted(1);
-        assert!(matches!(load_held(&shared, 1).await, LoadResult::NotHeld { .. }));
+        assert!(matches!(
+            load_held(&shared, 1).await,
+            LoadResult::NotHeld { .. }
+        ));
         // The newest ones are in memory.
-        assert!(matches!(load_held(&shared, 40).await, LoadResult::Complete(_)));
+        assert!(matches!(
+            load_held(&shared, 40).await,
+            LoadResult::Complete(_)
+        ));
     }
 }

@@ -10,11 +10,13 @@ macro_rules! testdata {
 
 mod admission;
 mod auth;
+mod dashboard;
 mod e2e;
 mod faults;
 mod hostile;
 mod lanes;
 mod modes;
+mod reload;
 mod resume;
 mod ring;
 mod source;

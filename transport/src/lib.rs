@@ -31,5 +31,7 @@ pub use frames::{
 };
 pub use settings::{endpoint_config, server_transport_config, transport_config, TransportSettings};
 pub use socket::{endpoint, udp_socket};
-pub use tls::{client_config, crypto_provider, server_config, TlsConfigError};
+pub use tls::{
+    client_config, client_tls, crypto_provider, server_config, server_tls, TlsConfigError,
+};
 pub use units::{parse_duration, parse_size, UnitError};

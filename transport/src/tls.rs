@@ -61,6 +61,40 @@ pub fn client_config(
     key: PrivateKeyDer<'static>,
     transport: &TransportSettings,
 ) -> Result<quinn::ClientConfig, TlsConfigError> {
+    let tls = client_tls(ca, crls, cert_chain, key, ledger_relay_wire::ALPN)?;
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    config.transport_config(Arc::new(transport_config(transport)));
+    Ok(config)
+}
+
+/// The QUIC server configuration of the relay: TLS 1.3 only, presenting `cert_chain` (leaf
+/// first) and `key`, verifying clients with `verifier` (the relay's CA, allow-list and CRL),
+/// ALPN [`ledger_relay_wire::ALPN`], no 0-RTT, and the relay's side of the lane settings
+/// ([`server_transport_config`]).
+pub fn server_config(
+    cert_chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    verifier: Arc<dyn ClientCertVerifier>,
+    transport: &TransportSettings,
+) -> Result<quinn::ServerConfig, TlsConfigError> {
+    let tls = server_tls(cert_chain, key, verifier, ledger_relay_wire::ALPN)?;
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    server.transport_config(Arc::new(server_transport_config(transport)));
+    Ok(server)
+}
+
+/// The rustls client configuration under [`client_config`], with ALPN `alpn`: TLS 1.3 only,
+/// trusting exactly `ca`, presenting `cert_chain` and `key`. Also what a TLS-over-TCP client
+/// of the relay uses (the TCP baseline, [`ledger_relay_wire::baseline::ALPN`]).
+pub fn client_tls(
+    ca: &[CertificateDer<'static>],
+    crls: &[CertificateRevocationListDer<'static>],
+    cert_chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    alpn: &[u8],
+) -> Result<rustls::ClientConfig, TlsConfigError> {
     if ca.is_empty() {
         return Err(TlsConfigError::NoCa);
     }
@@ -80,32 +114,25 @@ pub fn client_config(
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_webpki_verifier(verifier)
         .with_client_auth_cert(cert_chain, key)?;
-    tls.alpn_protocols = vec![ledger_relay_wire::ALPN.to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
-    let mut config = quinn::ClientConfig::new(Arc::new(quic));
-    config.transport_config(Arc::new(transport_config(transport)));
-    Ok(config)
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    Ok(tls)
 }
 
-/// The QUIC server configuration of the relay: TLS 1.3 only, presenting `cert_chain` (leaf
-/// first) and `key`, verifying clients with `verifier` (the relay's CA, allow-list and CRL),
-/// ALPN [`ledger_relay_wire::ALPN`], no 0-RTT, and the relay's side of the lane settings
-/// ([`server_transport_config`]).
-pub fn server_config(
+/// The rustls server configuration under [`server_config`], with ALPN `alpn`: TLS 1.3 only,
+/// presenting `cert_chain` and `key`, verifying clients with `verifier`, no 0-RTT. Also what
+/// the relay's TLS-over-TCP listener uses (the TCP baseline).
+pub fn server_tls(
     cert_chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     verifier: Arc<dyn ClientCertVerifier>,
-    transport: &TransportSettings,
-) -> Result<quinn::ServerConfig, TlsConfigError> {
+    alpn: &[u8],
+) -> Result<rustls::ServerConfig, TlsConfigError> {
     let mut tls = rustls::ServerConfig::builder_with_provider(crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
         .with_single_cert(cert_chain, key)?;
-    tls.alpn_protocols = vec![ledger_relay_wire::ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     // 0-RTT data could be replayed; the protocol has nothing to say before the handshake.
     tls.max_early_data_size = 0;
-    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    server.transport_config(Arc::new(server_transport_config(transport)));
-    Ok(server)
+    Ok(tls)
 }

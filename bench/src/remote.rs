@@ -1,0 +1,420 @@
+//! `ledger-bench remote`: single flow against lanes on a real network, against a relay that runs
+//! on another host (`ledger-relay run ... --tcp-baseline ADDR`), with the same table, CSV, JSON
+//! and plots as the rows of one machine.
+//!
+//! One row per lane count of `--lanes`: a `ledger-subscribe` (found next to this executable)
+//! from the relay's tip for `--ledgers` ledgers, its `--stats` CSV read back. With `--tcp`, a
+//! row over the relay's TCP baseline too: the same ledgers over one TLS-over-TCP flow, read by
+//! this process ([`tcp`]), sent by the relay once it holds each whole ledger (the lanes stream
+//! chunks while the source writes, so the TCP row's delivery includes the relay's emit window).
+//!
+//! **Clocks.** Delivery is the subscriber's clock when it holds a complete, verified ledger
+//! minus the relay's clock when it read the ledger's last byte. On two hosts those clocks
+//! differ. With `--tcp` the offset is estimated as NTP does, over the TCP baseline: probes
+//! carry this host's send time t0; the relay stamps its receipt t1 and its answer t2; the
+//! answer arrives at t3. The relay's clock minus ours is ((t1 - t0) + (t2 - t3)) / 2, exact
+//! when both directions take equally long and wrong by at most half the round trip otherwise;
+//! of `--clock-probes` probes the one with the shortest round trip is kept. Probes run before
+//! the rows and after them; the mean of the two estimates is added to every delivery, and the
+//! header line gives both, the round trip (the bound on the error) and their difference (the
+//! drift over the run). Without `--tcp` delivery is left as the clocks say and the header says
+//! so. Inter-arrival, throughput and transfer goodput (bytes over the time between the first
+//! and last arrival) use this host's clock alone and need no correction.
+
+pub mod tcp;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::netem::Shape;
+use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
+use crate::scenario::{finish, Kind, Row, Scenario, Settings};
+use crate::stats::{read_csv, Record};
+use tcp::{ClockEstimate, TcpBaseline};
+
+/// `ledger-bench remote` settings.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct RemoteArgs {
+    /// The relay's QUIC address, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub relay: String,
+    /// Certificate directory: DIR/ca.pem, and DIR/NAME.pem with DIR/NAME.key, a client
+    /// certificate of the relay's CA.
+    #[arg(long, value_name = "DIR")]
+    pub certs: PathBuf,
+    /// Our client certificate's name in DIR.
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// Lane counts, one row each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub lanes: Vec<u8>,
+    /// Ledgers per row, warm-up included.
+    #[arg(long, default_value_t = 60)]
+    pub ledgers: u32,
+    /// Ledgers left out at the start of each row.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// The relay's TCP baseline (`ledger-relay run --tcp-baseline ADDR`), HOST:PORT: adds a row
+    /// over one TLS-over-TCP flow, and the clock offset between the hosts.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub tcp: Option<String>,
+    /// TLS name the relay's certificate must be valid for [default: the host of --relay].
+    #[arg(long, value_name = "NAME")]
+    pub server_name: Option<String>,
+    /// The relay's `--emit` window, ms: a ledger's goodput counts from its first byte.
+    #[arg(long, default_value_t = 8.0)]
+    pub emit_ms: f64,
+    /// Clock probes before the rows and after them (with --tcp).
+    #[arg(long, default_value_t = 32)]
+    pub clock_probes: u32,
+    /// Longest a row may take, seconds.
+    #[arg(long, default_value_t = 600)]
+    pub row_timeout_s: u64,
+    /// Write the rows as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write the rows (every delivery sample) and the clock estimate as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the delivery CDF and goodput-against-lanes plots (SVG and PNG) here.
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+}
+
+/// How delivery was put on one clock.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Clock {
+    /// The method, in words.
+    pub method: String,
+    /// The relay's clock minus this host's, ms, added to every delivery (`None`: unknown,
+    /// nothing added).
+    pub offset_ms: Option<f64>,
+    /// The estimate before the rows.
+    pub before: Option<ClockEstimate>,
+    /// The estimate after the rows.
+    pub after: Option<ClockEstimate>,
+}
+
+impl Clock {
+    /// Bound on the error of `offset_ms`: half the longer of the two best round trips, ms.
+    pub fn uncertainty_ms(&self) -> Option<f64> {
+        let rtts = [self.before, self.after]
+            .into_iter()
+            .flatten()
+            .map(|e| e.rtt_ms);
+        rtts.fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))
+            .map(|r| r / 2.0)
+    }
+
+    /// The one line the table is headed with.
+    pub fn describe(&self) -> String {
+        match (self.offset_ms, self.before, self.after) {
+            (Some(off), Some(b), Some(a)) => format!(
+                "clock: relay minus this host {off:+.3} ms (NTP-style over the TCP baseline, \
+                 best of {} probes: {:+.3} ms before, {:+.3} ms after, drift {:+.3} ms), \
+                 within ±{:.3} ms; added to every delivery",
+                b.probes,
+                b.offset_ms,
+                a.offset_ms,
+                a.offset_ms - b.offset_ms,
+                self.uncertainty_ms().unwrap_or(f64::NAN),
+            ),
+            _ => "clock: not compared (no --tcp): delivery includes the difference of the two \
+                  hosts' clocks; inter-arrival, throughput and transfer goodput do not"
+                .into(),
+        }
+    }
+}
+
+/// What `ledger-bench remote` measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RemoteReport {
+    /// The arguments.
+    pub settings: RemoteArgs,
+    /// How delivery was put on one clock.
+    pub clock: Clock,
+    /// One row per lane count, and the TCP baseline's.
+    pub rows: Vec<Row>,
+}
+
+/// The host part of HOST:PORT (`[v6]:port` without its brackets).
+pub fn host_of(addr: &str) -> anyhow::Result<String> {
+    if let Ok(sa) = addr.parse::<std::net::SocketAddr>() {
+        return Ok(sa.ip().to_string());
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(host.to_owned())
+        }
+        _ => bail!("{addr:?}: expected HOST:PORT"),
+    }
+}
+
+/// Adds `offset_ms` (the relay's clock minus ours) to every delivery: the relay's stamp of a
+/// ledger's last byte, on our clock, is that stamp minus the offset.
+pub fn correct(records: &mut [Record], offset_ms: f64) {
+    for r in records {
+        r.delivery_ms += offset_ms;
+    }
+}
+
+/// Runs the rows; see the module documentation.
+pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
+    if args.lanes.is_empty() && args.tcp.is_none() {
+        bail!("nothing to run: no --lanes and no --tcp");
+    }
+    if let Some(&bad) = args.lanes.iter().find(|&&n| n == 0 || n > 64) {
+        bail!("--lanes {bad}: expected 1..=64");
+    }
+    if args.ledgers <= args.warmup {
+        bail!("--ledgers must exceed --warmup ({})", args.warmup);
+    }
+    let relay_host = host_of(&args.relay).context("--relay")?;
+    let server_name = args.server_name.clone().unwrap_or(relay_host);
+    let sub_bin = if args.lanes.is_empty() {
+        None
+    } else {
+        Some(sibling_binary("ledger-subscribe")?)
+    };
+    let baseline = match &args.tcp {
+        Some(addr) => {
+            host_of(addr).context("--tcp")?;
+            Some(TcpBaseline::new(
+                addr,
+                &args.certs,
+                &args.name,
+                &server_name,
+            )?)
+        }
+        None => None,
+    };
+    let within = Duration::from_secs(args.row_timeout_s);
+    let tmp = tempfile::Builder::new()
+        .prefix("ledger-bench-remote")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let before = match &baseline {
+        Some(b) => Some(b.clock(args.clock_probes).context("clock probes")?),
+        None => None,
+    };
+    let mut measured: Vec<(Scenario, u8, Measured)> = Vec::new();
+    if let (Some(b), Some(addr)) = (&baseline, &args.tcp) {
+        eprintln!("ledger-bench remote: remote-tcp (one TLS-over-TCP flow to {addr})");
+        let sc = scenario("remote-tcp", addr, None);
+        let got = b
+            .stream(args.ledgers, within)
+            .map(|r| (r, None))
+            .map_err(|e| format!("{e:#}"));
+        measured.push((sc, 1, got));
+    }
+    for &lanes in &args.lanes {
+        let name = format!("remote-l{lanes}");
+        eprintln!(
+            "ledger-bench remote: {name} ({lanes} lanes to {})",
+            args.relay
+        );
+        let sc = scenario(&name, &args.relay, Some(lanes));
+        // `sub_bin` is set whenever there are lane rows.
+        let bin = sub_bin.as_deref().context("ledger-subscribe")?;
+        let got = subscribe(args, bin, lanes, &server_name, tmp.path(), within)
+            .map(|(r, cpu)| (r, Some(cpu)))
+            .map_err(|e| format!("{e:#}"));
+        measured.push((sc, lanes, got));
+    }
+    let after = match &baseline {
+        Some(b) => Some(b.clock(args.clock_probes).context("clock probes")?),
+        None => None,
+    };
+    let offset_ms = match (before, after) {
+        (Some(b), Some(a)) => Some((b.offset_ms + a.offset_ms) / 2.0),
+        _ => None,
+    };
+    let clock = Clock {
+        method: match offset_ms {
+            Some(_) => {
+                "ntp-style over the tcp baseline, shortest round trip, mean of before and after"
+                    .into()
+            }
+            None => "none".into(),
+        },
+        offset_ms,
+        before,
+        after,
+    };
+    let settings = Settings {
+        ledgers: args.ledgers,
+        warmup: args.warmup,
+        size: 0,
+        cadence_ms: 0.0,
+        emit_ms: args.emit_ms,
+        chunk: 0,
+        shape: Shape {
+            flow_bps: 0,
+            aggregate_bps: 0,
+        },
+        scale: 1.0,
+    };
+    let rows = measured
+        .into_iter()
+        .map(|(sc, lanes, got)| {
+            let mut row = Row::empty(&sc, lanes, 1);
+            match got {
+                Ok((mut records, cpu)) => {
+                    if let Some(off) = offset_ms {
+                        correct(&mut records, off);
+                    }
+                    row.sub_cpu_ms = cpu.map(|c| c * 1e3 / f64::from(args.ledgers));
+                    finish(&settings, &mut row, &[records], 0.0);
+                }
+                Err(e) => row.error = Some(e),
+            }
+            row
+        })
+        .collect();
+    Ok(RemoteReport {
+        settings: args.clone(),
+        clock,
+        rows,
+    })
+}
+
+/// A row's records and its subscriber's CPU seconds (none for the in-process TCP client), or
+/// why it has none.
+type Measured = Result<(Vec<Record>, Option<f64>), String>;
+
+fn scenario(name: &str, addr: &str, lanes: Option<u8>) -> Scenario {
+    Scenario {
+        name: name.into(),
+        kind: Kind::Remote {
+            addr: addr.into(),
+            lanes,
+        },
+        emulated: false,
+    }
+}
+
+/// One lane row: `ledger-subscribe` from the tip; its records and CPU seconds.
+fn subscribe(
+    args: &RemoteArgs,
+    bin: &Path,
+    lanes: u8,
+    server_name: &str,
+    tmp: &Path,
+    within: Duration,
+) -> anyhow::Result<(Vec<Record>, f64)> {
+    let stats = tmp.join(format!("stats-l{lanes}.csv"));
+    let log = tmp.join(format!("sub-l{lanes}.log"));
+    let mut child = Command::new(bin)
+        .args(["--relay", &args.relay, "--certs"])
+        .arg(&args.certs)
+        .args(["--name", &args.name, "--server-name", server_name])
+        .args(["--from", "tip", "--count", &args.ledgers.to_string()])
+        .args([
+            "--lanes",
+            &lanes.to_string(),
+            "--out",
+            "/dev/null",
+            "--quiet",
+        ])
+        .arg("--stats")
+        .arg(&stats)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&log)?)
+        .spawn()
+        .context("starting ledger-subscribe")?;
+    crate::proc::track(&child);
+    let done = wait_with_cpu(&mut child, Instant::now() + within)?;
+    let tail = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(3).collect();
+        lines.join(" | ")
+    };
+    match done {
+        Some((st, cpu)) if st.success() => Ok((read_csv(&stats)?, cpu)),
+        Some((st, _)) => bail!("ledger-subscribe failed ({st}): {}", tail()),
+        None => {
+            kill_all(std::slice::from_mut(&mut child));
+            bail!("ledger-subscribe took longer than {within:?}: {}", tail())
+        }
+    }
+}
+
+/// The whole command: runs, prints the clock line and the table, writes `--csv`, `--json` and
+/// `--plots`.
+pub fn main(args: &RemoteArgs) -> anyhow::Result<()> {
+    let report = run(args)?;
+    println!("{}", report.clock.describe());
+    print!("{}", crate::report::table(&report.rows));
+    if let Some(p) = &args.csv {
+        crate::report::write(p, &crate::report::csv(&report.rows))?;
+    }
+    if let Some(p) = &args.json {
+        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
+    }
+    if let Some(dir) = &args.plots {
+        match crate::report::plots(&report.rows, dir) {
+            Ok(files) => eprintln!("ledger-bench: plots: {}", files.join(", ")),
+            Err(e) => eprintln!("ledger-bench: no plots: {e:#}"),
+        }
+    }
+    if report.rows.iter().all(|r| r.error.is_some()) {
+        bail!("every row failed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_of_addresses() {
+        assert_eq!(host_of("198.18.0.1:7400").unwrap(), "198.18.0.1");
+        assert_eq!(host_of("[::1]:7400").unwrap(), "::1");
+        assert_eq!(host_of("relay-a.example:7400").unwrap(), "relay-a.example");
+        assert!(host_of("relay-a.example").is_err());
+        assert!(host_of(":7400").is_err());
+    }
+
+    #[test]
+    fn the_offset_moves_delivery_onto_one_clock() {
+        // The relay's clock is 250 ms behind ours: a ledger that took 5 ms reads as 255 ms.
+        let mut r = vec![Record {
+            seq: 1,
+            raw_bytes: 1,
+            wire_bytes: 1,
+            delivery_ms: 255.0,
+            inter_arrival_ms: None,
+            received_unix_ms: None,
+        }];
+        correct(&mut r, -250.0);
+        assert_eq!(r[0].delivery_ms, 5.0);
+        let est = |offset_ms, rtt_ms| ClockEstimate {
+            offset_ms,
+            rtt_ms,
+            probes: 8,
+        };
+        let c = Clock {
+            method: String::new(),
+            offset_ms: Some(-250.0),
+            before: Some(est(-250.5, 0.4)),
+            after: Some(est(-249.5, 0.6)),
+        };
+        assert_eq!(c.uncertainty_ms(), Some(0.3));
+        assert!(c.describe().contains("drift +1.000 ms"), "{}", c.describe());
+        let none = Clock {
+            method: "none".into(),
+            offset_ms: None,
+            before: None,
+            after: None,
+        };
+        assert!(none.describe().contains("not compared"));
+        assert_eq!(none.uncertainty_ms(), None);
+    }
+}
