@@ -5,7 +5,8 @@
 //!   unchanged) or one JSON object per line (`--log-format json`) for a journal or a log
 //!   shipper, and how a fatal error is written in either;
 //! - [`assets`]: man pages and shell completions generated from each tool's clap definitions,
-//!   for packagers.
+//!   for packagers;
+//! - [`signals`]: SIGINT and SIGTERM, the signals that stop a long-running command.
 //!
 //! It holds no product logic and parses no arguments of its own.
 
@@ -14,6 +15,8 @@
 
 pub mod assets;
 pub mod logging;
+pub mod signals;
 
 pub use assets::{write_completions, write_man_pages, Shell};
 pub use logging::LogFormat;
+pub use signals::StopSignals;

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 use demo::DemoArgs;
 use ledger_relay::config::{RelayConfig, RunArgs};
-use ledger_relay_cli::{logging, LogFormat, Shell};
+use ledger_relay_cli::{logging, LogFormat, Shell, StopSignals};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -137,22 +137,12 @@ fn main() -> ExitCode {
 /// SIGINT or SIGTERM: graceful shutdown (stop accepting, finish the ledger in flight, flush the
 /// ring). A second signal exits at once.
 async fn shutdown_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let Ok(mut signals) = StopSignals::new() else {
         return;
     };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
+    signals.recv().await;
     tracing::info!("signal received: shutting down (again to exit at once)");
     shutdown.cancel();
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
+    signals.recv().await;
     std::process::exit(130);
 }
