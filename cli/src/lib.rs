@@ -5,7 +5,7 @@
 //!   unchanged) or one JSON object per line (`--log-format json`) for a journal or a log
 //!   shipper, and how a fatal error is written in either;
 //! - [`assets`]: man pages and shell completions generated from each tool's clap definitions,
-//!   for packagers;
+//!   for packagers, and the `completions` and `man` subcommands that write them;
 //! - [`signals`]: SIGINT and SIGTERM, the signals that stop a long-running command.
 //!
 //! It holds no product logic and parses no arguments of its own.
@@ -17,6 +17,6 @@ pub mod assets;
 pub mod logging;
 pub mod signals;
 
-pub use assets::{write_completions, write_man_pages, Shell};
+pub use assets::{print_man_pages, write_completions, write_man_pages, AssetCommand, Shell};
 pub use logging::LogFormat;
 pub use signals::StopSignals;
