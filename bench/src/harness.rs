@@ -66,6 +66,25 @@ pub struct RelaySettings {
     pub retention: u32,
 }
 
+impl RelaySettings {
+    /// An endless synthetic source from ledger 2 of `size`-byte ledgers at `ratio`, one per
+    /// `cadence_ms`, with the relay's defaults for the rest: emitted over 8 ms, zstd, 256 KiB
+    /// chunks, 200 ledgers kept. Callers change what their run sets.
+    pub fn endless(size: u64, ratio: f64, cadence_ms: f64) -> RelaySettings {
+        RelaySettings {
+            size,
+            ratio,
+            count: None,
+            start: 2,
+            cadence_ms,
+            emit_ms: 8.0,
+            codec: "zstd".into(),
+            chunk: 256 << 10,
+            retention: 200,
+        }
+    }
+}
+
 /// A running `ledger-relay run` on loopback with `--metrics`.
 #[derive(Debug)]
 pub struct RelayProc {

@@ -305,15 +305,11 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     };
     std::fs::create_dir_all(&ctx.dir)?;
     let settings = RelaySettings {
-        size: a.ledger_bytes,
-        ratio: a.ratio,
-        count: None,
-        start: 2,
-        cadence_ms: a.cadence_ms,
         emit_ms: a.emit_ms,
         codec: a.codec.clone(),
         chunk: a.chunk_bytes,
         retention: s.retention,
+        ..RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms)
     };
     let mut relay = RelayProc::start(&relay_bin, &ctx.certs, &tmp.path().join("relay"), &settings)?;
     let total_s = s.preroll_s + s.duration_s + 30.0;

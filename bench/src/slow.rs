@@ -134,15 +134,12 @@ impl SlowArgs {
 
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
-            size: self.ledger_bytes,
-            ratio: self.ratio,
             count: Some(self.ledgers),
-            start: 2,
-            cadence_ms: self.cadence_ms,
             emit_ms: self.emit_ms,
             codec: self.codec.clone(),
             chunk: self.chunk_bytes,
             retention,
+            ..RelaySettings::endless(self.ledger_bytes, self.ratio, self.cadence_ms)
         }
     }
 }
