@@ -449,6 +449,28 @@ pub fn spawn_subscriber(
     Ok(child)
 }
 
+/// What one subscriber process wrote, from its stats records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Written {
+    /// Ledgers it wrote.
+    pub ledgers: usize,
+    /// First sequence it wrote.
+    pub first_seq: Option<u32>,
+    /// Last sequence it wrote.
+    pub last_seq: Option<u32>,
+}
+
+impl Written {
+    /// From the records of its stats file, in the order written.
+    pub fn of(records: &[Record]) -> Written {
+        Written {
+            ledgers: records.len(),
+            first_seq: records.first().map(|r| r.seq),
+            last_seq: records.last().map(|r| r.seq),
+        }
+    }
+}
+
 /// Reads a stats CSV written by a process that may have been killed: a last line cut short
 /// is left out. A missing file (killed before it was created) reads as empty.
 pub fn read_stats_lenient(path: &Path) -> anyhow::Result<Vec<Record>> {
