@@ -31,6 +31,7 @@ use ledger_relay_lake::{
 };
 use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::frame::LedgerEnd;
+use ledger_relay_wire::header::ChainVerifier;
 use tokio::sync::OnceCell;
 
 use crate::hub::CompleteLedger;
@@ -232,16 +233,8 @@ impl BackfillCursor {
         let Some((seq, hash)) = self.inner.last() else {
             return Ok(());
         };
-        if ring_first.seq != seq.wrapping_add(1) || ring_first.previous_hash != hash {
-            let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
-            return Err(LakeError::BrokenChain {
-                key: "ring".into(),
-                seq: ring_first.seq,
-                prev: seq,
-                got: hex(&ring_first.previous_hash),
-                expected: hex(&hash),
-            });
-        }
-        Ok(())
+        ChainVerifier::after(seq, hash)
+            .check_link(ring_first.into())
+            .map_err(|_| LakeError::broken_chain("ring".into(), seq, &hash, &ring_first.into()))
     }
 }

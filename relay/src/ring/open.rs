@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{info, warn};
 
+use ledger_relay_wire::header::ChainVerifier;
 use ledger_relay_wire::stored::{
     part_key, parts_prefix, record_key, record_seq, seal, seal_u32, seal_u64, unseal_str,
     unseal_u32, unseal_u64, Record, META_EPOCH, META_FORMAT, META_NETWORK, PART_PREFIX,
@@ -137,8 +138,9 @@ impl Ring {
             };
             if keep_from < skip_top {
                 if let Some(next) = records[keep_from].1 {
-                    let linked = rec.end.seq.checked_add(1) == Some(next.end.seq)
-                        && next.end.previous_hash == rec.end.header_hash;
+                    let linked = ChainVerifier::after(rec.end.seq, rec.end.header_hash)
+                        .check_link((&next.end).into())
+                        .is_ok();
                     if !linked {
                         break;
                     }

@@ -5,6 +5,7 @@ use std::sync::PoisonError;
 use std::time::Instant;
 
 use ledger_relay_wire::frame::LedgerEnd;
+use ledger_relay_wire::header::ChainVerifier;
 use ledger_relay_wire::stored::{
     check_chunks, encode_parts, part_key, record_key, seal_u64, Record, META_EPOCH, RECORD_LEN,
 };
@@ -43,7 +44,10 @@ impl Ring {
         {
             let st = self.read_state();
             if let Some(newest) = st.held.back() {
-                if newest.seq.checked_add(1) != Some(end.seq) || end.previous_hash != st.newest_hash
+                // The chain rule has one owner.
+                if ChainVerifier::after(newest.seq, st.newest_hash)
+                    .check_link(end.into())
+                    .is_err()
                 {
                     return Err(RingError::Discontinuity {
                         newest: newest.seq,
