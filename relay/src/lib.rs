@@ -18,6 +18,7 @@
 
 pub mod auth;
 pub mod certinfo;
+mod closing;
 pub mod config;
 pub mod health;
 pub mod hub;

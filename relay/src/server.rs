@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ledger_relay_transport::{close_with_error, FrameReader, FrameWriter};
+use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::compress::Codec;
-use ledger_relay_wire::frame::{ErrorCode, Frame, TOKEN_LEN};
+use ledger_relay_wire::frame::{Frame, TOKEN_LEN};
 use ledger_relay_wire::sender::{CloseReason, Violation};
 use ledger_relay_wire::PROTOCOL_VERSION;
 use quinn::{Connection, Endpoint};
@@ -19,10 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::auth::{log_reload, Auth, CRL_POLL};
+use crate::closing::{close_for, close_plain};
 use crate::metrics::Metrics;
-use crate::session::{
-    resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared, CLOSE_LINGER,
-};
+use crate::session::{resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared};
 
 /// Limits and parameters of the accept loop.
 #[derive(Debug, Clone)]
@@ -127,10 +126,8 @@ pub async fn serve(
         }
     })
     .await;
-    endpoint.close(
-        ErrorCode::ShuttingDown.close_code().into(),
-        b"relay shutting down",
-    );
+    let reason = CloseReason::ShuttingDown;
+    endpoint.close(reason.close_code().into(), reason.to_string().as_bytes());
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
 }
 
@@ -173,10 +170,7 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
 
 /// Refuses a lane or session: the reason's `Error` frame, then the close.
 async fn refuse(conn: &Connection, send: &mut FrameWriter, reason: CloseReason) {
-    match reason.error_frame() {
-        Some(frame) => close_with_error(conn, send.stream_mut(), &frame, CLOSE_LINGER).await,
-        None => conn.close(reason.close_code().into(), reason.to_string().as_bytes()),
-    }
+    close_for(conn, send.stream_mut(), &reason).await;
 }
 
 fn unauthorized(detail: impl Into<String>) -> CloseReason {
@@ -224,10 +218,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
             FrameReader::new(recv, ctx.cfg.session.limits.clone()),
         ),
         _ => {
-            conn.close(
-                ErrorCode::ProtocolViolation.close_code().into(),
-                b"no control stream",
-            );
+            close_plain(&conn, &Violation::NoControlStream.into());
             return;
         }
     };
@@ -408,10 +399,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming) {
                     recv,
                 };
                 if h.lanes_tx.send(req).await.is_err() {
-                    conn.close(
-                        ErrorCode::ShuttingDown.close_code().into(),
-                        b"session ended",
-                    );
+                    close_plain(&conn, &CloseReason::SessionEnded);
                     return;
                 }
                 // The session owns the lane now; keep this task (and its connection count)
