@@ -50,6 +50,18 @@ struct Ctx {
     shutdown: CancellationToken,
 }
 
+impl Ctx {
+    /// The sessions open now (a snapshot, so none is ended under the registry's lock).
+    fn sessions(&self) -> Vec<SessionHandle> {
+        self.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
 /// Counts a connection open for as long as it lives.
 struct ConnGuard(Arc<Metrics>);
 
@@ -105,14 +117,7 @@ pub async fn serve(
             drop(guard);
         });
     }
-    let handles: Vec<SessionHandle> = ctx
-        .registry
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    for h in &handles {
+    for h in &ctx.sessions() {
         h.end(CloseReason::ShuttingDown);
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
@@ -149,14 +154,7 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
             Ok(sc) => endpoint.set_server_config(Some(sc)),
             Err(e) => warn!(error = %e, "new server config with the reloaded crl failed"),
         }
-        let handles: Vec<SessionHandle> = ctx
-            .registry
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for h in handles {
+        for h in ctx.sessions() {
             if h.any_revoked(|s| ctx.auth.is_revoked(s)) {
                 info!(session = h.id, client = %h.client.name, "certificate revoked: closing session");
                 Metrics::add(&ctx.shared.metrics.revoked_sessions_total, 1);
