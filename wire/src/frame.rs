@@ -212,8 +212,9 @@ pub struct Chunk {
     pub payload: Bytes,
 }
 
-/// The end record of a ledger: sent after its last chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The end record of a ledger: sent after its last chunk. (`Default` is all zeros, sequence 0
+/// being "none": a base for tests and fixtures to set the fields they need.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LedgerEnd {
     /// Ledger sequence.
     pub seq: u32,

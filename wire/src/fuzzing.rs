@@ -659,11 +659,8 @@ mod tests {
             seq: 1,
             chunk_count: 2,
             raw_len: 30,
-            checksum: 0,
             header_hash: [1; 32],
-            previous_hash: [0; 32],
-            first_byte_ns: 0,
-            last_byte_ns: 0,
+            ..Default::default()
         }
         .put_body(&mut record);
         record.extend_from_slice(&2u32.to_be_bytes());

@@ -32,11 +32,9 @@ fn validate_rejects_inconsistent_ledgers() {
         seq: 5,
         chunk_count: 2,
         raw_len: 30,
-        checksum: 0,
         header_hash: [5; 32],
         previous_hash: [4; 32],
-        first_byte_ns: 0,
-        last_byte_ns: 0,
+        ..LedgerEnd::default()
     };
     let good = [chunk(0, 0, 10), chunk(1, 10, 20)];
     assert!(validate(&e, &good).is_ok());
