@@ -31,7 +31,18 @@ done
 command -v cargo-fuzz >/dev/null 2>&1 || fail "cargo-fuzz is not installed (cargo install cargo-fuzz)"
 
 testdata=../../shared/testdata
-mkdir -p corpus/records corpus/header corpus/content corpus/lake_batch corpus/lake_names
+mkdir -p corpus/records corpus/header corpus/content corpus/lake_batch corpus/lake_names corpus/stored
+# The ring's decoder gets one whole stored ledger (the harness seals it and stamps its part ids;
+# see wire::fuzzing::stored): a record of two raw chunks of 10 and 20 bytes, then their parts.
+python3 - <<'PY' || fail "seeding the stored corpus failed"
+import struct
+record = struct.pack(">IIQQ", 1, 2, 30, 0) + bytes([1]) * 32 + bytes(32) + struct.pack(">QQ", 0, 0)
+record += struct.pack(">IQ", 2, 0)
+def part(index, offset, n):
+    return bytes(8) + b"\0" + struct.pack(">IBQII", index, 0, offset, n, n) + b"\xab" * n
+data = b"\x03" + b"".join(struct.pack(">H", len(v)) + v for v in (record, part(0, 0, 10), part(1, 10, 20)))
+open("corpus/stored/two-chunks", "wb").write(data)
+PY
 if [ -d "$testdata" ]; then
   # The lake decoder gets Galexie's own objects and batches of real ledgers; the name and
   # manifest parser real names and a manifest.

@@ -77,6 +77,23 @@ impl RelaySettings {
         source.push_str(&format!(",start={},chunk={}", self.start, self.chunk));
         source
     }
+
+    /// An endless synthetic source from ledger 2 of `size`-byte ledgers at `ratio`, one per
+    /// `cadence_ms`, with the relay's defaults for the rest: emitted over 8 ms, zstd, 256 KiB
+    /// chunks, 200 ledgers kept. Callers change what their run sets.
+    pub fn endless(size: u64, ratio: f64, cadence_ms: f64) -> RelaySettings {
+        RelaySettings {
+            size,
+            ratio,
+            count: None,
+            start: 2,
+            cadence_ms,
+            emit_ms: 8.0,
+            codec: "zstd".into(),
+            chunk: 256 << 10,
+            retention: 200,
+        }
+    }
 }
 
 /// A running `ledger-relay run` on loopback with `--metrics`.
@@ -463,6 +480,28 @@ pub fn wait_child(child: &mut Child, limit: Duration) -> anyhow::Result<ExitStat
             bail!("the subscriber did not finish within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What one subscriber process wrote, from its stats records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Written {
+    /// Ledgers it wrote.
+    pub ledgers: usize,
+    /// First sequence it wrote.
+    pub first_seq: Option<u32>,
+    /// Last sequence it wrote.
+    pub last_seq: Option<u32>,
+}
+
+impl Written {
+    /// From the records of its stats file, in the order written.
+    pub fn of(records: &[Record]) -> Written {
+        Written {
+            ledgers: records.len(),
+            first_seq: records.first().map(|r| r.seq),
+            last_seq: records.last().map(|r| r.seq),
+        }
     }
 }
 

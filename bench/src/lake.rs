@@ -159,17 +159,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
         bail!("--ledgers must exceed --warmup");
     }
     let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
-    let settings = RelaySettings {
-        size: a.ledger_bytes,
-        ratio: a.ratio,
-        count: None,
-        start: 2,
-        cadence_ms: a.cadence_ms,
-        emit_ms: 8.0,
-        codec: "zstd".into(),
-        chunk: 256 << 10,
-        retention: 200,
-    };
+    let settings = RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms);
     let mut out = Vec::new();
     for round in 0..rounds {
         for export in ["off", "file", "s3"] {

@@ -359,17 +359,10 @@ fn install_signal_handler() {
             return;
         };
         rt.block_on(async {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut int), Ok(mut term)) = (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) else {
+            let Ok(mut signals) = ledger_relay_cli::StopSignals::new() else {
                 return;
             };
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
+            signals.recv().await;
             eprintln!("\nledger-bench: interrupted: stopping children and removing namespaces");
             proc::kill_tracked();
             netem::cleanup_registered();

@@ -24,7 +24,9 @@ use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::{self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler};
+use crate::harness::{
+    self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler, Written,
+};
 
 mod verdict;
 
@@ -208,7 +210,13 @@ impl Ctx<'_> {
 /// The `--from` for a slot's next process: the ledger after the last one it wrote, else a
 /// fresh start of its kind.
 fn next_from(slot: &Slot, scrape: Option<&harness::Scrape>) -> String {
-    if let Some(last) = slot.report.segments.iter().rev().find_map(|s| s.last_seq) {
+    if let Some(last) = slot
+        .report
+        .segments
+        .iter()
+        .rev()
+        .find_map(|s| s.written.last_seq)
+    {
         return last.wrapping_add(1).to_string();
     }
     let (oldest, newest) = scrape.map_or((0, 0), |m| {
@@ -248,9 +256,7 @@ fn start(
         started_s: ctx.now_s(),
         ended_s: f64::NAN,
         end: None,
-        ledgers: 0,
-        first_seq: None,
-        last_seq: None,
+        written: Written::default(),
         stats: spec.stats,
         log: spec.log,
     });
@@ -267,10 +273,7 @@ fn close_segment(ctx: &Ctx<'_>, slot: &mut Slot, end: End) -> anyhow::Result<()>
         .context("a segment to close")?;
     seg.ended_s = ctx.now_s();
     seg.end = Some(end);
-    let recs = harness::read_stats_lenient(&seg.stats)?;
-    seg.ledgers = recs.len();
-    seg.first_seq = recs.first().map(|r| r.seq);
-    seg.last_seq = recs.last().map(|r| r.seq);
+    seg.written = Written::of(&harness::read_stats_lenient(&seg.stats)?);
     Ok(())
 }
 
@@ -305,15 +308,11 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     };
     std::fs::create_dir_all(&ctx.dir)?;
     let settings = RelaySettings {
-        size: a.ledger_bytes,
-        ratio: a.ratio,
-        count: None,
-        start: 2,
-        cadence_ms: a.cadence_ms,
         emit_ms: a.emit_ms,
         codec: a.codec.clone(),
         chunk: a.chunk_bytes,
         retention: s.retention,
+        ..RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms)
     };
     let mut relay = RelayProc::start(&relay_bin, &ctx.certs, &tmp.path().join("relay"), &settings)?;
     let total_s = s.preroll_s + s.duration_s + 30.0;

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::harness::{
-    self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler, SubSpec,
+    self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler, SubSpec, Written,
 };
 use crate::stats::{quantile, summarize, Record, Summary};
 
@@ -134,15 +134,12 @@ impl SlowArgs {
 
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
-            size: self.ledger_bytes,
-            ratio: self.ratio,
             count: Some(self.ledgers),
-            start: 2,
-            cadence_ms: self.cadence_ms,
             emit_ms: self.emit_ms,
             codec: self.codec.clone(),
             chunk: self.chunk_bytes,
             retention,
+            ..RelaySettings::endless(self.ledger_bytes, self.ratio, self.cadence_ms)
         }
     }
 }
@@ -352,9 +349,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             outcome.contiguous = harness::check_contiguous(std::slice::from_ref(&seqs)).is_ok()
                 && seqs.first().is_none_or(|f| *f == 2);
-            outcome.ledgers = recs.len();
-            outcome.first_seq = seqs.first().copied();
-            outcome.last_seq = seqs.last().copied();
+            outcome.written = Written::of(&recs);
             outcome.max_delivery_ms = recs.iter().map(|r| r.delivery_ms).fold(0.0, f64::max);
             outcome.exit_code = s.exit.and_then(|e| e.0);
             outcome.done_s = s.exit.map(|e| e.1);

@@ -89,7 +89,11 @@ fn a_slow_subscriber_catches_up_from_the_ring_or_falls_out_of_retention() {
     assert!(slow.waited);
     assert_eq!(slow.exit_code, Some(0), "{slow:?}");
     assert_eq!(
-        (slow.ledgers, slow.first_seq, slow.last_seq),
+        (
+            slow.written.ledgers,
+            slow.written.first_seq,
+            slow.written.last_seq
+        ),
         (40, Some(2), Some(41))
     );
     assert!(slow.contiguous);
@@ -111,7 +115,7 @@ fn a_slow_subscriber_catches_up_from_the_ring_or_falls_out_of_retention() {
     let slow = c.slow.as_ref().unwrap();
     assert_eq!(slow.exit_code, Some(4), "{slow:?}");
     assert!(slow.contiguous, "what it got before is still in order");
-    assert!(slow.ledgers < 40, "{slow:?}");
+    assert!(slow.written.ledgers < 40, "{slow:?}");
 }
 
 #[test]

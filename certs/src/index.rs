@@ -118,6 +118,17 @@ impl Index {
     }
 
     pub fn store(&self, path: &Path) -> Result<(), CertError> {
+        fsutil::write_replace(path, self.to_text(path)?.as_bytes(), fsutil::PUBLIC_MODE)
+    }
+
+    /// Like [`Index::store`], failing if an index already exists.
+    pub fn store_new(&self, path: &Path) -> Result<(), CertError> {
+        fsutil::write_new(path, self.to_text(path)?.as_bytes(), fsutil::PUBLIC_MODE)
+    }
+
+    /// The file's text: the header comment, then the index as TOML (`path` names the file in
+    /// an error).
+    fn to_text(&self, path: &Path) -> Result<String, CertError> {
         let mut text = String::from(HEADER);
         // Serializing plain strings, integers and arrays of tables cannot fail.
         let body = toml::to_string(self).map_err(|e| CertError::Index {
@@ -125,18 +136,7 @@ impl Index {
             reason: e.to_string(),
         })?;
         text.push_str(&body);
-        fsutil::write_replace(path, text.as_bytes(), fsutil::PUBLIC_MODE)
-    }
-
-    /// Like [`Index::store`], failing if an index already exists.
-    pub fn store_new(&self, path: &Path) -> Result<(), CertError> {
-        let mut text = String::from(HEADER);
-        let body = toml::to_string(self).map_err(|e| CertError::Index {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })?;
-        text.push_str(&body);
-        fsutil::write_new(path, text.as_bytes(), fsutil::PUBLIC_MODE)
+        Ok(text)
     }
 
     /// The current entry of `name`: neither revoked nor renewed, if any.

@@ -41,6 +41,52 @@ pub fn write_completions(mut cmd: clap::Command, shell: Shell, out: &mut dyn Wri
     clap_complete::generate(shell, &mut cmd, name, out);
 }
 
+/// Writes the man pages of `cmd` into `dir` (see [`write_man_pages`]) and prints their paths on
+/// stdout, one a line.
+pub fn print_man_pages(cmd: clap::Command, dir: &Path) -> io::Result<()> {
+    for page in write_man_pages(cmd, dir)? {
+        println!("{}", page.display());
+    }
+    Ok(())
+}
+
+/// The `completions` and `man` subcommands of a tool that has subcommands (`ledger-relay`,
+/// `ledger-certs`): flatten it into the tool's command enum with `#[command(flatten)]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum AssetCommand {
+    /// Print the shell completion script for SHELL on stdout.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write the man pages (one for the command and one per subcommand) into DIR.
+    Man {
+        /// Directory, created if missing.
+        dir: PathBuf,
+    },
+}
+
+impl AssetCommand {
+    /// Carries it out for the tool whose clap definition is `cmd`: the completion script on
+    /// stdout, or the man pages written and their paths on stdout. An error names the
+    /// directory.
+    pub fn run(&self, cmd: clap::Command) -> io::Result<()> {
+        match self {
+            AssetCommand::Completions { shell } => {
+                write_completions(cmd, *shell, &mut io::stdout());
+                Ok(())
+            }
+            AssetCommand::Man { dir } => print_man_pages(cmd, dir).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("writing man pages to {}: {e}", dir.display()),
+                )
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

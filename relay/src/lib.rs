@@ -19,6 +19,7 @@
 pub mod admission;
 pub mod auth;
 pub mod certinfo;
+mod closing;
 pub mod config;
 pub mod health;
 pub mod hub;

@@ -14,23 +14,10 @@
 //! # Storage layout
 //!
 //! One sled tree (the default one, so that a ledger, its pruning and the epoch can share one
-//! atomic batch). Integers are big-endian so that key order is sequence order.
-//!
-//! | key | value body |
-//! |---|---|
-//! | `mformat` | format version, `u32` ([`FORMAT_VERSION`]) |
-//! | `mepoch` | run counter, `u64`, bumped by [`Ring::reset`] |
-//! | `mnetwork` | network name, UTF-8 (absent: never configured) |
-//! | `l` seq `u32` | ledger record: the `LedgerEnd` fields (104 bytes, wire order), the number of parts (`u32`) and the ledger's stored bytes (`u64`) |
-//! | `c` seq `u32` part `u32` | one part of one chunk (below) |
-//!
-//! Every value is `xxh3-64(body) u64 || body` and is checked on every read. A ledger's chunks are
-//! cut into parts of at most [`PART_MAX`] payload bytes, numbered 0.. across the whole ledger so
-//! that pruning can delete a ledger's keys from its record alone, without reading its chunks. A
-//! part's body starts with its own sequence and part number (so a value moved under another key
-//! is caught) and a kind byte: a chunk's first part carries the chunk's index, codec, raw offset,
-//! raw length and payload length before its first payload bytes; continuation parts carry only
-//! payload bytes.
+//! atomic batch): metadata (format version, epoch, network), one record per ledger and its
+//! chunks cut into parts. What the keys and values hold, and how they are read back with every
+//! checksum, key and length checked, is [`ledger_relay_wire::stored`]: bytes read back from disk
+//! are hostile input, so their decoding lives in the sans-IO crate and is fuzzed there.
 //!
 //! # Sizing: 64 KiB parts, 8 MiB segments, a 10 ms flusher
 //!
@@ -62,9 +49,9 @@
 //!
 //! # Modules
 //!
-//! [`layout`] encodes and decodes the stored values (the table above), `open` opens the store and
-//! repairs what a crash left, `read` reads and verifies a held ledger, and `write` appends,
-//! prunes, resets and reopens the store after a failed write.
+//! `open` opens the store and repairs what a crash left, `read` reads a held ledger back through
+//! [`ledger_relay_wire::stored::PartReader`], and `write` appends, prunes, resets and reopens
+//! the store after a failed write.
 
 use std::collections::VecDeque;
 use std::fs;
@@ -72,18 +59,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use ledger_relay_wire::compress::Codec;
+pub use ledger_relay_wire::stored::{StoredChunk, FORMAT_VERSION, PART_MAX};
 
-mod layout;
 mod open;
 mod read;
 mod write;
 
-#[cfg(test)]
-use layout::*;
-#[cfg(test)]
-use ledger_relay_wire::frame::LedgerEnd;
 #[cfg(test)]
 use write::validate;
 
@@ -95,13 +76,6 @@ mod tests;
 /// measured lower disk use than 16 MiB (1.73x against 2.01x live over 200 ledgers of
 /// `ring_disk_use`).
 pub const SEGMENT_SIZE: usize = 8 << 20;
-
-/// Largest number of payload bytes in one stored part: 17 parts (sled's largest leaf) stay near
-/// 1.1 MiB, below the 2 MiB blob threshold of [`SEGMENT_SIZE`].
-pub const PART_MAX: usize = 64 << 10;
-
-/// Stored format version; a store written with another one is refused.
-pub const FORMAT_VERSION: u32 = 1;
 
 /// Default number of ledgers kept: about 14 hours of the public network.
 pub const DEFAULT_MAX_LEDGERS: u32 = 10_000;
@@ -155,21 +129,6 @@ impl RingConfig {
             network: None,
         }
     }
-}
-
-/// One stored chunk of a ledger, as it was sent live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredChunk {
-    /// 0-based index in the ledger.
-    pub index: u32,
-    /// Where the chunk's raw bytes start in the ledger.
-    pub raw_offset: u64,
-    /// Raw (decoded) length, at least 1.
-    pub raw_len: u32,
-    /// How `payload` is encoded.
-    pub codec: Codec,
-    /// The encoded bytes, never longer than `raw_len` (exactly `raw_len` with [`Codec::None`]).
-    pub payload: Bytes,
 }
 
 /// A snapshot of the ring's size.

@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ledger_relay_transport::{close_with_error, FrameReader, FrameWriter};
+use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::compress::Codec;
-use ledger_relay_wire::frame::{ErrorCode, Frame, TOKEN_LEN};
+use ledger_relay_wire::frame::{Frame, TOKEN_LEN};
 use ledger_relay_wire::sender::{CloseReason, Violation};
 use ledger_relay_wire::PROTOCOL_VERSION;
 use quinn::{Connection, Endpoint};
@@ -20,10 +20,11 @@ use tracing::{debug, info, warn};
 
 use crate::admission::{Admission, Caps, Decision, Slot};
 use crate::auth::Auth;
+use crate::closing::{close_for, close_plain};
 use crate::metrics::Metrics;
 use crate::reload::{Reloader, CRL_POLL};
 use crate::session::{
-    resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared, CLOSE_LINGER,
+    resolve_start, LaneRequest, Session, SessionConfig, SessionHandle, Shared,
     MAX_LANE_CERTIFICATES,
 };
 
@@ -78,6 +79,18 @@ struct Ctx {
     shutdown: CancellationToken,
 }
 
+impl Ctx {
+    /// The sessions open now (a snapshot, so none is ended under the registry's lock).
+    fn sessions(&self) -> Vec<SessionHandle> {
+        self.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
 /// Accepts connections on `endpoint` until `shutdown`, then ends every session with
 /// `ShuttingDown` and waits (briefly) for the endpoint to go idle.
 pub async fn serve(
@@ -128,14 +141,7 @@ pub async fn serve(
             }
         }
     }
-    let handles: Vec<SessionHandle> = ctx
-        .registry
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    for h in &handles {
+    for h in &ctx.sessions() {
         h.end(CloseReason::ShuttingDown);
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
@@ -149,10 +155,8 @@ pub async fn serve(
         }
     })
     .await;
-    endpoint.close(
-        ErrorCode::ShuttingDown.close_code().into(),
-        b"relay shutting down",
-    );
+    let reason = CloseReason::ShuttingDown;
+    endpoint.close(reason.close_code().into(), reason.to_string().as_bytes());
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
 }
 
@@ -177,14 +181,7 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
         if !changed.crl {
             continue;
         }
-        let handles: Vec<SessionHandle> = ctx
-            .registry
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for h in handles {
+        for h in ctx.sessions() {
             if h.any_revoked(|s| ctx.auth.is_revoked(s)) {
                 info!(session = h.id, client = %h.client.name, "certificate revoked: closing session");
                 Metrics::add(&ctx.shared.metrics.revoked_sessions_total, 1);
@@ -198,10 +195,7 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
 
 /// Refuses a lane or session: the reason's `Error` frame, then the close.
 async fn refuse(conn: &Connection, send: &mut FrameWriter, reason: CloseReason) {
-    match reason.error_frame() {
-        Some(frame) => close_with_error(conn, send.stream_mut(), &frame, CLOSE_LINGER).await,
-        None => conn.close(reason.close_code().into(), reason.to_string().as_bytes()),
-    }
+    close_for(conn, send.stream_mut(), &reason).await;
 }
 
 fn unauthorized(detail: impl Into<String>) -> CloseReason {
@@ -246,7 +240,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, mut slot: Slot) {
     if let Err(reason) = slot.handshake_done() {
         Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
         debug!(%remote, %reason, "connection refused after its handshake");
-        conn.close(reason.close_code().into(), reason.to_string().as_bytes());
+        close_plain(&conn, &reason);
         return;
     }
     let client = ctx.auth.identify(&conn);
@@ -256,7 +250,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, mut slot: Slot) {
         if let Err(reason) = slot.identify(&c.name) {
             Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
             info!(%remote, client = %c.name, %reason, "connection refused");
-            conn.close(reason.close_code().into(), reason.to_string().as_bytes());
+            close_plain(&conn, &reason);
             return;
         }
     }
@@ -266,10 +260,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, mut slot: Slot) {
             FrameReader::new(recv, ctx.cfg.session.limits.clone()),
         ),
         _ => {
-            conn.close(
-                ErrorCode::ProtocolViolation.close_code().into(),
-                b"no control stream",
-            );
+            close_plain(&conn, &Violation::NoControlStream.into());
             return;
         }
     };
@@ -449,10 +440,7 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, mut slot: Slot) {
                     recv,
                 };
                 if h.lanes_tx.send(req).await.is_err() {
-                    conn.close(
-                        ErrorCode::ShuttingDown.close_code().into(),
-                        b"session ended",
-                    );
+                    close_plain(&conn, &CloseReason::SessionEnded);
                     return;
                 }
                 // The session owns the lane now; keep this task (and its connection count)

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ledger_relay_transport::{close_with_error, FrameReader, FrameWriter};
+use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::frame::{Frame, Heartbeat, SessionAccept, Start, TOKEN_LEN};
 use ledger_relay_wire::sender::{
     CloseReason, ControlError, Event, LaneReport, LiveItem, LoadResult, Sender, SenderConfig,
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::auth::ClientId;
+use crate::closing::{close_for, close_plain};
 use crate::hub::{stored_ledger, Hub, Item};
 use crate::lake::backfill::Backfill;
 use crate::metrics::{Metrics, SessionInfo};
@@ -700,12 +701,11 @@ impl Session {
             debug!(session = self.handle.id, lane, %reason, "lane not joined");
             // Not a lane of the session yet, so its end does not close it: the accept loop's
             // task (and the connection's slot) would wait for the peer to close it.
-            req.conn
-                .close(reason.close_code().into(), reason.to_string().as_bytes());
+            close_plain(&req.conn, &reason);
             return;
         }
         if let Some(old) = self.lanes[lane].take() {
-            old.conn.close(0u32.into(), b"replaced by a rejoin");
+            close_plain(&old.conn, &CloseReason::LaneReplaced);
         } else {
             Metrics::add(&self.shared.metrics.lanes_open, 1);
         }
@@ -769,19 +769,13 @@ impl Session {
             }
             other => other.clone(),
         };
-        let code = reason.close_code();
         // Lanes 1.. first (no frame: lane 0's control stream carries the reason).
         for lane in self.lanes.iter().skip(1).flatten() {
-            lane.conn.close(code.into(), reason.to_string().as_bytes());
+            close_plain(&lane.conn, &reason);
         }
         if let Some(lane0) = &self.lanes[0] {
-            match reason.error_frame() {
-                Some(frame) => {
-                    let conn = lane0.conn.clone();
-                    close_with_error(&conn, self.control.stream_mut(), &frame, CLOSE_LINGER).await;
-                }
-                None => lane0.conn.close(code.into(), reason.to_string().as_bytes()),
-            }
+            let conn = lane0.conn.clone();
+            close_for(&conn, self.control.stream_mut(), &reason).await;
         }
         let lanes_up = self.lanes.iter().skip(1).filter(|l| l.is_some()).count() as u64;
         let lane0 = u64::from(self.lanes[0].is_some());

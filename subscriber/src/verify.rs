@@ -13,7 +13,7 @@
 
 use ledger_relay_wire::content::check_content;
 use ledger_relay_wire::frame::LedgerEnd;
-use ledger_relay_wire::header::{peek_header, ChainVerifier, LedgerHeaderInfo};
+use ledger_relay_wire::header::{peek_header, ChainError, ChainVerifier, LedgerHeaderInfo};
 
 use crate::config::Anchor;
 use crate::error::VerifyError;
@@ -158,18 +158,21 @@ impl Verifier {
     }
 
     /// The first ledger against the anchor: the anchor itself must have its hash; the ledger
-    /// after it must link to it. Any other sequence is left to the chain check.
+    /// after it must link to it (the chain rule, [`ChainVerifier`]'s). Any other sequence is
+    /// left to the chain check.
     fn check_anchor(&self, anchor: &Anchor, info: &LedgerHeaderInfo) -> Result<(), VerifyError> {
-        let (matches, got) = if info.ledger_seq == anchor.seq {
-            (info.hash == anchor.hash, info.hash)
-        } else if Some(info.ledger_seq) == anchor.seq.checked_add(1) {
-            (info.previous_hash == anchor.hash, info.previous_hash)
+        let got = if info.ledger_seq == anchor.seq {
+            if info.hash == anchor.hash {
+                return Ok(());
+            }
+            info.hash
         } else {
-            return Ok(());
+            match ChainVerifier::after(anchor.seq, anchor.hash).check(info) {
+                Err(ChainError::BrokenChain { got_previous, .. }) => got_previous,
+                // Links, or is not the ledger after the anchor.
+                _ => return Ok(()),
+            }
         };
-        if matches {
-            return Ok(());
-        }
         Err(VerifyError::AnchorMismatch {
             seq: info.ledger_seq,
             anchor_seq: anchor.seq,

@@ -212,8 +212,9 @@ pub struct Chunk {
     pub payload: Bytes,
 }
 
-/// The end record of a ledger: sent after its last chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The end record of a ledger: sent after its last chunk. (`Default` is all zeros, sequence 0
+/// being "none": a base for tests and fixtures to set the fields they need.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LedgerEnd {
     /// Ledger sequence.
     pub seq: u32,
@@ -231,6 +232,37 @@ pub struct LedgerEnd {
     pub first_byte_ns: u64,
     /// Relay wall clock (ns since the Unix epoch) when it read the ledger's last byte.
     pub last_byte_ns: u64,
+}
+
+impl LedgerEnd {
+    /// Appends the body (the [`LEDGER_END_LEN`] bytes after the frame header). The one layout of
+    /// an end record: the frame and the relay's ring records both use it.
+    pub fn put_body(&self, out: &mut Vec<u8>) {
+        out.put_u32(self.seq);
+        out.put_u32(self.chunk_count);
+        out.put_u64(self.raw_len);
+        out.put_u64(self.checksum);
+        out.put_slice(&self.header_hash);
+        out.put_slice(&self.previous_hash);
+        out.put_u64(self.first_byte_ns);
+        out.put_u64(self.last_byte_ns);
+    }
+
+    /// Reads a body written by [`LedgerEnd::put_body`]. Every value of every field is valid, so
+    /// this cannot fail once the length is right.
+    pub fn from_body(body: &[u8; LEDGER_END_LEN]) -> LedgerEnd {
+        let mut b = &body[..];
+        LedgerEnd {
+            seq: b.get_u32(),
+            chunk_count: b.get_u32(),
+            raw_len: b.get_u64(),
+            checksum: b.get_u64(),
+            header_hash: array(&mut b),
+            previous_hash: array(&mut b),
+            first_byte_ns: b.get_u64(),
+            last_byte_ns: b.get_u64(),
+        }
+    }
 }
 
 /// Asks the relay to send chunks again.
@@ -432,16 +464,7 @@ impl Frame {
                 out.extend_from_slice(&c.payload);
                 return;
             }
-            Frame::LedgerEnd(e) => {
-                out.put_u32(e.seq);
-                out.put_u32(e.chunk_count);
-                out.put_u64(e.raw_len);
-                out.put_u64(e.checksum);
-                out.put_slice(&e.header_hash);
-                out.put_slice(&e.previous_hash);
-                out.put_u64(e.first_byte_ns);
-                out.put_u64(e.last_byte_ns);
-            }
+            Frame::LedgerEnd(e) => e.put_body(out),
             Frame::Ack(seq) => out.put_u32(*seq),
             Frame::Resend(r) => {
                 out.put_u32(r.seq);
@@ -646,7 +669,7 @@ impl FrameDecoder {
     }
 }
 
-fn array<const N: usize>(b: &mut Bytes) -> [u8; N] {
+fn array<const N: usize>(b: &mut impl Buf) -> [u8; N] {
     let mut a = [0u8; N];
     b.copy_to_slice(&mut a);
     a
@@ -773,16 +796,7 @@ fn parse_body(ty: FrameType, mut b: Bytes, limits: &Limits) -> Result<Frame, Fra
                 payload: b,
             })
         }
-        FrameType::LedgerEnd => Frame::LedgerEnd(LedgerEnd {
-            seq: b.get_u32(),
-            chunk_count: b.get_u32(),
-            raw_len: b.get_u64(),
-            checksum: b.get_u64(),
-            header_hash: array(&mut b),
-            previous_hash: array(&mut b),
-            first_byte_ns: b.get_u64(),
-            last_byte_ns: b.get_u64(),
-        }),
+        FrameType::LedgerEnd => Frame::LedgerEnd(LedgerEnd::from_body(&array(&mut b))),
         FrameType::Ack => Frame::Ack(b.get_u32()),
         FrameType::Resend => {
             let seq = b.get_u32();

@@ -22,6 +22,8 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::frame::LedgerEnd;
+
 /// What [`peek_header`] learned about a ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LedgerHeaderInfo {
@@ -403,6 +405,37 @@ enum Link {
     After { seq: u32, hash: [u8; 32] },
 }
 
+/// What the chain rule reads of a ledger: its sequence, its hash and the hash it links to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainLink {
+    /// The ledger's sequence.
+    pub seq: u32,
+    /// Its header hash.
+    pub hash: [u8; 32],
+    /// Its header's `previousLedgerHash`.
+    pub previous_hash: [u8; 32],
+}
+
+impl From<&LedgerHeaderInfo> for ChainLink {
+    fn from(info: &LedgerHeaderInfo) -> ChainLink {
+        ChainLink {
+            seq: info.ledger_seq,
+            hash: info.hash,
+            previous_hash: info.previous_hash,
+        }
+    }
+}
+
+impl From<&LedgerEnd> for ChainLink {
+    fn from(end: &LedgerEnd) -> ChainLink {
+        ChainLink {
+            seq: end.seq,
+            hash: end.header_hash,
+            previous_hash: end.previous_hash,
+        }
+    }
+}
+
 /// Layer 4 of DESIGN.md's integrity checks: sequence is previous+1 (or the requested start),
 /// previousLedgerHash == previous ledger's hash.
 ///
@@ -438,7 +471,13 @@ impl ChainVerifier {
     /// Checks that `info` is the next ledger of the chain and, if so, advances to it. On
     /// error the verifier is unchanged.
     pub fn check(&mut self, info: &LedgerHeaderInfo) -> Result<(), ChainError> {
-        let got = info.ledger_seq;
+        self.check_link(info.into())
+    }
+
+    /// [`check`](Self::check) for a ledger known by its place in the chain alone: an end record,
+    /// a stored record, a lake's ledger.
+    pub fn check_link(&mut self, link: ChainLink) -> Result<(), ChainError> {
+        let got = link.seq;
         match self.link {
             Link::Any => {}
             Link::First(expected) => {
@@ -453,18 +492,18 @@ impl ChainVerifier {
                 if got != expected {
                     return Err(ChainError::UnexpectedSequence { expected, got });
                 }
-                if info.previous_hash != hash {
+                if link.previous_hash != hash {
                     return Err(ChainError::BrokenChain {
                         seq: got,
                         expected_previous: hash,
-                        got_previous: info.previous_hash,
+                        got_previous: link.previous_hash,
                     });
                 }
             }
         }
         self.link = Link::After {
             seq: got,
-            hash: info.hash,
+            hash: link.hash,
         };
         Ok(())
     }
@@ -892,6 +931,38 @@ mod tests {
             v.check(&info(0, 1, 0)),
             Err(ChainError::SequenceExhausted { seq: u32::MAX })
         );
+    }
+
+    #[test]
+    fn an_end_record_is_checked_by_the_same_rule_as_a_header() {
+        let end = |seq: u32, hash: u8, previous: u8| LedgerEnd {
+            seq,
+            chunk_count: 1,
+            raw_len: 1,
+            checksum: 0,
+            header_hash: [hash; 32],
+            previous_hash: [previous; 32],
+            first_byte_ns: 0,
+            last_byte_ns: 0,
+        };
+        assert_eq!(
+            ChainLink::from(&end(8, 8, 7)),
+            ChainLink::from(&info(8, 8, 7))
+        );
+        let mut v = ChainVerifier::after(7, [7; 32]);
+        assert!(matches!(
+            v.check_link((&end(8, 8, 6)).into()),
+            Err(ChainError::BrokenChain { seq: 8, .. })
+        ));
+        assert!(matches!(
+            v.check_link((&end(9, 9, 8)).into()),
+            Err(ChainError::UnexpectedSequence {
+                expected: 8,
+                got: 9
+            })
+        ));
+        v.check_link((&end(8, 8, 7)).into()).unwrap();
+        assert_eq!(v.last(), Some((8, [8; 32])));
     }
 
     #[test]

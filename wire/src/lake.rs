@@ -36,7 +36,7 @@ use std::io::Read;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::header::{peek_header, HeaderError, LedgerHeaderInfo};
+use crate::header::{peek_header, ChainVerifier, HeaderError, LedgerHeaderInfo};
 
 /// Key of the manifest, relative to the lake's root.
 pub const MANIFEST_KEY: &str = ".config.json";
@@ -771,7 +771,11 @@ pub fn decode_batch(xdr: Bytes, limits: &BatchLimits) -> Result<Batch, BatchErro
             });
         }
         if let Some(prev) = ledgers.last() {
-            if info.previous_hash != prev.info.hash {
+            // The sequences follow (checked above); the link is the chain rule's.
+            if ChainVerifier::after(prev.info.ledger_seq, prev.info.hash)
+                .check(&info)
+                .is_err()
+            {
                 return Err(BatchError::BrokenChain {
                     seq: want,
                     prev: prev.info.ledger_seq,

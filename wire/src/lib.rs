@@ -22,6 +22,8 @@
 //!   into complete, checksum-verified ledgers in sequence order.
 //! - [`sender`]: its peer on the relay, the session state machine: the window, acks, resends,
 //!   lane striping, live and catch-up reading, and the typed reason of every session's end.
+//! - [`stored`]: the values the relay's retention ring keeps on disk, encoded, and decoded
+//!   with every checksum, key and length checked (bytes read back from disk are hostile too).
 //! - [`lake`]: SEP-54 data lakes (what Galexie writes): object names, the bounded
 //!   `LedgerCloseMetaBatch` codec and the `.config.json` manifest.
 //! - [`baseline`]: the messages of the relay's TCP baseline (one TLS-over-TCP flow a benchmark
@@ -57,6 +59,7 @@ pub mod lake;
 pub mod limits;
 pub mod record;
 pub mod sender;
+pub mod stored;
 
 pub use assembler::{AssembledLedger, Missing, Reassembler};
 pub use chunker::{Chunker, LedgerSummary, RawChunk};

@@ -99,6 +99,30 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// The longest round trip of its lanes.
+    fn rtt(&self) -> Duration {
+        self.lanes
+            .iter()
+            .map(|l| l.delay * 2)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The time a transfer may spend finding its lanes' rates, beyond the fluid bound:
+    /// [`RAMP_RTTS`] round trips, plus one chunk's time on the slowest lane (every lane starts
+    /// with one chunk before its rate is known; on a lane far slower than the others, that chunk
+    /// holds its ledger, and so the window, for that long).
+    fn startup(&self) -> Duration {
+        let slowest = self
+            .lanes
+            .iter()
+            .map(|l| l.rate)
+            .fold(f64::INFINITY, f64::min);
+        self.rtt() * RAMP_RTTS + Duration::from_secs_f64(self.chunk as f64 / slowest)
+    }
+}
+
 #[derive(Debug)]
 enum Ev {
     Publish {
@@ -664,19 +688,7 @@ fn wire_len(l: &CompleteLedger) -> u64 {
 /// The fluid bound of a transfer of `bytes` that can start at once: the time at which the
 /// lanes, each at its rate while it is up, have carried them all, plus one round trip.
 fn fluid_bound(sc: &Scenario, bytes: u64) -> Duration {
-    let rtt = sc
-        .lanes
-        .iter()
-        .map(|l| l.delay * 2)
-        .max()
-        .unwrap_or_default();
-    let up = |lane: usize, t: Duration| {
-        sc.deaths
-            .iter()
-            .filter(|(l, _, _)| *l == lane)
-            .all(|(_, die, rejoin)| t < *die || rejoin.is_some_and(|r| t >= r))
-    };
-    let step = Duration::from_micros(100);
+    let rtt = sc.rtt();
     let mut carried = 0.0;
     let mut t = Duration::ZERO;
     while carried < bytes as f64 {
@@ -684,13 +696,37 @@ fn fluid_bound(sc: &Scenario, bytes: u64) -> Duration {
             .lanes
             .iter()
             .enumerate()
-            .filter(|(i, _)| up(*i, t))
+            .filter(|(i, _)| lane_up(sc, *i, t))
             .map(|(_, l)| l.rate)
             .sum();
-        carried += rate * step.as_secs_f64();
-        t += step;
+        carried += rate * STEP.as_secs_f64();
+        t += STEP;
     }
     t + rtt
+}
+
+/// The step of the integrals over lanes' up time.
+const STEP: Duration = Duration::from_micros(100);
+
+/// Whether `lane` is up at `t` (it is unless one of its deaths covers `t`).
+fn lane_up(sc: &Scenario, lane: usize, t: Duration) -> bool {
+    sc.deaths
+        .iter()
+        .filter(|(l, _, _)| *l == lane)
+        .all(|(_, die, rejoin)| t < *die || rejoin.is_some_and(|r| t >= r))
+}
+
+/// What `lane` could carry until `until`: its rate times the time it was up.
+fn lane_capacity(sc: &Scenario, lane: usize, until: Duration) -> f64 {
+    let mut up = Duration::ZERO;
+    let mut t = Duration::ZERO;
+    while t < until {
+        if lane_up(sc, lane, t) {
+            up += STEP;
+        }
+        t += STEP;
+    }
+    sc.lanes[lane].rate * up.as_secs_f64()
 }
 
 /// Round trips a transfer may spend finding the lanes' rates, beyond the fluid bound: a lane
@@ -698,87 +734,104 @@ fn fluid_bound(sc: &Scenario, bytes: u64) -> Duration {
 /// congestion window does in slow start.
 const RAMP_RTTS: u32 = 10;
 
-/// Runs `sc` and checks that the whole transfer takes at most `1 + tolerance` times the fluid
-/// bound, plus [`RAMP_RTTS`] round trips, plus one chunk's time on the slowest lane (every lane
-/// starts with one chunk before its rate is known; on a lane far slower than the others, that
-/// chunk holds its ledger, and so the window, for that long); returns the outcome.
-fn check(sc: Scenario, tolerance: f64) -> Outcome {
-    let bound_sc = sc.clone();
-    let o = Sim::new(sc).run(Duration::from_secs(600)).unwrap();
-    let bound = fluid_bound(&bound_sc, o.wire_bytes);
-    let rtt = bound_sc
-        .lanes
-        .iter()
-        .map(|l| l.delay * 2)
-        .max()
-        .unwrap_or_default();
-    let slowest = bound_sc
-        .lanes
-        .iter()
-        .map(|l| l.rate)
-        .fold(f64::INFINITY, f64::min);
-    let probe = Duration::from_secs_f64(bound_sc.chunk as f64 / slowest);
-    let allowed = bound.mul_f64(1.0 + tolerance) + rtt * RAMP_RTTS + probe;
+/// How close each lane's share of the bytes must come to its share of the capacity.
+#[derive(Debug, Clone, Copy)]
+enum Shares {
+    /// Within 5%.
+    Within5,
+    /// Within 5%, plus [`startup_slack`]: for transfers too short for the 5% alone.
+    Within5AfterStartup,
+}
+
+/// The checks every bulk scenario makes: runs `sc`, then checks that the whole transfer takes at
+/// most `1 + tolerance` times the fluid bound plus its start-up time ([`Scenario::startup`]),
+/// and that each lane carried its share of the bytes ([`check_shares`]); returns the outcome.
+/// (Every ledger complete, in order and once is checked by the run itself.)
+fn check(sc: Scenario, tolerance: f64, shares: Shares) -> Outcome {
+    let o = Sim::new(sc.clone()).run(Duration::from_secs(600)).unwrap();
+    let bound = fluid_bound(&sc, o.wire_bytes);
+    let allowed = bound.mul_f64(1.0 + tolerance) + sc.startup();
     let ratio = o.done_at.as_secs_f64() / bound.as_secs_f64();
     assert!(
         o.done_at <= allowed,
         "whole transfer {:?} is {ratio:.3}x the fluid bound {bound:?} (allowed {allowed:?}): {o:?}",
         o.done_at
     );
+    let slack = match shares {
+        Shares::Within5 => vec![0.0; sc.lanes.len()],
+        Shares::Within5AfterStartup => startup_slack(&sc, &o),
+    };
+    check_shares(&sc, &o, &slack);
     o
 }
 
-/// Each lane's share of the bytes is within 5% of its share of the capacity.
-fn check_shares(lanes: &[LaneSpec], o: &Outcome) {
+/// Each lane's share of the bytes is within 5% (plus `slack[i]` of the total bytes for lane `i`)
+/// of its share of the capacity: its rate times the time it was up until the transfer ended
+/// (for lanes that never die, its share of the summed rates). Bytes count when their stream is
+/// acknowledged on the lane's live connection, so what a lane had in flight when it died counts
+/// for the lane that carried it again.
+fn check_shares(sc: &Scenario, o: &Outcome, slack: &[f64]) {
     let total: u64 = o.lane_bytes.iter().sum();
-    let cap: f64 = lanes.iter().map(|l| l.rate).sum();
-    for (i, (l, bytes)) in lanes.iter().zip(&o.lane_bytes).enumerate() {
+    let caps: Vec<f64> = (0..sc.lanes.len())
+        .map(|i| lane_capacity(sc, i, o.done_at))
+        .collect();
+    let cap: f64 = caps.iter().sum();
+    for (i, (c, bytes)) in caps.iter().zip(&o.lane_bytes).enumerate() {
         let share = *bytes as f64 / total as f64;
-        let want = l.rate / cap;
+        let want = c / cap;
+        let allowed = 0.05 * want + slack[i];
         assert!(
-            (share - want).abs() <= 0.05 * want,
-            "lane {i} carried {share:.4} of the bytes, its capacity share is {want:.4}: {:?}",
+            (share - want).abs() <= allowed,
+            "lane {i} carried {share:.4} of the bytes, its capacity share is {want:.4} \
+             (allowed {allowed:.4}): {:?}",
             o.lane_bytes
         );
     }
+}
+
+/// Per lane, the part of the bytes it may be off by beyond the 5% in a short transfer: one chunk
+/// (a lane carries whole chunks, and a slow one is left out of the last), plus what it carries
+/// in the start-up time `check` allows beyond the fluid bound ([`Scenario::startup`]), in which
+/// the lanes' rates are still being found.
+fn startup_slack(sc: &Scenario, o: &Outcome) -> Vec<f64> {
+    let startup = sc.startup().as_secs_f64();
+    sc.lanes
+        .iter()
+        .map(|l| (sc.chunk as f64 + l.rate * startup) / o.wire_bytes as f64)
+        .collect()
 }
 
 /// Four equal lanes of 100 Mbit/s, the issue's set-up.
 #[test]
 fn equal_lanes_share_evenly_and_finish_at_the_fluid_bound() {
     let lanes = vec![lane(12.5); 4];
-    let o = check(Scenario::bulk(lanes.clone()), 0.02);
-    check_shares(&lanes, &o);
+    let o = check(Scenario::bulk(lanes), 0.02, Shares::Within5);
     assert_eq!(o.resent, 0, "no stall: nothing asked again");
 }
 
 #[test]
 fn eight_equal_lanes() {
     let lanes = vec![lane(12.5); 8];
-    let o = check(Scenario::bulk(lanes.clone()), 0.03);
-    check_shares(&lanes, &o);
+    check(Scenario::bulk(lanes), 0.03, Shares::Within5);
 }
 
 #[test]
 fn unequal_lanes_carry_in_proportion_to_their_rates() {
     let lanes = vec![lane(5.0), lane(10.0), lane(15.0), lane(20.0)];
-    let o = check(Scenario::bulk(lanes.clone()), 0.03);
-    check_shares(&lanes, &o);
+    check(Scenario::bulk(lanes), 0.03, Shares::Within5);
 }
 
 #[test]
 fn one_lane_at_half_the_others_still_fills_the_sum_of_caps() {
     // The issue's target: the total reaches at least 90% of the sum of the caps.
     let lanes = vec![lane(12.5), lane(12.5), lane(12.5), lane(6.25)];
-    let o = check(Scenario::bulk(lanes.clone()), 0.03);
-    check_shares(&lanes, &o);
+    check(Scenario::bulk(lanes), 0.03, Shares::Within5);
 }
 
 #[test]
 fn a_lane_at_a_tenth_of_the_others_helps_and_holds_nothing_back() {
     let lanes = vec![lane(12.5), lane(12.5), lane(12.5), lane(1.25)];
-    let o = check(Scenario::bulk(lanes.clone()), 0.03);
-    check_shares(&lanes, &o);
+    check(Scenario::bulk(lanes), 0.03, Shares::Within5);
 }
 
 #[test]
@@ -793,7 +846,8 @@ fn a_lane_dying_mid_ledger_and_rejoining_costs_only_its_capacity() {
         ),
         (3, Duration::from_millis(2001), None),
     ];
-    let o = check(sc, 0.03);
+    // Shares over the time each lane was up.
+    let o = check(sc, 0.03, Shares::Within5);
     assert!(o.retried > 0, "the dead lanes' streams went again: {o:?}");
 }
 
@@ -809,7 +863,7 @@ fn a_loss_burst_on_one_lane_costs_little() {
         0.5,
     ));
     // The lost packets' resends take link time the fluid bound does not count.
-    check(sc, 0.05);
+    check(sc, 0.05, Shares::Within5);
 }
 
 #[test]
@@ -890,6 +944,14 @@ proptest! {
         sc.size = 1 << 20;
         sc.chunk = chunk_kib << 10;
         sc.seed = seed;
-        check(sc, 0.05);
+        // These transfers are short (24 MiB, about a second) over lanes as slow as 1 MB/s with
+        // chunks up to 512 KiB, too short for the 5% alone: a slow lane's whole share can be
+        // two chunks, and the start-up, while rates are found, is a large part of the whole.
+        // Until every lane has delivered its first chunk, an unmeasured one counts at
+        // `INITIAL_RATE`, and a measured slow lane may wait for it rather than start a chunk
+        // it would finish later (seen: a 4 MB/s lane idle for 80 ms beside three 1 MB/s lanes
+        // on their first 123 KiB chunk); fast lanes ramp for several round trips. So each lane
+        // may also be off by the bytes of `startup_slack`.
+        check(sc, 0.05, Shares::Within5AfterStartup);
     }
 }

@@ -41,12 +41,9 @@ pub struct Segment {
     pub ended_s: f64,
     /// How it ended.
     pub end: Option<End>,
-    /// Ledgers it wrote.
-    pub ledgers: usize,
-    /// First and last sequence it wrote.
-    pub first_seq: Option<u32>,
-    /// Last sequence it wrote.
-    pub last_seq: Option<u32>,
+    /// Ledgers it wrote, first and last sequence.
+    #[serde(flatten)]
+    pub written: Written,
     #[serde(skip)]
     pub(super) stats: PathBuf,
     #[serde(skip)]

@@ -14,12 +14,9 @@ pub struct SlowOutcome {
     pub waited: bool,
     /// Exit code (`None`: killed by a signal, or still running at the deadline).
     pub exit_code: Option<i32>,
-    /// Ledgers it wrote.
-    pub ledgers: usize,
-    /// First and last sequence it wrote.
-    pub first_seq: Option<u32>,
-    /// Last sequence it wrote.
-    pub last_seq: Option<u32>,
+    /// Ledgers it wrote, first and last sequence.
+    #[serde(flatten)]
+    pub written: Written,
     /// Its sequences have no gap, duplicate or reordering.
     pub contiguous: bool,
     /// Seconds from the run's start to its exit.
@@ -46,14 +43,14 @@ impl SlowOutcome {
     /// One phrase.
     pub fn verdict(&self, expected: u32) -> String {
         match self.exit_code {
-            Some(0) if self.ledgers == expected as usize && self.contiguous => format!(
+            Some(0) if self.written.ledgers == expected as usize && self.contiguous => format!(
                 "caught up: {}/{expected} ledgers in {:.0} s",
-                self.ledgers,
+                self.written.ledgers,
                 self.done_s.unwrap_or(f64::NAN)
             ),
             Some(4) => format!(
                 "below retention (exit 4) after {} ledgers{}",
-                self.ledgers,
+                self.written.ledgers,
                 self.oldest_held
                     .filter(|o| *o > 0)
                     .map(|o| format!(", oldest held {o}"))
@@ -61,10 +58,10 @@ impl SlowOutcome {
             ),
             None if !self.waited && self.contiguous => format!(
                 "stopped by the harness after the normal ones, at {} ledgers",
-                self.ledgers
+                self.written.ledgers
             ),
-            Some(c) => format!("FAILED: exit {c} after {} ledgers", self.ledgers),
-            None => format!("FAILED: no exit ({} ledgers)", self.ledgers),
+            Some(c) => format!("FAILED: exit {c} after {} ledgers", self.written.ledgers),
+            None => format!("FAILED: no exit ({} ledgers)", self.written.ledgers),
         }
     }
 }

@@ -12,7 +12,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use ledger_relay_certs::{
     format_list, rfc3339, CertDir, Issued, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS,
 };
-use ledger_relay_cli::Shell;
+use ledger_relay_cli::AssetCommand;
 
 /// Certificate authority for Ledger Relay: a CA, relay (server) and subscriber (client)
 /// certificates, and the CRL relays load.
@@ -93,17 +93,8 @@ enum Command {
         /// Certificate directory.
         dir: PathBuf,
     },
-    /// Print the shell completion script for SHELL on stdout.
-    Completions {
-        /// bash, zsh, fish, elvish or powershell.
-        #[arg(value_enum)]
-        shell: Shell,
-    },
-    /// Write man pages (ledger-certs.1 and one per subcommand) into DIR.
-    Man {
-        /// Directory, created if missing.
-        dir: PathBuf,
-    },
+    #[command(flatten)]
+    Assets(AssetCommand),
 }
 
 fn main() -> ExitCode {
@@ -192,16 +183,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 dir.join("renewed").display()
             );
         }
-        Command::Completions { shell } => {
-            ledger_relay_cli::write_completions(Cli::command(), shell, &mut std::io::stdout());
-        }
-        Command::Man { dir } => {
-            let pages = ledger_relay_cli::write_man_pages(Cli::command(), &dir)
-                .with_context(|| format!("writing man pages to {}", dir.display()))?;
-            for page in pages {
-                println!("{}", page.display());
-            }
-        }
+        Command::Assets(assets) => assets.run(Cli::command())?,
         Command::List { dir } => {
             let entries = CertDir::open(&dir)?.list()?;
             print!("{}", format_list(&entries, time::OffsetDateTime::now_utc()));

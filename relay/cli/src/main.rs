@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 use demo::DemoArgs;
 use ledger_relay::config::{RelayConfig, RunArgs};
-use ledger_relay_cli::{logging, LogFormat, Shell};
+use ledger_relay_cli::{logging, AssetCommand, LogFormat, StopSignals};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -44,17 +44,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
-    /// Print the shell completion script for SHELL on stdout.
-    Completions {
-        /// bash, zsh, fish, elvish or powershell.
-        #[arg(value_enum)]
-        shell: Shell,
-    },
-    /// Write man pages (ledger-relay.1 and one per subcommand) into DIR.
-    Man {
-        /// Directory, created if missing.
-        dir: PathBuf,
-    },
+    #[command(flatten)]
+    Assets(AssetCommand),
 }
 
 fn main() -> ExitCode {
@@ -87,19 +78,10 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             };
         }
-        Command::Completions { shell } => {
-            ledger_relay_cli::write_completions(Cli::command(), shell, &mut std::io::stdout());
-            return ExitCode::SUCCESS;
-        }
-        Command::Man { dir } => {
-            return match ledger_relay_cli::write_man_pages(Cli::command(), &dir) {
-                Ok(pages) => {
-                    for page in pages {
-                        println!("{}", page.display());
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(anyhow::Error::new(e).context(format!("writing {}", dir.display()))),
+        Command::Assets(assets) => {
+            return match assets.run(Cli::command()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e.into()),
             };
         }
         Command::Run(_) | Command::Demo(_) => {}
@@ -123,9 +105,7 @@ fn main() -> ExitCode {
             }
             Command::Demo(args) => demo::run(args, shutdown).await,
             // Handled above.
-            Command::CheckConfig { .. } | Command::Completions { .. } | Command::Man { .. } => {
-                Ok(())
-            }
+            Command::CheckConfig { .. } | Command::Assets(_) => Ok(()),
         }
     });
     match result {
@@ -137,22 +117,12 @@ fn main() -> ExitCode {
 /// SIGINT or SIGTERM: graceful shutdown (stop accepting, finish the ledger in flight, flush the
 /// ring). A second signal exits at once.
 async fn shutdown_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let Ok(mut signals) = StopSignals::new() else {
         return;
     };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
+    signals.recv().await;
     tracing::info!("signal received: shutting down (again to exit at once)");
     shutdown.cancel();
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
+    signals.recv().await;
     std::process::exit(130);
 }

@@ -21,6 +21,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use ledger_relay_wire::header::{ChainError, ChainVerifier};
 use ledger_relay_wire::lake::{Batch, BatchLedger};
 use tokio::task::JoinHandle;
 
@@ -259,14 +260,11 @@ impl LakeCursor {
     fn hand_out(&mut self, ledger: BatchLedger, key: String) -> Result<BatchLedger, LakeError> {
         let info = &ledger.info;
         if let Some((pseq, phash)) = self.prev {
-            if info.ledger_seq == pseq.wrapping_add(1) && info.previous_hash != phash {
-                let e = LakeError::BrokenChain {
-                    key,
-                    seq: info.ledger_seq,
-                    prev: pseq,
-                    got: hex(&info.previous_hash),
-                    expected: hex(&phash),
-                };
+            // Only a broken link is refused here: a gap is the caller's to judge.
+            if let Err(ChainError::BrokenChain { .. }) =
+                ChainVerifier::after(pseq, phash).check(info)
+            {
+                let e = LakeError::broken_chain(key, pseq, &phash, &info.into());
                 self.lake.stats().count(&e);
                 self.reset();
                 return Err(e);
@@ -303,8 +301,4 @@ impl LakeCursor {
         self.lake.stats().count(&e);
         e
     }
-}
-
-fn hex(h: &[u8; 32]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
 }

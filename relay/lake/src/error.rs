@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ledger_relay_wire::header::ChainLink;
 use ledger_relay_wire::lake::BatchError;
 
 /// Why a lake operation failed. Every variant names the object key (relative to the lake's
@@ -203,6 +204,27 @@ impl ErrorKind {
 }
 
 impl LakeError {
+    /// [`LakeError::BrokenChain`] at `key` for ledger `next`, which does not follow ledger `prev`
+    /// whose hash is `prev_hash`. Whether it follows is [`ChainVerifier`]'s to say (the chain
+    /// rule has one owner); this only words the refusal.
+    ///
+    /// [`ChainVerifier`]: ledger_relay_wire::header::ChainVerifier
+    pub fn broken_chain(
+        key: String,
+        prev: u32,
+        prev_hash: &[u8; 32],
+        next: &ChainLink,
+    ) -> LakeError {
+        let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        LakeError::BrokenChain {
+            key,
+            seq: next.seq,
+            prev,
+            got: hex(&next.previous_hash),
+            expected: hex(prev_hash),
+        }
+    }
+
     /// The error's kind.
     pub fn kind(&self) -> ErrorKind {
         match self {

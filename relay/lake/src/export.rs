@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use ledger_relay_wire::header::{ChainError, ChainVerifier};
 use ledger_relay_wire::lake::{BatchLedger, Schema};
 use rand::Rng;
 
@@ -89,23 +90,25 @@ impl BatchAssembler {
             if seq <= tseq {
                 return Ok(Offer::AlreadyHeld);
             }
-            if seq == tseq + 1 {
-                if info.previous_hash != thash {
-                    return Err(LakeError::BrokenChain {
-                        key: key(),
-                        seq,
-                        prev: tseq,
-                        got: hex(&info.previous_hash),
-                        expected: hex(&thash),
-                    });
+            match ChainVerifier::after(tseq, thash).check(&info) {
+                Ok(()) => {}
+                Err(ChainError::BrokenChain { .. }) => {
+                    return Err(LakeError::broken_chain(
+                        key(),
+                        tseq,
+                        &thash,
+                        &(&info).into(),
+                    ));
                 }
-            } else {
-                offer = Offer::AfterGap {
-                    expected: tseq + 1,
-                    got: seq,
-                    dropped: self.pending.len(),
-                };
-                self.pending.clear();
+                // Past tseq + 1 (an older or the same ledger returned above): a gap.
+                Err(_) => {
+                    offer = Offer::AfterGap {
+                        expected: tseq + 1,
+                        got: seq,
+                        dropped: self.pending.len(),
+                    };
+                    self.pending.clear();
+                }
             }
         }
         self.tail = Some((seq, info.hash));

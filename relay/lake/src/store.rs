@@ -92,25 +92,12 @@ impl Lake {
                 .ok_or_else(|| LakeError::NoManifest {
                     key: MANIFEST_KEY.into(),
                 })?;
-            check_network(&manifest, network)?;
-            let schema = manifest.schema().map_err(|e| LakeError::Manifest {
-                key: MANIFEST_KEY.into(),
-                reason: e.to_string(),
-            })?;
+            let schema = checked_schema(&manifest, network)?;
             Ok::<_, LakeError>((manifest, schema))
         }
         .await;
         let (manifest, schema) = r.inspect_err(|e| stats.count(e))?;
-        let mut lake = Lake {
-            url: url.clone(),
-            store,
-            manifest,
-            schema,
-            limits: opts.limits.clone(),
-            stats,
-        };
-        lake.detect_extension().await?;
-        Ok(lake)
+        Lake::finish_open(url, opts, store, manifest, schema, stats).await
     }
 
     /// Opens a lake to write on `network` (a passphrase), publishing the manifest if the lake
@@ -174,11 +161,7 @@ impl Lake {
                     }
                 }
             };
-            check_network(&manifest, Some(network))?;
-            let schema = manifest.schema().map_err(|e| LakeError::Manifest {
-                key: MANIFEST_KEY.into(),
-                reason: e.to_string(),
-            })?;
+            let schema = checked_schema(&manifest, Some(network))?;
             let mut diffs = Vec::new();
             if let Some(n) = layout.ledgers_per_batch {
                 if n != schema.ledgers_per_batch() {
@@ -209,6 +192,19 @@ impl Lake {
         }
         .await;
         let (manifest, schema) = r.inspect_err(|e| stats.count(e))?;
+        Lake::finish_open(url, opts, store, manifest, schema, stats).await
+    }
+
+    /// The lake once its manifest is read (or published): names its objects as the existing
+    /// ones are named.
+    async fn finish_open(
+        url: &LakeUrl,
+        opts: &LakeOptions,
+        store: Arc<dyn ObjectStore>,
+        manifest: Manifest,
+        schema: Schema,
+        stats: Arc<LakeStats>,
+    ) -> Result<Lake, LakeError> {
         let mut lake = Lake {
             url: url.clone(),
             store,
@@ -584,6 +580,15 @@ async fn read_manifest(store: &Arc<dyn ObjectStore>) -> Result<Option<Manifest>,
             key: MANIFEST_KEY.into(),
             reason: e.to_string(),
         })
+}
+
+/// The manifest's layout, once it names `network` (when one is given).
+fn checked_schema(manifest: &Manifest, network: Option<&str>) -> Result<Schema, LakeError> {
+    check_network(manifest, network)?;
+    manifest.schema().map_err(|e| LakeError::Manifest {
+        key: MANIFEST_KEY.into(),
+        reason: e.to_string(),
+    })
 }
 
 fn check_network(manifest: &Manifest, network: Option<&str>) -> Result<(), LakeError> {

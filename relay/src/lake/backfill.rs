@@ -34,6 +34,7 @@ use ledger_relay_lake::{
 };
 use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::frame::LedgerEnd;
+use ledger_relay_wire::header::ChainVerifier;
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
 use crate::hub::CompleteLedger;
@@ -312,15 +313,7 @@ impl BackfillCursor {
 /// served from the lake) and links to it.
 pub fn verify_link(last: (u32, [u8; 32]), next: &LedgerEnd) -> Result<(), LakeError> {
     let (seq, hash) = last;
-    if next.seq != seq.wrapping_add(1) || next.previous_hash != hash {
-        let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
-        return Err(LakeError::BrokenChain {
-            key: "ring".into(),
-            seq: next.seq,
-            prev: seq,
-            got: hex(&next.previous_hash),
-            expected: hex(&hash),
-        });
-    }
-    Ok(())
+    ChainVerifier::after(seq, hash)
+        .check_link(next.into())
+        .map_err(|_| LakeError::broken_chain("ring".into(), seq, &hash, &next.into()))
 }

@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{info, warn};
 
-use super::layout::{
-    decode_record, part_key, record_key, record_seq, seal, unseal, Record, CHUNK_PREFIX,
-    META_EPOCH, META_FORMAT, META_NETWORK, RECORD_PREFIX,
+use ledger_relay_wire::header::ChainVerifier;
+use ledger_relay_wire::stored::{
+    part_key, parts_prefix, record_key, record_seq, seal, seal_u32, seal_u64, unseal_str,
+    unseal_u32, unseal_u64, Record, META_EPOCH, META_FORMAT, META_NETWORK, PART_PREFIX,
+    RECORD_PREFIX,
 };
+
 use super::read::{read_ledger, ReadFail};
 use super::{
     Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FLUSH_EVERY_MS, FORMAT_VERSION,
@@ -61,25 +64,16 @@ impl Ring {
                         detail: "missing from a non-empty store",
                     });
                 }
-                batch.insert(
-                    META_FORMAT,
-                    seal(|b| b.extend_from_slice(&FORMAT_VERSION.to_be_bytes())),
-                );
-                batch.insert(
-                    META_EPOCH,
-                    seal(|b| b.extend_from_slice(&0u64.to_be_bytes())),
-                );
+                batch.insert(META_FORMAT, seal_u32(FORMAT_VERSION));
+                batch.insert(META_EPOCH, seal_u64(0));
                 dirty = true;
                 0
             }
             Some(v) => {
-                let found = unseal(&v)
-                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                    .map(u32::from_be_bytes)
-                    .ok_or(RingError::BadMeta {
-                        key: "format",
-                        detail: "bad checksum or length",
-                    })?;
+                let found = unseal_u32(&v).ok_or(RingError::BadMeta {
+                    key: "format",
+                    detail: "bad checksum or length",
+                })?;
                 if found != FORMAT_VERSION {
                     return Err(RingError::Format {
                         found,
@@ -90,20 +84,16 @@ impl Ring {
                     key: "epoch",
                     detail: "missing",
                 })?;
-                unseal(&v)
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .map(u64::from_be_bytes)
-                    .ok_or(RingError::BadMeta {
-                        key: "epoch",
-                        detail: "bad checksum or length",
-                    })?
+                unseal_u64(&v).ok_or(RingError::BadMeta {
+                    key: "epoch",
+                    detail: "bad checksum or length",
+                })?
             }
         };
         let stored_network = match db.get(META_NETWORK)? {
             None => None,
             Some(v) => Some(
-                unseal(&v)
-                    .and_then(|b| std::str::from_utf8(b).ok())
+                unseal_str(&v)
                     .map(str::to_owned)
                     .ok_or(RingError::BadMeta {
                         key: "network",
@@ -133,7 +123,7 @@ impl Ring {
         let mut records: Vec<(Vec<u8>, Option<Record>)> = Vec::new();
         for kv in db.scan_prefix([RECORD_PREFIX]) {
             let (k, v) = kv?;
-            let rec = record_seq(&k).and_then(|seq| decode_record(seq, &v).ok());
+            let rec = record_seq(&k).and_then(|seq| Record::decode(seq, &v).ok());
             records.push((k.to_vec(), rec));
         }
         // Unreadable records above the newest readable one are a torn tail: skip them.
@@ -148,8 +138,9 @@ impl Ring {
             };
             if keep_from < skip_top {
                 if let Some(next) = records[keep_from].1 {
-                    let linked = rec.end.seq.checked_add(1) == Some(next.end.seq)
-                        && next.end.previous_hash == rec.end.header_hash;
+                    let linked = ChainVerifier::after(rec.end.seq, rec.end.header_hash)
+                        .check_link((&next.end).into())
+                        .is_ok();
                     if !linked {
                         break;
                     }
@@ -194,12 +185,12 @@ impl Ring {
             ),
             _ => (part_key(0, 0), part_key(0, 0)),
         };
-        for kv in db.range([CHUNK_PREFIX].as_slice()..below.as_slice()) {
+        for kv in db.range([PART_PREFIX].as_slice()..below.as_slice()) {
             let (k, _) = kv?;
             batch.remove(k);
             dirty = true;
         }
-        for kv in db.range(above.as_slice()..[CHUNK_PREFIX + 1].as_slice()) {
+        for kv in db.range(above.as_slice()..[PART_PREFIX + 1].as_slice()) {
             let (k, _) = kv?;
             batch.remove(k);
             dirty = true;
@@ -247,10 +238,7 @@ impl Ring {
 
 /// Adds the removal of every stored part of `seq` to `batch` (repair path: reads the keys).
 fn remove_all_parts(db: &sled::Tree, batch: &mut sled::Batch, seq: u32) -> Result<(), RingError> {
-    let mut prefix = [0u8; 5];
-    prefix[0] = CHUNK_PREFIX;
-    prefix[1..].copy_from_slice(&seq.to_be_bytes());
-    for kv in db.scan_prefix(prefix) {
+    for kv in db.scan_prefix(parts_prefix(seq)) {
         let (k, _) = kv?;
         batch.remove(k);
     }

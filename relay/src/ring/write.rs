@@ -4,15 +4,14 @@
 use std::sync::PoisonError;
 use std::time::Instant;
 
-use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::frame::LedgerEnd;
+use ledger_relay_wire::header::ChainVerifier;
+use ledger_relay_wire::stored::{
+    check_chunks, encode_parts, part_key, record_key, seal_u64, Record, META_EPOCH, RECORD_LEN,
+};
 use tracing::info;
 
-use super::layout::{
-    encode_record, part_key, put_part_id, record_key, seal, Record, META_EPOCH, PART_CONTINUE,
-    PART_START, RECORD_BODY_LEN, SEAL_LEN,
-};
-use super::{Held, Ring, RingConfig, RingError, StoredChunk, PART_MAX, REOPEN_EVERY};
+use super::{Held, Ring, RingConfig, RingError, StoredChunk, REOPEN_EVERY};
 
 impl Ring {
     /// Appends one complete ledger, in one sled batch together with the pruning it causes
@@ -45,7 +44,10 @@ impl Ring {
         {
             let st = self.read_state();
             if let Some(newest) = st.held.back() {
-                if newest.seq.checked_add(1) != Some(end.seq) || end.previous_hash != st.newest_hash
+                // The chain rule has one owner.
+                if ChainVerifier::after(newest.seq, st.newest_hash)
+                    .check_link(end.into())
+                    .is_err()
                 {
                     return Err(RingError::Discontinuity {
                         newest: newest.seq,
@@ -59,43 +61,23 @@ impl Ring {
 
         // The new ledger's values.
         let mut batch = sled::Batch::default();
-        let mut parts = 0u32;
+        let values = encode_parts(end.seq, chunks);
+        // The record counts parts in a u32: a ledger (the relay bounds its size) has far fewer
+        // than 2^32 parts of 64 KiB.
+        let parts = values.len() as u32;
         let mut bytes = 0u64;
-        for chunk in chunks {
-            let payload = &chunk.payload[..];
-            let mut pieces = payload.chunks(PART_MAX);
-            let first = pieces.next().unwrap_or(&[]);
-            let value = seal(|b| {
-                put_part_id(b, end.seq, parts, PART_START);
-                b.extend_from_slice(&chunk.index.to_be_bytes());
-                b.push(chunk.codec as u8);
-                b.extend_from_slice(&chunk.raw_offset.to_be_bytes());
-                b.extend_from_slice(&chunk.raw_len.to_be_bytes());
-                // validate() bounded the payload by raw_len, a u32.
-                b.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-                b.extend_from_slice(first);
-            });
+        for (key, value) in values {
             bytes += value.len() as u64;
-            batch.insert(&part_key(end.seq, parts)[..], value);
-            parts += 1;
-            for piece in pieces {
-                let value = seal(|b| {
-                    put_part_id(b, end.seq, parts, PART_CONTINUE);
-                    b.extend_from_slice(piece);
-                });
-                bytes += value.len() as u64;
-                batch.insert(&part_key(end.seq, parts)[..], value);
-                parts += 1;
-            }
+            batch.insert(&key[..], value);
         }
         // Every record has the same length, so a record can count its own bytes.
-        bytes += (SEAL_LEN + RECORD_BODY_LEN) as u64;
+        bytes += RECORD_LEN as u64;
         let record = Record {
             end: *end,
             parts,
             bytes,
         };
-        batch.insert(&record_key(end.seq)[..], encode_record(&record));
+        batch.insert(&record_key(end.seq)[..], record.encode());
 
         // Pruning, oldest first, never the new ledger. The writer lock keeps `held` as it was
         // checked above.
@@ -167,10 +149,7 @@ impl Ring {
                 }
             }
             let epoch = st.epoch + 1;
-            batch.insert(
-                META_EPOCH,
-                seal(|b| b.extend_from_slice(&epoch.to_be_bytes())),
-            );
+            batch.insert(META_EPOCH, seal_u64(epoch));
             self.db()?.apply_batch(batch)?;
             info!(epoch, dropped = st.held.len(), "ring reset");
             st.held.clear();
@@ -230,7 +209,8 @@ impl Ring {
     }
 }
 
-/// Checks that the chunks handed to `append` are exactly the ledger `end` describes.
+/// Checks that the chunks handed to `append` are exactly the ledger `end` describes (the rule
+/// the reader applies to them on the way back, [`check_chunks`]).
 pub(super) fn validate(end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
     let bad = |detail: String| RingError::BadRecord {
         seq: end.seq,
@@ -239,46 +219,5 @@ pub(super) fn validate(end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), Ri
     if end.seq == 0 {
         return Err(bad("sequence 0 is reserved for \"none\"".into()));
     }
-    if chunks.len() as u64 != u64::from(end.chunk_count) {
-        return Err(bad(format!(
-            "{} chunks given, end record says {}",
-            chunks.len(),
-            end.chunk_count
-        )));
-    }
-    let mut offset = 0u64;
-    for (i, c) in chunks.iter().enumerate() {
-        if c.index as usize != i {
-            return Err(bad(format!("chunk {i} carries index {}", c.index)));
-        }
-        if c.raw_offset != offset {
-            return Err(bad(format!(
-                "chunk {i} starts at raw offset {}, expected {offset}",
-                c.raw_offset
-            )));
-        }
-        if c.raw_len == 0 {
-            return Err(bad(format!("chunk {i} has raw length 0")));
-        }
-        let fits = match c.codec {
-            Codec::None => c.payload.len() == c.raw_len as usize,
-            _ => c.payload.len() <= c.raw_len as usize,
-        };
-        if !fits {
-            return Err(bad(format!(
-                "chunk {i} payload of {} bytes does not fit raw length {} with codec {}",
-                c.payload.len(),
-                c.raw_len,
-                c.codec.name()
-            )));
-        }
-        offset += u64::from(c.raw_len);
-    }
-    if offset != end.raw_len {
-        return Err(bad(format!(
-            "chunks cover {offset} raw bytes, end record says {}",
-            end.raw_len
-        )));
-    }
-    Ok(())
+    check_chunks(end, chunks).map_err(|e| bad(e.to_string()))
 }

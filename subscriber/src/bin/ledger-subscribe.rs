@@ -17,13 +17,8 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if let Some(dir) = &args.man {
-        return match ledger_relay_cli::write_man_pages(Args::command(), dir) {
-            Ok(pages) => {
-                for page in pages {
-                    println!("{}", page.display());
-                }
-                ExitCode::SUCCESS
-            }
+        return match ledger_relay_cli::print_man_pages(Args::command(), dir) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(
                 format,
                 &anyhow::Error::new(e).context(format!("writing {}", dir.display())),

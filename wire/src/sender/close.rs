@@ -46,6 +46,8 @@ pub enum Violation {
         /// What was wrong.
         detail: String,
     },
+    /// A connection that opened no control stream within the handshake timeout.
+    NoControlStream,
 }
 
 impl fmt::Display for Violation {
@@ -66,6 +68,7 @@ impl fmt::Display for Violation {
             }
             Violation::BadFrame { detail } => write!(f, "invalid frame: {detail}"),
             Violation::BadRequest { detail } => f.write_str(detail),
+            Violation::NoControlStream => f.write_str("no control stream"),
         }
     }
 }
@@ -120,6 +123,10 @@ pub enum CloseReason {
     },
     /// The relay is stopping.
     ShuttingDown,
+    /// A lane came to join a session that has ended meanwhile.
+    SessionEnded,
+    /// A lane's old connection, superseded by the lane joining again.
+    LaneReplaced,
     /// A stored ledger failed its verification and is not served.
     Corrupt {
         /// The ledger.
@@ -194,6 +201,8 @@ impl fmt::Display for CloseReason {
                 "ledger {seq} is ahead of this relay (newest {newest}) and was not reached in time"
             ),
             CloseReason::ShuttingDown => f.write_str("relay shutting down"),
+            CloseReason::SessionEnded => f.write_str("session ended"),
+            CloseReason::LaneReplaced => f.write_str("replaced by a rejoin"),
             CloseReason::Corrupt { seq, detail } => {
                 write!(f, "stored ledger {seq} is corrupt: {detail}")
             }
@@ -205,7 +214,8 @@ impl fmt::Display for CloseReason {
 const MESSAGE_MAX: usize = 512;
 
 impl CloseReason {
-    /// The code the subscriber is told, or `None` when there is no one to tell.
+    /// The code the subscriber is told, or `None` when there is no one to tell (or, for a
+    /// replaced lane, nothing: its subscriber is already on the new connection).
     pub fn code(&self) -> Option<ErrorCode> {
         Some(match self {
             CloseReason::BelowRetention { .. } => ErrorCode::BelowRetention,
@@ -217,11 +227,13 @@ impl CloseReason {
             CloseReason::Overloaded { .. } | CloseReason::StartAhead { .. } => {
                 ErrorCode::Overloaded
             }
-            CloseReason::ShuttingDown => ErrorCode::ShuttingDown,
+            // A session ending under a joining lane is, for the subscriber, the relay going
+            // away: it reconnects the session.
+            CloseReason::ShuttingDown | CloseReason::SessionEnded => ErrorCode::ShuttingDown,
             // A corrupt stored ledger is the relay's failure: the subscriber retries, and with
             // several relays configured, fails over.
             CloseReason::Corrupt { .. } | CloseReason::Internal { .. } => ErrorCode::Internal,
-            CloseReason::PeerGone { .. } => return None,
+            CloseReason::PeerGone { .. } | CloseReason::LaneReplaced => return None,
         })
     }
 
@@ -342,9 +354,21 @@ mod tests {
                 None,
                 "lane 0 closed",
             ),
+            (
+                Violation::NoControlStream.into(),
+                Some(ErrorCode::ProtocolViolation),
+                "protocol violation: no control stream",
+            ),
+            (
+                CloseReason::SessionEnded,
+                Some(ErrorCode::ShuttingDown),
+                "session ended",
+            ),
+            (CloseReason::LaneReplaced, None, "replaced by a rejoin"),
         ];
         for (reason, code, message) in cases {
             assert_eq!(reason.code(), code, "{reason:?}");
+            assert_eq!(reason.close_code(), code.map_or(0, ErrorCode::close_code));
             assert_eq!(reason.to_string(), message);
             match reason.error_frame() {
                 Some(f) => {

@@ -1,0 +1,630 @@
+//! The values the relay's retention ring keeps on disk, encoded and decoded without IO.
+//!
+//! Bytes read back from disk are hostile input as much as bytes from the network: a torn write,
+//! a flipped bit, a value moved under another key or written by another version. Everything that
+//! turns stored bytes back into a ledger lives here, bounded and typed, so that it can be fuzzed
+//! (`wire::fuzzing::stored`); the ring in `ledger-relay` (`relay/src/ring.rs`) does the sled IO,
+//! the locking, pruning and repair.
+//!
+//! # Layout
+//!
+//! One sled tree. Integers are big-endian so that key order is sequence order.
+//!
+//! | key | value body |
+//! |---|---|
+//! | `mformat` | format version, `u32` ([`FORMAT_VERSION`]) |
+//! | `mepoch` | run counter, `u64`, bumped by every reset of the ring |
+//! | `mnetwork` | network name, UTF-8 (absent: never configured) |
+//! | `l` seq `u32` | ledger [`Record`]: the [`LedgerEnd`] body as [`crate::frame`] encodes it (104 bytes), the number of parts (`u32`) and the ledger's stored bytes (`u64`) |
+//! | `c` seq `u32` part `u32` | one part of one chunk (below) |
+//!
+//! Every value is `xxh3-64(body) u64 || body` ([`seal`]) and is checked on every read
+//! ([`unseal`]). A ledger's chunks are cut into parts of at most [`PART_MAX`] payload bytes,
+//! numbered 0.. across the whole ledger so that pruning can delete a ledger's keys from its
+//! record alone, without reading its chunks. A part's body starts with its own sequence and part
+//! number (so a value moved under another key is caught) and a kind byte: a chunk's first part
+//! carries the chunk's index, codec, raw offset, raw length and payload length before its first
+//! payload bytes; continuation parts carry only payload bytes.
+
+use bytes::Bytes;
+
+use crate::checksum;
+use crate::compress::Codec;
+use crate::frame::{LedgerEnd, LEDGER_END_LEN};
+
+/// Stored format version; the ring refuses a store written with another one.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Largest number of payload bytes in one stored part. The ring's sled store writes any item
+/// larger than a quarter of its segment to a blob file of its own, and its largest item is a
+/// leaf of 17 values: with 64 KiB parts that stays near 1.1 MiB, below the 2 MiB threshold of
+/// the ring's 8 MiB segments, whatever the chunk size (see `relay/src/ring.rs`).
+pub const PART_MAX: usize = 64 << 10;
+
+/// Key of the format version.
+pub const META_FORMAT: &[u8] = b"mformat";
+/// Key of the run counter.
+pub const META_EPOCH: &[u8] = b"mepoch";
+/// Key of the network name.
+pub const META_NETWORK: &[u8] = b"mnetwork";
+/// First byte of every record key.
+pub const RECORD_PREFIX: u8 = b'l';
+/// First byte of every part key.
+pub const PART_PREFIX: u8 = b'c';
+
+/// The checksum in front of every value.
+pub const SEAL_LEN: usize = 8;
+/// `LedgerEnd` body + parts (4) + stored bytes (8).
+const RECORD_BODY_LEN: usize = LEDGER_END_LEN + 4 + 8;
+/// A stored record, checksum included: every record has this length, so a record can count its
+/// own bytes.
+pub const RECORD_LEN: usize = SEAL_LEN + RECORD_BODY_LEN;
+const PART_START: u8 = 0;
+const PART_CONTINUE: u8 = 1;
+/// seq + part + kind.
+const PART_ID_LEN: usize = 4 + 4 + 1;
+/// index + codec + raw offset + raw length + payload length.
+const CHUNK_HEADER_LEN: usize = 4 + 1 + 8 + 4 + 4;
+/// The largest stored part, checksum included: a chunk's first part with [`PART_MAX`] payload
+/// bytes.
+pub const PART_LEN_MAX: usize = SEAL_LEN + PART_ID_LEN + CHUNK_HEADER_LEN + PART_MAX;
+
+/// One stored chunk of a ledger, as it was sent live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredChunk {
+    /// 0-based index in the ledger.
+    pub index: u32,
+    /// Where the chunk's raw bytes start in the ledger.
+    pub raw_offset: u64,
+    /// Raw (decoded) length, at least 1.
+    pub raw_len: u32,
+    /// How `payload` is encoded.
+    pub codec: Codec,
+    /// The encoded bytes, never longer than `raw_len` (exactly `raw_len` with [`Codec::None`]).
+    pub payload: Bytes,
+}
+
+/// A ledger record as stored: its end record, how many parts its chunks take and how many bytes
+/// its values take (parts and record, checksums included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// The ledger's end record.
+    pub end: LedgerEnd,
+    /// Parts stored under `c` seq 0.. .
+    pub parts: u32,
+    /// Bytes of the ledger's stored values.
+    pub bytes: u64,
+}
+
+/// Stored bytes that do not hold what they must, or a ledger whose chunks do not tile it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoredError {
+    /// A ledger's record is not stored.
+    #[error("record missing")]
+    RecordMissing,
+    /// A record's checksum does not hold.
+    #[error("record fails its checksum")]
+    RecordChecksum,
+    /// A record's body has the wrong length.
+    #[error("record of {len} bytes, expected {RECORD_BODY_LEN}")]
+    RecordLength {
+        /// Its length.
+        len: usize,
+    },
+    /// A record is stored under another ledger's key.
+    #[error("record for ledger {found} stored under ledger {key}")]
+    RecordKey {
+        /// The ledger the record is for.
+        found: u32,
+        /// The ledger of its key.
+        key: u32,
+    },
+    /// A part the record counts is not stored.
+    #[error("part {part} missing")]
+    PartMissing {
+        /// Its number.
+        part: u32,
+    },
+    /// More parts were given than the record counts.
+    #[error("part {part} is beyond the {parts} parts the record counts")]
+    ExtraPart {
+        /// Its number.
+        part: u32,
+        /// Parts the record counts.
+        parts: u32,
+    },
+    /// A part's checksum does not hold.
+    #[error("part {part} fails its checksum")]
+    PartChecksum {
+        /// Its number.
+        part: u32,
+    },
+    /// A part names another ledger or another part number than its key.
+    #[error("part {part} is stored under another key")]
+    PartKey {
+        /// Its number.
+        part: u32,
+    },
+    /// A part's kind byte is unknown.
+    #[error("part {part} has unknown kind {kind}")]
+    PartKind {
+        /// Its number.
+        part: u32,
+        /// The kind byte.
+        kind: u8,
+    },
+    /// A chunk's first part is too short for the chunk's header.
+    #[error("part {part} is too short for a chunk header")]
+    ChunkHeaderShort {
+        /// Its number.
+        part: u32,
+    },
+    /// A chunk names an unknown codec.
+    #[error("part {part} names unknown codec {codec}")]
+    UnknownCodec {
+        /// The part.
+        part: u32,
+        /// The codec byte.
+        codec: u8,
+    },
+    /// A new chunk starts before the one before it has all its payload.
+    #[error("chunk {index} is cut short at part {part}")]
+    ChunkCutShort {
+        /// The chunk cut short.
+        index: u32,
+        /// The part that starts another chunk.
+        part: u32,
+    },
+    /// A continuation part with no chunk open, or an empty one.
+    #[error("part {part} continues no chunk")]
+    Orphan {
+        /// Its number.
+        part: u32,
+    },
+    /// A chunk's parts hold more payload than its header says.
+    #[error("chunk {index} holds more than its payload length {want}")]
+    Overfull {
+        /// The chunk.
+        index: u32,
+        /// Its payload length.
+        want: usize,
+    },
+    /// The parts end inside a chunk.
+    #[error("chunk {index} is missing parts")]
+    ChunkIncomplete {
+        /// The chunk.
+        index: u32,
+    },
+    /// A chunk's index, raw offset or raw length does not continue the chunks before it.
+    #[error(
+        "chunk {index} at raw offset {raw_offset} (length {raw_len}) does not follow the \
+         {count} chunks before it, ending at raw offset {offset}"
+    )]
+    OutOfPlace {
+        /// The chunk's index.
+        index: u32,
+        /// Its raw offset.
+        raw_offset: u64,
+        /// Its raw length.
+        raw_len: u32,
+        /// Chunks before it.
+        count: u32,
+        /// Where they end.
+        offset: u64,
+    },
+    /// A chunk's payload does not fit its raw length under its codec.
+    #[error("chunk {index} payload of {payload_len} bytes does not fit raw length {raw_len} with codec {}", codec.name())]
+    PayloadLength {
+        /// The chunk.
+        index: u32,
+        /// Its codec.
+        codec: Codec,
+        /// Its payload length.
+        payload_len: u64,
+        /// Its raw length.
+        raw_len: u32,
+    },
+    /// The chunks are not as many as the end record says.
+    #[error("{count} chunks, end record says {expected}")]
+    ChunkCount {
+        /// Chunks there are.
+        count: u64,
+        /// Chunks the end record says.
+        expected: u32,
+    },
+    /// The chunks do not cover the end record's raw length.
+    #[error("chunks cover {covered} raw bytes, end record says {expected}")]
+    RawLength {
+        /// Raw bytes the chunks cover.
+        covered: u64,
+        /// The end record's raw length.
+        expected: u64,
+    },
+}
+
+/// The key of ledger `seq`'s record.
+pub fn record_key(seq: u32) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    k[0] = RECORD_PREFIX;
+    k[1..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The ledger a record key names, if it is one.
+pub fn record_seq(key: &[u8]) -> Option<u32> {
+    match key {
+        [RECORD_PREFIX, rest @ ..] => <[u8; 4]>::try_from(rest).ok().map(u32::from_be_bytes),
+        _ => None,
+    }
+}
+
+/// The key of part `part` of ledger `seq`.
+pub fn part_key(seq: u32, part: u32) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[..5].copy_from_slice(&parts_prefix(seq));
+    k[5..].copy_from_slice(&part.to_be_bytes());
+    k
+}
+
+/// The prefix every part key of ledger `seq` starts with.
+pub fn parts_prefix(seq: u32) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    k[0] = PART_PREFIX;
+    k[1..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// A value: `xxh3-64(body)` followed by the body `fill` writes.
+pub fn seal(fill: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut v = vec![0u8; SEAL_LEN];
+    fill(&mut v);
+    let sum = checksum(&v[SEAL_LEN..]);
+    v[..SEAL_LEN].copy_from_slice(&sum.to_be_bytes());
+    v
+}
+
+/// The body of a value whose checksum holds.
+pub fn unseal(v: &[u8]) -> Option<&[u8]> {
+    let (sum, body) = v.split_first_chunk::<SEAL_LEN>()?;
+    (u64::from_be_bytes(*sum) == checksum(body)).then_some(body)
+}
+
+/// A sealed `u32` (the format version).
+pub fn seal_u32(n: u32) -> Vec<u8> {
+    seal(|b| b.extend_from_slice(&n.to_be_bytes()))
+}
+
+/// A sealed `u64` (the epoch).
+pub fn seal_u64(n: u64) -> Vec<u8> {
+    seal(|b| b.extend_from_slice(&n.to_be_bytes()))
+}
+
+/// The `u32` of a value whose checksum holds and whose body is 4 bytes.
+pub fn unseal_u32(v: &[u8]) -> Option<u32> {
+    unseal(v)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_be_bytes)
+}
+
+/// The `u64` of a value whose checksum holds and whose body is 8 bytes.
+pub fn unseal_u64(v: &[u8]) -> Option<u64> {
+    unseal(v)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_be_bytes)
+}
+
+/// The text of a value whose checksum holds and whose body is UTF-8 (the network name).
+pub fn unseal_str(v: &[u8]) -> Option<&str> {
+    unseal(v).and_then(|b| std::str::from_utf8(b).ok())
+}
+
+impl Record {
+    /// The stored value.
+    pub fn encode(&self) -> Vec<u8> {
+        seal(|b| {
+            self.end.put_body(b);
+            b.extend_from_slice(&self.parts.to_be_bytes());
+            b.extend_from_slice(&self.bytes.to_be_bytes());
+        })
+    }
+
+    /// The record stored under ledger `seq`'s key: its checksum holds, it has a record's length
+    /// and it is the record of that ledger.
+    pub fn decode(seq: u32, v: &[u8]) -> Result<Record, StoredError> {
+        let b = unseal(v).ok_or(StoredError::RecordChecksum)?;
+        let Some((end, rest)) = b.split_first_chunk::<LEDGER_END_LEN>() else {
+            return Err(StoredError::RecordLength { len: b.len() });
+        };
+        let Ok(rest) = <[u8; 12]>::try_from(rest) else {
+            return Err(StoredError::RecordLength { len: b.len() });
+        };
+        let end = LedgerEnd::from_body(end);
+        if end.seq != seq {
+            return Err(StoredError::RecordKey {
+                found: end.seq,
+                key: seq,
+            });
+        }
+        let [p0, p1, p2, p3, b @ ..] = rest;
+        Ok(Record {
+            end,
+            parts: u32::from_be_bytes([p0, p1, p2, p3]),
+            bytes: u64::from_be_bytes(b),
+        })
+    }
+}
+
+/// The rule a ledger's chunks follow, on the way in and on the way back from disk: indices 0..,
+/// each starting where the one before ended, a raw length of at least 1, a payload that fits
+/// the raw length under its codec, and together exactly the end record's count and raw length.
+#[derive(Debug, Default)]
+struct Tiling {
+    count: u32,
+    offset: u64,
+}
+
+impl Tiling {
+    /// Takes the next chunk's fields.
+    fn next(
+        &mut self,
+        index: u32,
+        raw_offset: u64,
+        raw_len: u32,
+        codec: Codec,
+        payload_len: u64,
+    ) -> Result<(), StoredError> {
+        if index != self.count || raw_offset != self.offset || raw_len == 0 {
+            return Err(StoredError::OutOfPlace {
+                index,
+                raw_offset,
+                raw_len,
+                count: self.count,
+                offset: self.offset,
+            });
+        }
+        let fits = match codec {
+            Codec::None => payload_len == u64::from(raw_len),
+            _ => payload_len <= u64::from(raw_len),
+        };
+        if !fits {
+            return Err(StoredError::PayloadLength {
+                index,
+                codec,
+                payload_len,
+                raw_len,
+            });
+        }
+        self.count += 1;
+        self.offset += u64::from(raw_len);
+        Ok(())
+    }
+
+    /// Checks the chunks taken against the end record.
+    fn finish(&self, end: &LedgerEnd) -> Result<(), StoredError> {
+        if self.count != end.chunk_count {
+            return Err(StoredError::ChunkCount {
+                count: u64::from(self.count),
+                expected: end.chunk_count,
+            });
+        }
+        if self.offset != end.raw_len {
+            return Err(StoredError::RawLength {
+                covered: self.offset,
+                expected: end.raw_len,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `chunks` are exactly the ledger `end` describes (the rule [`PartReader`] applies
+/// to what it reads back).
+pub fn check_chunks(end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), StoredError> {
+    if chunks.len() as u64 != u64::from(end.chunk_count) {
+        return Err(StoredError::ChunkCount {
+            count: chunks.len() as u64,
+            expected: end.chunk_count,
+        });
+    }
+    let mut tiling = Tiling::default();
+    for c in chunks {
+        tiling.next(
+            c.index,
+            c.raw_offset,
+            c.raw_len,
+            c.codec,
+            c.payload.len() as u64,
+        )?;
+    }
+    tiling.finish(end)
+}
+
+/// The parts of ledger `seq`'s chunks, numbered from 0, with their keys, in key order. The
+/// chunks must have passed [`check_chunks`] (each payload fits its `u32` raw length).
+pub fn encode_parts(seq: u32, chunks: &[StoredChunk]) -> Vec<([u8; 9], Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut part = 0u32;
+    for chunk in chunks {
+        let payload = &chunk.payload[..];
+        let mut pieces = payload.chunks(PART_MAX);
+        let first = pieces.next().unwrap_or(&[]);
+        let value = seal(|b| {
+            put_part_id(b, seq, part, PART_START);
+            b.extend_from_slice(&chunk.index.to_be_bytes());
+            b.push(chunk.codec as u8);
+            b.extend_from_slice(&chunk.raw_offset.to_be_bytes());
+            b.extend_from_slice(&chunk.raw_len.to_be_bytes());
+            // check_chunks bounded the payload by raw_len, a u32.
+            b.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            b.extend_from_slice(first);
+        });
+        out.push((part_key(seq, part), value));
+        part += 1;
+        for piece in pieces {
+            let value = seal(|b| {
+                put_part_id(b, seq, part, PART_CONTINUE);
+                b.extend_from_slice(piece);
+            });
+            out.push((part_key(seq, part), value));
+            part += 1;
+        }
+    }
+    out
+}
+
+fn put_part_id(b: &mut Vec<u8>, seq: u32, part: u32, kind: u8) {
+    b.extend_from_slice(&seq.to_be_bytes());
+    b.extend_from_slice(&part.to_be_bytes());
+    b.push(kind);
+}
+
+/// A chunk whose parts are being read: its fields, its payload so far and its payload length.
+#[derive(Debug)]
+struct OpenChunk {
+    chunk: StoredChunk,
+    payload: Vec<u8>,
+    want: usize,
+}
+
+/// Reads a ledger's chunks back from its parts, given in part order: every value's checksum,
+/// every part's key, and the chunk set against its record ([`check_chunks`]'s rule).
+///
+/// Memory is bounded by the values given: a payload is reserved no larger than the parts the
+/// record has left can hold, and counts are never trusted for an allocation.
+#[derive(Debug)]
+pub struct PartReader {
+    record: Record,
+    next_part: u32,
+    chunks: Vec<StoredChunk>,
+    open: Option<OpenChunk>,
+    tiling: Tiling,
+}
+
+impl PartReader {
+    /// A reader of the parts of `record`'s ledger.
+    pub fn new(record: Record) -> PartReader {
+        PartReader {
+            // The counts come from disk: reserve for a usual ledger at most (14.5 MiB in 256 KiB
+            // chunks is 58), and let a larger one grow with the parts actually given.
+            chunks: Vec::with_capacity(record.end.chunk_count.min(record.parts).min(64) as usize),
+            record,
+            next_part: 0,
+            open: None,
+            tiling: Tiling::default(),
+        }
+    }
+
+    /// Parts still to be given.
+    pub fn remaining(&self) -> u32 {
+        self.record.parts - self.next_part
+    }
+
+    /// The next part's number: the key to read next is [`part_key`] of the ledger and this.
+    pub fn next_part(&self) -> u32 {
+        self.next_part
+    }
+
+    /// Takes the stored value of the next part.
+    pub fn push(&mut self, value: &[u8]) -> Result<(), StoredError> {
+        let part = self.next_part;
+        let seq = self.record.end.seq;
+        if part >= self.record.parts {
+            return Err(StoredError::ExtraPart {
+                part,
+                parts: self.record.parts,
+            });
+        }
+        let body = unseal(value).ok_or(StoredError::PartChecksum { part })?;
+        let Some((id, data)) = body.split_first_chunk::<PART_ID_LEN>() else {
+            return Err(StoredError::PartKey { part });
+        };
+        if id[0..4] != seq.to_be_bytes() || id[4..8] != part.to_be_bytes() {
+            return Err(StoredError::PartKey { part });
+        }
+        let mut data = data;
+        match id[8] {
+            PART_START => {
+                if let Some(o) = &self.open {
+                    return Err(StoredError::ChunkCutShort {
+                        index: o.chunk.index,
+                        part,
+                    });
+                }
+                let Some((h, rest)) = data.split_first_chunk::<CHUNK_HEADER_LEN>() else {
+                    return Err(StoredError::ChunkHeaderShort { part });
+                };
+                let index = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+                let codec =
+                    Codec::from_u8(h[4]).ok_or(StoredError::UnknownCodec { part, codec: h[4] })?;
+                let raw_offset =
+                    u64::from_be_bytes([h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12]]);
+                let raw_len = u32::from_be_bytes([h[13], h[14], h[15], h[16]]);
+                let want = u32::from_be_bytes([h[17], h[18], h[19], h[20]]);
+                self.tiling
+                    .next(index, raw_offset, raw_len, codec, u64::from(want))?;
+                data = rest;
+                // Reserve no more than the remaining parts can hold.
+                let room = data.len() + (self.record.parts - part - 1) as usize * PART_MAX;
+                let want = want as usize;
+                self.open = Some(OpenChunk {
+                    chunk: StoredChunk {
+                        index,
+                        raw_offset,
+                        raw_len,
+                        codec,
+                        payload: Bytes::new(),
+                    },
+                    payload: Vec::with_capacity(want.min(room)),
+                    want,
+                });
+            }
+            PART_CONTINUE => {
+                if self.open.is_none() || data.is_empty() {
+                    return Err(StoredError::Orphan { part });
+                }
+            }
+            kind => return Err(StoredError::PartKind { part, kind }),
+        }
+        let Some(o) = self.open.as_mut() else {
+            return Err(StoredError::Orphan { part });
+        };
+        if o.payload.len() + data.len() > o.want {
+            return Err(StoredError::Overfull {
+                index: o.chunk.index,
+                want: o.want,
+            });
+        }
+        o.payload.extend_from_slice(data);
+        if o.payload.len() == o.want {
+            if let Some(OpenChunk {
+                mut chunk, payload, ..
+            }) = self.open.take()
+            {
+                chunk.payload = Bytes::from(payload);
+                self.chunks.push(chunk);
+            }
+        }
+        self.next_part += 1;
+        Ok(())
+    }
+
+    /// The ledger, once every part was given: its end record and its chunks, which tile it.
+    pub fn finish(self) -> Result<(LedgerEnd, Vec<StoredChunk>), StoredError> {
+        if let Some(o) = self.open {
+            return Err(StoredError::ChunkIncomplete {
+                index: o.chunk.index,
+            });
+        }
+        if self.next_part < self.record.parts {
+            return Err(StoredError::PartMissing {
+                part: self.next_part,
+            });
+        }
+        self.tiling.finish(&self.record.end)?;
+        Ok((self.record.end, self.chunks))
+    }
+}
+
+#[cfg(test)]
+mod tests;
