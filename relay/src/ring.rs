@@ -321,10 +321,28 @@ pub struct Ring {
     /// When a write last failed or the store was last reopened after one; `None` while
     /// writes succeed. Used under `writer`.
     failed: Mutex<Option<Instant>>,
-    /// What is held. Readers hold it shared for a whole `get`, so a ledger is never pruned or
-    /// reset under a reader; the writer takes it exclusively only to apply a batch and to
-    /// publish a flushed ledger.
+    /// What is held. Taken only for a few field reads or writes, never across sled IO: the
+    /// writer forgets pruned ledgers (and bumps the epoch of a reset) before deleting them and
+    /// publishes a new ledger after its flush, and `get` checks after reading that what it read
+    /// was held throughout.
     state: RwLock<State>,
+    #[cfg(test)]
+    hook: HookCell,
+}
+
+/// Test-only pauses inside IO.
+#[cfg(test)]
+pub(crate) type Hook = std::sync::Arc<dyn Fn(&'static str) + Send + Sync>;
+
+#[cfg(test)]
+#[derive(Default)]
+struct HookCell(Mutex<Option<Hook>>);
+
+#[cfg(test)]
+impl std::fmt::Debug for HookCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookCell")
+    }
 }
 
 impl Ring {
@@ -380,6 +398,26 @@ impl Ring {
     pub fn flush(&self) -> Result<(), RingError> {
         self.db()?.flush()?;
         Ok(())
+    }
+
+    fn pause(&self, _at: &'static str) {
+        #[cfg(test)]
+        {
+            let hook = self
+                .hook
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if let Some(h) = hook {
+                h(_at);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_hook(&self, hook: Option<Hook>) {
+        *self.hook.0.lock().unwrap_or_else(PoisonError::into_inner) = hook;
     }
 
     fn read_state(&self) -> RwLockReadGuard<'_, State> {

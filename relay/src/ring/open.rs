@@ -241,6 +241,8 @@ impl Ring {
             writer: Mutex::new(()),
             failed: Mutex::new(None),
             state: RwLock::new(state),
+            #[cfg(test)]
+            hook: super::HookCell::default(),
         })
     }
 }
