@@ -23,6 +23,7 @@ pub mod load;
 pub mod netem;
 pub mod proc;
 pub mod report;
+pub mod ring_disk;
 pub mod scenario;
 pub mod slow;
 pub mod stats;
@@ -76,6 +77,9 @@ pub enum Helper {
     /// 1, 2, 4 and 8 lanes live and catching up from the ring, and 4 lanes with one at half
     /// the cap, with each lane's bytes, busy fraction and losses (issue 12).
     Lanes(lanes::LanesArgs),
+    /// Disk use of the data directory against the ring's live bytes over time, paced and in a
+    /// burst, and the ring's CPU per ledger (issue 21).
+    RingDisk(ring_disk::RingDiskArgs),
     /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
     #[command(hide = true)]
     HttpGet {
@@ -453,6 +457,10 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Helper::Lanes(a)) => {
             install_signal_handler();
             return lanes::main(&a);
+        }
+        Some(Helper::RingDisk(a)) => {
+            install_signal_handler();
+            return ring_disk::main(&a);
         }
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);

@@ -120,6 +120,41 @@ pub const CACHE_BYTES: u64 = 256 << 20;
 /// this is not about durability.
 const FLUSH_EVERY_MS: u64 = 10;
 
+/// Environment variable that overrides sled's segment size and flusher period, for measuring
+/// them with `ledger-bench ring-disk` (`segment_mib=N,flush_ms=N`, either or both). Not for
+/// production: the segment size is persisted by sled and a store written with one size does not
+/// open with another.
+pub const SLED_TUNING_ENV: &str = "LEDGER_RELAY_RING_SLED";
+
+/// sled's segment size and flusher period: the constants, or [`SLED_TUNING_ENV`].
+fn sled_tuning() -> Result<(usize, u64), RingError> {
+    parse_sled_tuning(std::env::var(SLED_TUNING_ENV).ok().as_deref())
+}
+
+/// [`sled_tuning`] from the variable's value, if set.
+fn parse_sled_tuning(text: Option<&str>) -> Result<(usize, u64), RingError> {
+    let bad = || RingError::Config {
+        detail: "LEDGER_RELAY_RING_SLED takes segment_mib=N,flush_ms=N",
+    };
+    let (mut segment, mut flush) = (SEGMENT_SIZE, FLUSH_EVERY_MS);
+    let Some(text) = text else {
+        return Ok((segment, flush));
+    };
+    for item in text.split(',').filter(|i| !i.is_empty()) {
+        let (key, value) = item.split_once('=').ok_or_else(bad)?;
+        let n: u64 = value.trim().parse().map_err(|_| bad())?;
+        match key.trim() {
+            // sled wants a power of two of at least 256 bytes.
+            "segment_mib" if n > 0 && n.is_power_of_two() && n <= 1024 => {
+                segment = (n as usize) << 20;
+            }
+            "flush_ms" if n > 0 => flush = n,
+            _ => return Err(bad()),
+        }
+    }
+    Ok((segment, flush))
+}
+
 /// Least time between attempts to open the store again after a failed write.
 pub const REOPEN_EVERY: Duration = Duration::from_secs(1);
 

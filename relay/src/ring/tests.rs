@@ -264,3 +264,31 @@ fn no_lock_is_held_across_io() {
     ring.set_hook(None);
 }
 
+/// The measurement override of sled's settings: either or both keys, defaults otherwise, and
+/// anything else refused rather than ignored.
+#[test]
+fn sled_tuning_takes_segment_size_and_flush_period() {
+    let ok = |t: Option<&str>| super::parse_sled_tuning(t).unwrap();
+    assert_eq!(ok(None), (SEGMENT_SIZE, super::FLUSH_EVERY_MS));
+    assert_eq!(ok(Some("")), (SEGMENT_SIZE, super::FLUSH_EVERY_MS));
+    assert_eq!(
+        ok(Some("segment_mib=32")),
+        (32 << 20, super::FLUSH_EVERY_MS)
+    );
+    assert_eq!(ok(Some("flush_ms=100,segment_mib=4")), (4 << 20, 100));
+    for bad in [
+        "segment_mib=3",
+        "segment_mib=0",
+        "flush_ms=0",
+        "flush=1",
+        "segment_mib",
+    ] {
+        assert!(
+            matches!(
+                super::parse_sled_tuning(Some(bad)),
+                Err(RingError::Config { .. })
+            ),
+            "{bad}"
+        );
+    }
+}
