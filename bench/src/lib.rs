@@ -25,6 +25,7 @@ pub mod netem;
 pub mod proc;
 pub mod remote;
 pub mod report;
+pub mod ring_disk;
 pub mod scenario;
 pub mod slow;
 pub mod stats;
@@ -93,6 +94,9 @@ pub enum Helper {
     /// --tcp, delivery is left as the two clocks say. Inter-arrival, throughput (tput) and
     /// whole-transfer goodput (xfer) use this host's clock only.
     Remote(remote::RemoteArgs),
+    /// Disk use of the data directory against the ring's live bytes over time, paced and in a
+    /// burst, and the ring's CPU per ledger (issue 21).
+    RingDisk(ring_disk::RingDiskArgs),
     /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
     #[command(hide = true)]
     HttpGet {
@@ -468,6 +472,10 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Helper::Remote(a)) => {
             install_signal_handler();
             return remote::main(&a);
+        }
+        Some(Helper::RingDisk(a)) => {
+            install_signal_handler();
+            return ring_disk::main(&a);
         }
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);

@@ -39,7 +39,12 @@ fn ticks_per_sec() -> f64 {
 
 /// User plus system CPU seconds of process `pid` (threads included), or `None` when it is gone.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// User plus system CPU seconds in the text of a `/proc/PID/stat` (or `/proc/PID/task/TID/stat`)
+/// file.
+pub fn stat_cpu_seconds(stat: &str) -> Option<f64> {
     // The command name (field 2) may contain spaces: fields are counted after its last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();

@@ -94,6 +94,41 @@ pub const CACHE_BYTES: u64 = 256 << 20;
 /// this is not about durability.
 const FLUSH_EVERY_MS: u64 = 10;
 
+/// Environment variable that overrides sled's segment size and flusher period, for measuring
+/// them with `ledger-bench ring-disk` (`segment_mib=N,flush_ms=N`, either or both). Not for
+/// production: the segment size is persisted by sled and a store written with one size does not
+/// open with another.
+pub const SLED_TUNING_ENV: &str = "LEDGER_RELAY_RING_SLED";
+
+/// sled's segment size and flusher period: the constants, or [`SLED_TUNING_ENV`].
+fn sled_tuning() -> Result<(usize, u64), RingError> {
+    parse_sled_tuning(std::env::var(SLED_TUNING_ENV).ok().as_deref())
+}
+
+/// [`sled_tuning`] from the variable's value, if set.
+fn parse_sled_tuning(text: Option<&str>) -> Result<(usize, u64), RingError> {
+    let bad = || RingError::Config {
+        detail: "LEDGER_RELAY_RING_SLED takes segment_mib=N,flush_ms=N",
+    };
+    let (mut segment, mut flush) = (SEGMENT_SIZE, FLUSH_EVERY_MS);
+    let Some(text) = text else {
+        return Ok((segment, flush));
+    };
+    for item in text.split(',').filter(|i| !i.is_empty()) {
+        let (key, value) = item.split_once('=').ok_or_else(bad)?;
+        let n: u64 = value.trim().parse().map_err(|_| bad())?;
+        match key.trim() {
+            // sled wants a power of two of at least 256 bytes.
+            "segment_mib" if n > 0 && n.is_power_of_two() && n <= 1024 => {
+                segment = (n as usize) << 20;
+            }
+            "flush_ms" if n > 0 => flush = n,
+            _ => return Err(bad()),
+        }
+    }
+    Ok((segment, flush))
+}
+
 /// Least time between attempts to open the store again after a failed write.
 pub const REOPEN_EVERY: Duration = Duration::from_secs(1);
 
@@ -280,10 +315,28 @@ pub struct Ring {
     /// When a write last failed or the store was last reopened after one; `None` while
     /// writes succeed. Used under `writer`.
     failed: Mutex<Option<Instant>>,
-    /// What is held. Readers hold it shared for a whole `get`, so a ledger is never pruned or
-    /// reset under a reader; the writer takes it exclusively only to apply a batch and to
-    /// publish a flushed ledger.
+    /// What is held. Taken only for a few field reads or writes, never across sled IO: the
+    /// writer forgets pruned ledgers (and bumps the epoch of a reset) before deleting them and
+    /// publishes a new ledger after its flush, and `get` checks after reading that what it read
+    /// was held throughout.
     state: RwLock<State>,
+    #[cfg(test)]
+    hook: HookCell,
+}
+
+/// Test-only pauses inside IO.
+#[cfg(test)]
+pub(crate) type Hook = std::sync::Arc<dyn Fn(&'static str) + Send + Sync>;
+
+#[cfg(test)]
+#[derive(Default)]
+struct HookCell(Mutex<Option<Hook>>);
+
+#[cfg(test)]
+impl std::fmt::Debug for HookCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookCell")
+    }
 }
 
 impl Ring {
@@ -339,6 +392,26 @@ impl Ring {
     pub fn flush(&self) -> Result<(), RingError> {
         self.db()?.flush()?;
         Ok(())
+    }
+
+    fn pause(&self, _at: &'static str) {
+        #[cfg(test)]
+        {
+            let hook = self
+                .hook
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if let Some(h) = hook {
+                h(_at);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_hook(&self, hook: Option<Hook>) {
+        *self.hook.0.lock().unwrap_or_else(PoisonError::into_inner) = hook;
     }
 
     fn read_state(&self) -> RwLockReadGuard<'_, State> {

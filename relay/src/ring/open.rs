@@ -19,8 +19,8 @@ use ledger_relay_wire::stored::{
 
 use super::read::{read_ledger, ReadFail};
 use super::{
-    Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FLUSH_EVERY_MS, FORMAT_VERSION,
-    RELEASE_WAIT, SEGMENT_SIZE, SLED_FILE,
+    sled_tuning, Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FORMAT_VERSION,
+    RELEASE_WAIT, SLED_FILE,
 };
 
 impl Ring {
@@ -45,11 +45,12 @@ impl Ring {
             source,
         })?;
         wait_for_release(&cfg.dir.join(SLED_FILE));
+        let (segment_size, flush_every_ms) = sled_tuning()?;
         let db = sled::Config::new()
             .path(&cfg.dir)
-            .segment_size(SEGMENT_SIZE)
+            .segment_size(segment_size)
             .cache_capacity(CACHE_BYTES)
-            .flush_every_ms(Some(FLUSH_EVERY_MS))
+            .flush_every_ms(Some(flush_every_ms))
             .open()?;
 
         let mut batch = sled::Batch::default();
@@ -232,6 +233,8 @@ impl Ring {
             writer: Mutex::new(()),
             failed: Mutex::new(None),
             state: RwLock::new(state),
+            #[cfg(test)]
+            hook: super::HookCell::default(),
         })
     }
 }

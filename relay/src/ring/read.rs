@@ -41,17 +41,29 @@ impl Ring {
     /// chunk set that is complete (`0..chunk_count`) and tiles the raw length. `Ok(None)` if the
     /// ledger is not held; [`RingError::Corrupt`] if any check fails (no bytes are returned).
     pub fn get(&self, seq: u32) -> Result<Option<(LedgerEnd, Vec<StoredChunk>)>, RingError> {
-        // Held shared for the whole read, so the writer cannot prune or reset this ledger under
-        // it (sled batches are atomic for recovery, not for concurrent readers).
-        let st = self.read_state();
-        match st.range() {
-            Some((oldest, newest)) if (oldest..=newest).contains(&seq) => {}
-            _ => return Ok(None),
-        }
+        // No lock is held across the read (an append or a reset goes on meanwhile). The writer
+        // forgets a ledger before its batch deletes it and bumps the epoch before a reset
+        // deletes anything, so a read that raced a prune or a reset sees it afterwards: the
+        // ledger is then reported absent, whatever the read returned (sled batches are atomic
+        // for recovery, not for concurrent readers).
+        let epoch = {
+            let st = self.read_state();
+            match st.range() {
+                Some((oldest, newest)) if (oldest..=newest).contains(&seq) => st.epoch,
+                _ => return Ok(None),
+            }
+        };
         let db = self.db()?;
-        let got = read_ledger(&db, seq, None).map_err(|e| e.into_error(seq))?;
-        drop(st);
-        Ok(Some(got))
+        self.pause("get:file");
+        let got = read_ledger(&db, seq, None).map_err(|e| e.into_error(seq));
+        let still_held = {
+            let st = self.read_state();
+            st.epoch == epoch && st.range().is_some_and(|(oldest, _)| oldest <= seq)
+        };
+        if !still_held {
+            return Ok(None);
+        }
+        got.map(Some)
     }
 }
 

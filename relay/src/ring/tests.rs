@@ -50,3 +50,162 @@ fn validate_rejects_inconsistent_ledgers() {
         );
     }
 }
+
+/// End record of ledger `seq`, hashed so that it continues ledger `seq - 1`.
+fn end(seq: u32) -> LedgerEnd {
+    LedgerEnd {
+        seq,
+        chunk_count: 3,
+        raw_len: 1 << 20,
+        checksum: 0x0123_4567_89ab_cdef,
+        header_hash: [seq as u8; 32],
+        previous_hash: [seq.wrapping_sub(1) as u8; 32],
+        first_byte_ns: 11,
+        last_byte_ns: 22,
+    }
+}
+
+/// A one-chunk ledger `seq` that continues ledger `seq - 1` (the hashes of [`end`]).
+fn small(seq: u32) -> (LedgerEnd, Vec<StoredChunk>) {
+    let e = LedgerEnd {
+        chunk_count: 1,
+        raw_len: 100,
+        ..end(seq)
+    };
+    let chunk = StoredChunk {
+        index: 0,
+        raw_offset: 0,
+        raw_len: 100,
+        codec: Codec::None,
+        payload: Bytes::from(vec![seq as u8; 100]),
+    };
+    (e, vec![chunk])
+}
+
+fn append_small(ring: &Ring, seq: u32) {
+    let (e, chunks) = small(seq);
+    ring.append(&e, &chunks).unwrap();
+}
+
+/// A pause point a test holds shut: the first thread to reach `at` waits there until released.
+struct Gate {
+    entered: std::sync::mpsc::Receiver<()>,
+    release: std::sync::mpsc::Sender<()>,
+    hook: Hook,
+}
+
+impl Gate {
+    fn new(at: &'static str) -> Gate {
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let once = std::sync::atomic::AtomicBool::new(false);
+        let (entered_tx, release_rx) = (Mutex::new(entered_tx), Mutex::new(release_rx));
+        let hook: Hook = std::sync::Arc::new(move |point| {
+            if point != at || once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            let _ = entered_tx.lock().unwrap().send(());
+            let _ = release_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(120));
+        });
+        Gate {
+            entered,
+            release,
+            hook,
+        }
+    }
+
+    fn wait_entered(&self) {
+        self.entered
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the pause point is reached");
+    }
+}
+
+/// Runs `f` on a thread of its own and returns its result, or panics if it has not answered
+/// within a minute: it is waiting for IO it should not wait for.
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{what} waited for another thread's IO"))
+}
+
+/// Issue 13, item 6: no lock that readers need is held across disk or sled IO. While an append
+/// is held inside its IO, `range`, `newest`, `stats` and `get` answer; while a read is held
+/// inside its IO, an append completes and the range moves.
+#[test]
+fn no_lock_is_held_across_io() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ring = std::sync::Arc::new(Ring::open(&RingConfig::new(tmp.path())).unwrap());
+    for seq in 1..=3 {
+        append_small(&ring, seq);
+    }
+
+    let gate = Gate::new("append:index");
+    ring.set_hook(Some(gate.hook.clone()));
+    let writer = {
+        let ring = ring.clone();
+        std::thread::spawn(move || append_small(&ring, 4))
+    };
+    gate.wait_entered();
+    let r = ring.clone();
+    let seen = within("reading during an append", move || {
+        let got = r.get(2).map(|g| g.map(|l| l.0.seq)).ok().flatten();
+        (r.range(), r.newest().map(|n| n.0), r.stats().ledgers, got)
+    });
+    assert_eq!(seen, (Some((1, 3)), Some(3), 3, Some(2)));
+    gate.release.send(()).unwrap();
+    writer.join().unwrap();
+    assert_eq!(ring.range(), Some((1, 4)));
+
+    let gate = Gate::new("get:file");
+    ring.set_hook(Some(gate.hook.clone()));
+    let reader = {
+        let ring = ring.clone();
+        std::thread::spawn(move || ring.get(2).unwrap().map(|l| l.0.seq))
+    };
+    gate.wait_entered();
+    let r = ring.clone();
+    let range = within("appending during a read", move || {
+        append_small(&r, 5);
+        r.range()
+    });
+    assert_eq!(range, Some((1, 5)));
+    gate.release.send(()).unwrap();
+    assert_eq!(reader.join().unwrap(), Some(2));
+    ring.set_hook(None);
+}
+
+/// The measurement override of sled's settings: either or both keys, defaults otherwise, and
+/// anything else refused rather than ignored.
+#[test]
+fn sled_tuning_takes_segment_size_and_flush_period() {
+    let ok = |t: Option<&str>| super::parse_sled_tuning(t).unwrap();
+    assert_eq!(ok(None), (SEGMENT_SIZE, super::FLUSH_EVERY_MS));
+    assert_eq!(ok(Some("")), (SEGMENT_SIZE, super::FLUSH_EVERY_MS));
+    assert_eq!(
+        ok(Some("segment_mib=32")),
+        (32 << 20, super::FLUSH_EVERY_MS)
+    );
+    assert_eq!(ok(Some("flush_ms=100,segment_mib=4")), (4 << 20, 100));
+    for bad in [
+        "segment_mib=3",
+        "segment_mib=0",
+        "flush_ms=0",
+        "flush=1",
+        "segment_mib",
+    ] {
+        assert!(
+            matches!(
+                super::parse_sled_tuning(Some(bad)),
+                Err(RingError::Config { .. })
+            ),
+            "{bad}"
+        );
+    }
+}

@@ -101,16 +101,20 @@ impl Ring {
             dropped
         };
 
+        // Pruned ledgers disappear before the batch deletes them (a reader that raced the
+        // deletion then reports them absent, see `get`), the new one after the flush; no lock
+        // is held across sled IO. Should the batch fail, the store is reopened before the next
+        // write and `held` read back from disk.
         {
             let mut st = self.write_state();
-            self.db()?.apply_batch(batch)?;
-            // Pruned ledgers disappear with the batch; the new one appears after the flush.
             for _ in 0..dropped {
                 if let Some(old) = st.held.pop_front() {
                     st.live_bytes -= old.bytes;
                 }
             }
         }
+        self.pause("append:index");
+        self.db()?.apply_batch(batch)?;
         let flushed = self.db()?.flush();
         {
             let mut st = self.write_state();
@@ -139,24 +143,28 @@ impl Ring {
     }
 
     fn reset_locked(&self) -> Result<(), RingError> {
-        {
+        // The run is forgotten (and the epoch bumped, for readers) before the batch deletes
+        // it; no lock is held across sled IO. Should the batch fail, the store is reopened
+        // before the next write and what it still holds is read back.
+        let mut batch = sled::Batch::default();
+        let (epoch, dropped) = {
             let mut st = self.write_state();
-            let mut batch = sled::Batch::default();
             for old in &st.held {
                 batch.remove(&record_key(old.seq)[..]);
                 for part in 0..old.parts {
                     batch.remove(&part_key(old.seq, part)[..]);
                 }
             }
-            let epoch = st.epoch + 1;
-            batch.insert(META_EPOCH, seal_u64(epoch));
-            self.db()?.apply_batch(batch)?;
-            info!(epoch, dropped = st.held.len(), "ring reset");
+            let dropped = st.held.len();
             st.held.clear();
             st.live_bytes = 0;
             st.newest_hash = [0; 32];
-            st.epoch = epoch;
-        }
+            st.epoch += 1;
+            (st.epoch, dropped)
+        };
+        batch.insert(META_EPOCH, seal_u64(epoch));
+        self.db()?.apply_batch(batch)?;
+        info!(epoch, dropped, "ring reset");
         self.db()?.flush()?;
         Ok(())
     }
@@ -179,8 +187,8 @@ impl Ring {
             return Err(RingError::Unavailable);
         }
         *failed = Some(Instant::now());
-        // Serve nothing while the store is closed; readers hold `state` for a whole read, so
-        // none is using the old store once this returns.
+        // Serve nothing while the store is closed. A read that started before may still hold
+        // the old store for the rest of one ledger; `open` waits for sled to let go of it.
         let old = {
             let mut st = self.write_state();
             st.held.clear();
