@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ledger_relay_transport::{FrameReader, FrameWriter};
-use ledger_relay_wire::frame::{Frame, Heartbeat, SessionAccept, Start, TOKEN_LEN};
+use ledger_relay_wire::frame::{Frame, Heartbeat, SessionAccept, TOKEN_LEN};
 use ledger_relay_wire::sender::{
     CloseReason, ControlError, Event, LaneReport, LiveItem, LoadResult, Sender, SenderConfig,
     SenderStats, StreamId, Unit,
@@ -29,17 +29,18 @@ use ledger_relay_wire::{Limits, PROTOCOL_VERSION};
 use quinn::Connection;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::auth::ClientId;
 use crate::closing::{close_for, close_plain};
-use crate::hub::{stored_ledger, Hub, Item};
-use crate::lake::backfill::Backfill;
+use crate::hub::Item;
 use crate::metrics::{Metrics, SessionInfo};
-use crate::ring::{Ring, RingError};
 
 mod backfill;
+mod held;
 use backfill::SessionLake;
+pub use held::{held_range, resolve_start, Shared};
+use held::{load, sleep_until_opt};
 
 /// Session parameters from the relay's configuration.
 #[derive(Debug, Clone)]
@@ -155,106 +156,6 @@ pub const CLOSE_LINGER: Duration = Duration::from_millis(500);
 /// How often each lane's round trip is read from its connection and given to the sender.
 const LANE_REPORT_EVERY: Duration = Duration::from_millis(50);
 
-/// Shared relay state a session reads.
-#[derive(Clone)]
-pub struct Shared {
-    /// Live state.
-    pub hub: Arc<Hub>,
-    /// The ring, if the relay keeps one.
-    pub ring: Option<Arc<Ring>>,
-    /// The lake below the ring (`--backfill`), if any.
-    pub backfill: Option<Arc<Backfill>>,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-}
-
-/// Oldest and newest ledger the relay can serve now.
-pub fn held_range(shared: &Shared) -> (u32, u32) {
-    let tip = shared.hub.tip();
-    let ring = shared.ring.as_ref().and_then(|r| r.range());
-    let oldest = match (ring.map(|r| r.0), shared.hub.oldest_recent()) {
-        (Some(a), Some(b)) => a.min(b),
-        (Some(a), None) | (None, Some(a)) => a,
-        (None, None) => 0,
-    };
-    let newest = tip.newest.max(ring.map_or(0, |r| r.1));
-    (oldest, newest)
-}
-
-/// How often a session waiting for its start looks at the ring as well as the hub's tip (the
-/// ring can hold a newer ledger than the hub after a restart).
-const START_POLL: Duration = Duration::from_millis(100);
-
-/// Decides the first ledger to send for `start`. A start the relay has not reached (beyond
-/// the ledger after the newest it holds, or the tip while it holds nothing) waits for it, at
-/// most `wait`: a session must not hold its slot for a ledger that may never come. `Err` says
-/// why the session cannot start: a start below the ring only when the backfill lake lacks it
-/// too.
-pub async fn resolve_start(
-    shared: &Shared,
-    start: Start,
-    cancel: &CancellationToken,
-    wait: Option<Duration>,
-) -> Result<u32, CloseReason> {
-    let mut tip = shared.hub.watch_tip();
-    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
-    loop {
-        let t = *tip.borrow_and_update();
-        let (oldest, newest) = held_range(shared);
-        match start {
-            Start::Seq(seq) => {
-                if oldest != 0 && seq < oldest {
-                    // Below the ring: served from the backfill lake if it holds the start.
-                    backfill::start_below(shared, seq, oldest, newest).await?;
-                    return Ok(seq);
-                }
-                if oldest == 0 && newest != 0 && seq <= newest {
-                    // Nothing retained (no ring) but the relay has moved past the start.
-                    backfill::start_below(shared, seq, newest, newest).await?;
-                    return Ok(seq);
-                }
-                // Held, the next ledger, or the one being published: served without delay.
-                if (newest != 0 && seq <= newest.saturating_add(1))
-                    || (t.current != 0 && seq <= t.current)
-                {
-                    return Ok(seq);
-                }
-            }
-            Start::Tip => {
-                if t.newest != 0 {
-                    return Ok(t.newest);
-                }
-                if t.current != 0 {
-                    return Ok(t.current);
-                }
-                if newest != 0 {
-                    return Ok(newest);
-                }
-            }
-        }
-        tokio::select! {
-            r = tip.changed() => if r.is_err() {
-                return Err(CloseReason::ShuttingDown);
-            },
-            _ = tokio::time::sleep(START_POLL) => {}
-            _ = cancel.cancelled() => return Err(CloseReason::ShuttingDown),
-            _ = sleep_until_opt(deadline) => return Err(match start {
-                Start::Seq(seq) => CloseReason::StartAhead { seq, newest },
-                Start::Tip => CloseReason::Overloaded {
-                    detail: "the relay has no ledger yet".into(),
-                },
-            }),
-        }
-    }
-}
-
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Reads frames from a control stream into `tx` until it ends or fails; the last message says
 /// how it ended.
 pub async fn read_control(mut reader: FrameReader, tx: mpsc::Sender<Result<Frame, ControlError>>) {
@@ -269,84 +170,6 @@ pub async fn read_control(mut reader: FrameReader, tx: mpsc::Sender<Result<Frame
         if tx.send(r).await.is_err() || last {
             return;
         }
-    }
-}
-
-/// Loads ledger `seq` for the sender: from memory, else from the ring on a blocking thread,
-/// else (below both) from the backfill lake; the ledger in progress as its chunks so far; or
-/// why it cannot be had.
-async fn load(shared: &Shared, lake: Option<&SessionLake>, seq: u32) -> LoadResult {
-    match (lake, load_held(shared, seq).await) {
-        (Some(lake), r) => lake.after_held(seq, r).await,
-        (None, r) => r,
-    }
-}
-
-/// [`load`] from memory and the ring only.
-async fn load_held(shared: &Shared, seq: u32) -> LoadResult {
-    // A ledger moves from "in progress" to "complete in memory" to "in the ring" while this
-    // looks; the hub keeps it in memory until the ring has it, so one of the looks sees it.
-    // A second round covers a ledger that completed between them.
-    for _ in 0..2 {
-        if let Some(l) = shared.hub.recent(seq) {
-            return LoadResult::Complete(l);
-        }
-        if let Some(ring) = shared.ring.clone() {
-            if ring.range().is_some_and(|(a, b)| (a..=b).contains(&seq)) {
-                Metrics::add(&shared.metrics.ring_reads_total, 1);
-                let got = tokio::task::spawn_blocking(move || ring.get(seq)).await;
-                match got {
-                    Ok(Ok(Some((end, chunks)))) => {
-                        return LoadResult::Complete(Arc::new(stored_ledger(end, chunks)))
-                    }
-                    // Pruned meanwhile: look again.
-                    Ok(Ok(None)) => {}
-                    Ok(Err(RingError::Corrupt { seq, detail })) => {
-                        Metrics::add(&shared.metrics.ring_corrupt_total, 1);
-                        warn!(seq, %detail, "stored ledger failed verification: not served");
-                        return LoadResult::Corrupt { detail };
-                    }
-                    Ok(Err(e)) => {
-                        return LoadResult::Unavailable {
-                            detail: e.to_string(),
-                        }
-                    }
-                    Err(e) => {
-                        return LoadResult::Unavailable {
-                            detail: format!("ring read task: {e}"),
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(chunks) = shared.hub.in_progress(seq) {
-            return LoadResult::InProgress(chunks);
-        }
-        if shared.ring.is_some()
-            && seq > shared.hub.persisted_through()
-            && seq <= shared.hub.tip().newest
-        {
-            // Complete, but past the hub's bound on ledgers the ring has not written (an
-            // unpaced burst from the source) and not yet in the ring: the ring writer has it
-            // queued, so the session tries again shortly rather than call it below retention.
-            return LoadResult::Unavailable {
-                detail: format!("ledger {seq} is still queued for the ring"),
-            };
-        }
-        let (oldest, newest) = held_range(shared);
-        if seq > newest {
-            return LoadResult::NotYet;
-        }
-        if oldest == 0 || seq < oldest {
-            break;
-        }
-    }
-    let (oldest, newest) = held_range(shared);
-    let lake = None; // the caller's to fill in
-    LoadResult::NotHeld {
-        oldest,
-        newest,
-        lake,
     }
 }
 
@@ -872,50 +695,5 @@ async fn send_stream(conn: &Connection, unit: Unit) -> Result<(), String> {
         Ok(None) => Ok(()),
         Ok(Some(code)) => Err(format!("stream stopped by peer: {code}")),
         Err(e) => Err(e.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A burst from the source outran the ring writer: the hub let go of ledgers the ring has
-    /// not written yet. A session catching up must wait for them, not end below retention
-    /// (found by `ledger-bench lanes`: every row that read the ring ended with "ledger 15 is
-    /// below the retention ...: oldest ledger held is 2, newest 97").
-    #[tokio::test]
-    async fn a_ledger_still_queued_for_the_ring_is_not_below_retention() {
-        let dir = tempfile::tempdir().unwrap();
-        let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
-        let hub = Arc::new(Hub::new(64, 1));
-        for seq in 1..=40 {
-            hub.complete(crate::hub::tests::complete(seq, 1));
-        }
-        let oldest = hub.oldest_recent().unwrap();
-        assert!(
-            oldest > 1,
-            "the hub keeps a bounded number unwritten: {oldest}"
-        );
-        let shared = Shared {
-            hub,
-            ring: Some(ring),
-            backfill: None,
-            metrics: Metrics::new(),
-        };
-        match load_held(&shared, 1).await {
-            LoadResult::Unavailable { detail } => assert!(detail.contains("queued"), "{detail}"),
-            other => panic!("ledger 1 is on its way to the ring: {other:?}"),
-        }
-        // Once the writer has dealt with it and it is still missing, it is not held.
-        shared.hub.persisted(1);
-        assert!(matches!(
-            load_held(&shared, 1).await,
-            LoadResult::NotHeld { .. }
-        ));
-        // The newest ones are in memory.
-        assert!(matches!(
-            load_held(&shared, 40).await,
-            LoadResult::Complete(_)
-        ));
     }
 }

@@ -1,0 +1,293 @@
+use super::*;
+
+fn base() -> RunArgs {
+    RunArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        certs: Some("/tmp/certs".into()),
+        data_dir: Some("/tmp/data".into()),
+        source: Some("synthetic".into()),
+        ..RunArgs::default()
+    }
+}
+
+#[test]
+fn sizes_and_durations() {
+    assert_eq!(parse_size("256KiB").unwrap(), 256 << 10);
+    assert_eq!(parse_size("14.5MiB").unwrap(), 15_204_352);
+    assert_eq!(parse_size("1GB").unwrap(), 1_000_000_000);
+    assert_eq!(parse_size("42").unwrap(), 42);
+    assert!(parse_size("12 parsecs").is_err());
+    assert!(parse_size("MiB").is_err());
+    assert_eq!(parse_duration("600ms").unwrap(), Duration::from_millis(600));
+    assert!(parse_duration("soon").is_err());
+}
+
+#[test]
+fn defaults_and_required_flags() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    assert_eq!(c.retention, 10_000);
+    assert_eq!(c.name, "relay");
+    assert_eq!(c.pipeline.codec, Codec::Zstd);
+    assert_eq!(c.source_options.cadence, Duration::from_millis(600));
+    assert_eq!(
+        c.stale_after,
+        Duration::from_secs(3),
+        "5 cadences of a paced source"
+    );
+    let mut a = base();
+    a.listen = None;
+    let e = RelayConfig::from_args(a).unwrap_err().to_string();
+    assert!(e.contains("--listen is required"), "{e}");
+    let mut a = base();
+    a.codec = Some("brotli".into());
+    assert!(RelayConfig::from_args(a).is_err());
+    let mut a = base();
+    a.window = Some(0);
+    assert!(RelayConfig::from_args(a).is_err());
+}
+
+#[test]
+fn stale_after_defaults_by_source_and_parses() {
+    let mut a = base();
+    a.source = Some("pipe:stellar-core run".into());
+    assert_eq!(
+        RelayConfig::from_args(a).unwrap().stale_after,
+        Duration::from_secs(30)
+    );
+    let mut a = base();
+    a.cadence = Some("10s".into());
+    assert_eq!(
+        RelayConfig::from_args(a).unwrap().stale_after,
+        Duration::from_secs(50)
+    );
+    let mut a = base();
+    a.source = Some("stdin".into());
+    a.stale_after = Some("1m 30s".into());
+    assert_eq!(
+        RelayConfig::from_args(a).unwrap().stale_after,
+        Duration::from_secs(90)
+    );
+    for (bad, want) in [
+        ("0s", "--stale-after must be more than 0"),
+        ("soon", "--stale-after: bad duration \"soon\""),
+    ] {
+        let mut a = base();
+        a.stale_after = Some(bad.into());
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert!(e.starts_with(want), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn delivery_modes_default_off_and_parse() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    assert!(!c.pipeline.store_and_forward);
+    assert_eq!(c.server.session.streams_per_lane, None, "unlimited");
+    let mut a = base();
+    a.store_and_forward = true;
+    a.streams_per_lane = Some(1);
+    let c = RelayConfig::from_args(a).unwrap();
+    assert!(c.pipeline.store_and_forward);
+    assert_eq!(c.server.session.streams_per_lane, Some(1));
+    let mut a = base();
+    a.streams_per_lane = Some(MAX_STREAMS_PER_LANE);
+    assert_eq!(
+        RelayConfig::from_args(a)
+            .unwrap()
+            .server
+            .session
+            .streams_per_lane,
+        Some(1024)
+    );
+    for bad in [0, MAX_STREAMS_PER_LANE + 1, u32::MAX] {
+        let mut a = base();
+        a.streams_per_lane = Some(bad);
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert_eq!(e, format!("--streams-per-lane {bad}: expected 1..=1024"));
+    }
+}
+
+#[test]
+fn admission_flags_default_and_parse() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    let s = &c.server;
+    assert_eq!(
+        (
+            s.max_connections_per_address,
+            s.max_connections_per_identity,
+            s.max_sessions_per_identity,
+            s.retry_threshold
+        ),
+        (256, 256, 64, 64)
+    );
+    assert_eq!(s.session.start_wait, Some(DEFAULT_START_WAIT));
+    let mut a = base();
+    a.max_connections_per_address = Some(8);
+    a.max_connections_per_identity = Some(16);
+    a.max_sessions_per_identity = Some(2);
+    a.retry_threshold = Some(0);
+    a.start_wait = Some("1m".into());
+    let c = RelayConfig::from_args(a).unwrap();
+    let s = &c.server;
+    assert_eq!(
+        (
+            s.max_connections_per_address,
+            s.max_connections_per_identity,
+            s.max_sessions_per_identity,
+            s.retry_threshold
+        ),
+        (8, 16, 2, 0)
+    );
+    assert_eq!(s.session.start_wait, Some(Duration::from_secs(60)));
+    for (set, want) in [
+        (
+            (|a: &mut RunArgs| a.max_sessions_per_identity = Some(0)) as fn(&mut RunArgs),
+            "--max-sessions-per-identity must be at least 1",
+        ),
+        (
+            |a| a.max_connections_per_address = Some(0),
+            "--max-connections-per-address must be at least 1",
+        ),
+        (|a| a.start_wait = Some("soon".into()), "--start-wait"),
+    ] {
+        let mut a = base();
+        set(&mut a);
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert!(e.starts_with(want), "{e}");
+    }
+}
+
+#[test]
+fn lake_flags_parse_and_are_checked() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    assert!(c.export.is_none() && c.backfill.is_none());
+    let mut a = base();
+    a.export = Some("s3://lake/pubnet".into());
+    a.network = Some("pubnet".into());
+    a.export_ledgers_per_file = Some(8);
+    a.backfill = Some("file:///var/lake".into());
+    a.backfill_sessions = Some(2);
+    let c = RelayConfig::from_args(a).unwrap();
+    let e = c.export.unwrap();
+    assert_eq!(e.url.to_string(), "s3://lake/pubnet");
+    assert_eq!(e.network, ledger_relay_lake::PUBNET_PASSPHRASE);
+    assert_eq!(e.layout.ledgers_per_batch, Some(8));
+    assert_eq!(e.layout.batches_per_partition, None, "the lake's, or 64000");
+    assert_eq!(e.zstd_level, 1);
+    let b = c.backfill.unwrap();
+    assert_eq!(b.url.to_string(), "file:///var/lake");
+    assert_eq!((b.sessions, b.prefetch.depth), (2, 8));
+    assert_eq!(
+        b.network.as_deref(),
+        Some(ledger_relay_lake::PUBNET_PASSPHRASE)
+    );
+    let mut a = base();
+    a.network_passphrase = Some("Standalone Network ; February 2017".into());
+    a.source = Some("datalake:file:///l,from=5,to=9".into());
+    let c = RelayConfig::from_args(a).unwrap();
+    assert_eq!(
+        c.source_options.network_passphrase.as_deref(),
+        Some("Standalone Network ; February 2017")
+    );
+    for (set, want) in [
+        (
+            (|a: &mut RunArgs| a.export = Some("s3://lake".into())) as fn(&mut RunArgs),
+            "--export needs the network's passphrase",
+        ),
+        (
+            |a| {
+                a.export = Some("http://lake".into());
+                a.network = Some("testnet".into());
+            },
+            "--export: bad lake url \"http://lake\": unknown scheme",
+        ),
+        (
+            |a| {
+                a.export = Some("file:///l".into());
+                a.network = Some("testnet".into());
+                a.export_files_per_partition = Some(0);
+            },
+            "batches per partition must be at least 1",
+        ),
+        (
+            |a| {
+                a.export = Some("file:///l".into());
+                a.network = Some("testnet".into());
+                a.export_zstd_level = Some(30);
+            },
+            "--export-zstd-level 30: expected 1..=22",
+        ),
+        (
+            |a| a.export_ledgers_per_file = Some(4),
+            "--export-ledgers-per-file needs --export URL",
+        ),
+        (
+            |a| a.backfill = Some("file://relative".into()),
+            "--backfill: bad lake url",
+        ),
+        (
+            |a| a.backfill_prefetch = Some(4),
+            "--backfill-prefetch needs --backfill URL",
+        ),
+        (
+            |a| {
+                a.backfill = Some("file:///l".into());
+                a.backfill_sessions = Some(0);
+            },
+            "--backfill-sessions 0: expected 1..=1024",
+        ),
+        (
+            |a| a.source = Some("datalake:s3://b,from=9,to=5".into()),
+            "bad datalake source: to=5 is before from=9",
+        ),
+    ] {
+        let mut a = base();
+        set(&mut a);
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert!(e.contains(want), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
+
+#[test]
+fn flags_override_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
+         retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\nstale_after = \"45s\"\n\
+         max_sessions_per_identity = 3\nretry_threshold = 5\nstart_wait = \"2s\"\n\
+         max_connections_per_address = 7\nmax_connections_per_identity = 9\n[transport]\nsend_window = 1000000\n",
+    )
+    .unwrap();
+    let args = RunArgs {
+        config: Some(path.clone()),
+        retention: Some(7),
+        ..RunArgs::default()
+    };
+    let c = RelayConfig::from_args(args).unwrap();
+    assert_eq!(c.retention, 7, "flag wins");
+    assert_eq!(c.allow, vec!["rpc-1".to_string()]);
+    assert_eq!(c.pipeline.codec, Codec::Lz4);
+    assert_eq!(c.transport.send_window, 1_000_000);
+    assert_eq!(c.listen.port(), 7400);
+    assert_eq!(c.stale_after, Duration::from_secs(45));
+    assert_eq!(
+        (
+            c.server.max_sessions_per_identity,
+            c.server.retry_threshold,
+            c.server.max_connections_per_address,
+            c.server.max_connections_per_identity
+        ),
+        (3, 5, 7, 9)
+    );
+    assert_eq!(c.server.session.start_wait, Some(Duration::from_secs(2)));
+    std::fs::write(&path, "listen = \"127.0.0.1:7400\"\nbogus = 1\n").unwrap();
+    let args = RunArgs {
+        config: Some(path),
+        ..RunArgs::default()
+    };
+    let e = format!("{:#}", RelayConfig::from_args(args).unwrap_err());
+    assert!(e.contains("bogus"), "{e}");
+}
