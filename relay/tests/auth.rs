@@ -674,7 +674,15 @@ async fn an_invalid_crl_keeps_the_previous_one_in_force() {
             errors,
             "counted once per bad file"
         );
-        let config = dir.sub(&relay, "rpc-3", 1, Start::Tip);
+        // The subscriber checks the relay against a crl.pem of its own directory when there is
+        // one, and refuses a broken one: it is given its files without the relay's CRL.
+        let config = sub_config(
+            vec![relay.addr()],
+            &client_files(&dir, "rpc-3"),
+            "rpc-3",
+            1,
+            Start::Tip,
+        );
         assert_eq!(
             expect_unauthorized(&relay, config).await,
             AuthReason::Revoked
@@ -699,4 +707,19 @@ async fn an_invalid_crl_keeps_the_previous_one_in_force() {
     assert_eq!(load(&m.revoked_sessions_total), 0);
     drop(one);
     relay.stop().await;
+}
+
+/// A directory with only the CA and `name`'s certificate and key, copied from the test's
+/// certificate directory (so without its `crl.pem`).
+fn client_files(dir: &TestDir, name: &str) -> std::path::PathBuf {
+    let out = dir.path().join(format!("client-{name}"));
+    std::fs::create_dir_all(&out).unwrap();
+    for file in [
+        "ca.pem".to_string(),
+        format!("{name}.pem"),
+        format!("{name}.key"),
+    ] {
+        std::fs::copy(dir.certs.path().join(&file), out.join(&file)).unwrap();
+    }
+    out
 }
