@@ -65,6 +65,10 @@ const PART_CONTINUE: u8 = 1;
 const PART_ID_LEN: usize = 4 + 4 + 1;
 /// index + codec + raw offset + raw length + payload length.
 const CHUNK_HEADER_LEN: usize = 4 + 1 + 8 + 4 + 4;
+/// The most a [`PartReader`] reserves up front for one chunk's payload: a 4 MiB raw chunk, the
+/// largest the relay cuts. Beyond it the payload grows with the parts given.
+pub const RESERVE_MAX: usize = 4 << 20;
+
 /// The largest stored part, checksum included: a chunk's first part with [`PART_MAX`] payload
 /// bytes.
 pub const PART_LEN_MAX: usize = SEAL_LEN + PART_ID_LEN + CHUNK_HEADER_LEN + PART_MAX;
@@ -564,8 +568,15 @@ impl PartReader {
                 self.tiling
                     .next(index, raw_offset, raw_len, codec, u64::from(want))?;
                 data = rest;
-                // Reserve no more than the remaining parts can hold.
-                let room = data.len() + (self.record.parts - part - 1) as usize * PART_MAX;
+                // Reserve no more than the remaining parts can hold, and never more than
+                // RESERVE_MAX: the part count comes from disk as well, so a hostile record
+                // could otherwise make room for gigabytes; a larger chunk grows with the parts
+                // actually given.
+                let room = (self.record.parts - part - 1) as usize;
+                let room = data
+                    .len()
+                    .saturating_add(room.saturating_mul(PART_MAX))
+                    .min(RESERVE_MAX);
                 let want = want as usize;
                 self.open = Some(OpenChunk {
                     chunk: StoredChunk {

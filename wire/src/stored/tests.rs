@@ -302,6 +302,12 @@ fn a_record_that_counts_huge_parts_or_chunks_allocates_only_what_it_is_given() {
         b.extend_from_slice(&[1, 2, 3]);
     });
     assert_eq!(r.push(&v), Ok(()));
+    // Found by the `stored` fuzz target: a reservation sized from the counts (3 GB).
+    let reserved = r.open.as_ref().map_or(0, |o| o.payload.capacity());
+    assert!(
+        reserved <= RESERVE_MAX,
+        "reserved {reserved} bytes for 3 given"
+    );
     assert_eq!(r.remaining(), u32::MAX - 1);
     assert_eq!(r.finish(), Err(StoredError::ChunkIncomplete { index: 0 }));
 }
