@@ -444,21 +444,13 @@ impl Run {
 
     /// One TLS 1.3-over-TCP flow, mutual, the same provider and certificates.
     fn tls_tcp(&self) -> anyhow::Result<Measured> {
-        let provider = tls::crypto_provider();
+        // The relay's own TLS set-up for its TCP baseline, so this row is that flow.
+        let alpn = ledger_relay_wire::baseline::ALPN;
         let (chain, key) = self.identity("relay")?;
-        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_client_cert_verifier(self.client_verifier()?)
-            .with_single_cert(chain, key)?;
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in load_certs(&self.certs.join("ca.pem"))? {
-            roots.add(ca)?;
-        }
+        let server = tls::server_tls(chain, key, self.client_verifier()?, alpn)?;
+        let ca = load_certs(&self.certs.join("ca.pem"))?;
         let (chain, key) = self.identity("bench")?;
-        let client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_root_certificates(roots)
-            .with_client_auth_cert(chain, key)?;
+        let client = tls::client_tls(&ca, &[], chain, key, alpn)?;
         let payload = self.payload();
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
         // The sender is the TLS server, as the relay is.
