@@ -176,13 +176,18 @@ fn store_failed(e: &RingError) -> bool {
 }
 
 /// Appends one ledger: a new run when it does not continue the ring. A ledger the ring already
-/// holds as its newest (the write reported a failure, yet reached the disk) is done.
+/// holds as its newest (the write reported a failure, yet reached the disk, as the store
+/// reopened finds) is done.
 fn write(ring: &Ring, ledger: &CompleteLedger, metrics: &Metrics) -> Result<(), RingError> {
-    if ring.newest() == Some((ledger.end.seq, ledger.end.header_hash)) {
+    let held = || ring.newest() == Some((ledger.end.seq, ledger.end.header_hash));
+    if held() {
         return Ok(());
     }
     let chunks = stored_chunks(ledger);
     let mut r = ring.append(&ledger.end, &chunks);
+    if matches!(r, Err(RingError::Discontinuity { .. })) && held() {
+        return Ok(());
+    }
     if let Err(RingError::Discontinuity { newest, seq, .. }) = &r {
         // The source started a new run (or the queue gave up ledgers): a ring must never
         // splice two runs, so it starts over.
