@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 pub const SOURCE: &str = "source";
 /// Condition key of the retention ring.
 pub const RING: &str = "ring";
+/// Condition key of stored ledgers that failed verification.
+pub const RING_CORRUPT: &str = "ring_corrupt";
 
 /// The default limit for sources that follow core (pipe, FIFO, stdin): 30 s, about five
 /// pubnet ledgers (one every 5-6 s).
@@ -60,18 +62,21 @@ pub enum ReasonKind {
     SourceFailed,
     /// The ring cannot write (disk read-only or full); live streaming goes on.
     RingDegraded,
+    /// A ledger stored in the ring failed verification on read and is not served.
+    RingCorrupt,
     /// The export to a data lake fails (`--export`); live streaming goes on.
     LakeExport,
 }
 
 impl ReasonKind {
     /// Every kind, in the order the metrics list them.
-    pub const ALL: [ReasonKind; 6] = [
+    pub const ALL: [ReasonKind; 7] = [
         ReasonKind::NoLedger,
         ReasonKind::SourceRestarting,
         ReasonKind::SourceFinished,
         ReasonKind::SourceFailed,
         ReasonKind::RingDegraded,
+        ReasonKind::RingCorrupt,
         ReasonKind::LakeExport,
     ];
 
@@ -84,6 +89,7 @@ impl ReasonKind {
             ReasonKind::SourceFinished => "source_finished",
             ReasonKind::SourceFailed => "source_failed",
             ReasonKind::RingDegraded => "ring_degraded",
+            ReasonKind::RingCorrupt => "ring_corrupt",
             ReasonKind::LakeExport => "lake_export",
         }
     }
@@ -97,7 +103,7 @@ impl ReasonKind {
             | ReasonKind::SourceRestarting
             | ReasonKind::SourceFinished
             | ReasonKind::SourceFailed => true,
-            ReasonKind::RingDegraded | ReasonKind::LakeExport => false,
+            ReasonKind::RingDegraded | ReasonKind::RingCorrupt | ReasonKind::LakeExport => false,
         }
     }
 }
@@ -144,6 +150,15 @@ pub enum Reason {
         /// The last write error.
         error: String,
     },
+    /// A stored ledger failed verification on read (the newest such).
+    RingCorrupt {
+        /// The ledger.
+        seq: u32,
+        /// Stored ledgers found damaged since the relay started.
+        count: u64,
+        /// What failed.
+        detail: String,
+    },
     /// Writing to the export lake fails (it is retried) or has stopped.
     LakeExport {
         /// The last error.
@@ -162,6 +177,7 @@ impl Reason {
             Reason::SourceFinished => ReasonKind::SourceFinished,
             Reason::SourceFailed { .. } => ReasonKind::SourceFailed,
             Reason::RingDegraded { .. } => ReasonKind::RingDegraded,
+            Reason::RingCorrupt { .. } => ReasonKind::RingCorrupt,
             Reason::LakeExport { .. } => ReasonKind::LakeExport,
         }
     }
@@ -186,6 +202,10 @@ impl fmt::Display for Reason {
             Reason::SourceFinished => f.write_str("source finished: no more ledgers will come"),
             Reason::SourceFailed { cause } => write!(f, "source stopped: {cause}"),
             Reason::RingDegraded { error } => write!(f, "ring degraded: {error}"),
+            Reason::RingCorrupt { seq, count, detail } => write!(
+                f,
+                "stored ledger {seq} failed verification and is not served ({count} so far): {detail}"
+            ),
             Reason::LakeExport { error } => write!(f, "lake export failing: {error}"),
         }
     }
@@ -663,6 +683,11 @@ mod tests {
             Reason::RingDegraded {
                 error: String::new(),
             },
+            Reason::RingCorrupt {
+                seq: 1,
+                count: 1,
+                detail: String::new(),
+            },
             Reason::LakeExport {
                 error: String::new(),
             },
@@ -678,6 +703,7 @@ mod tests {
                 | Reason::SourceFinished
                 | Reason::SourceFailed { .. }
                 | Reason::RingDegraded { .. }
+                | Reason::RingCorrupt { .. }
                 | Reason::LakeExport { .. } => {}
             }
             assert!(ReasonKind::ALL.contains(&r.kind()), "{r:?}");

@@ -87,9 +87,6 @@ struct State {
 /// Complete ledgers the relay's hub keeps in memory (beyond those the ring has not written).
 pub const RECENT_LEDGERS: usize = 4;
 
-/// However slow the disk, memory holds at most this many times `recent` ledgers.
-const UNPERSISTED_FACTOR: usize = 16;
-
 /// Sequences the hub knows about, for sessions waiting on a start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tip {
@@ -188,11 +185,13 @@ impl Hub {
     }
 
     /// Keeps the newest `cap` ledgers, and older ones until the ring writer has dealt with
-    /// them: a session that misses a ledger in memory must find it in the ring.
+    /// them: a session that misses a ledger in memory must find it in the ring. How many
+    /// that can be is the ring queue's bound (`PipelineConfig::ring_queue_bytes`): the
+    /// writer, or the queue when it is full, reports every ledger it is done with.
     fn prune(st: &mut State, cap: usize) {
         while st.recent.len() > cap {
             let front = st.recent.front().map_or(0, |l| l.end.seq);
-            if front > st.persisted && st.recent.len() <= cap * UNPERSISTED_FACTOR {
+            if front > st.persisted {
                 break;
             }
             st.recent.pop_front();
@@ -341,13 +340,20 @@ pub(crate) mod tests {
         assert_eq!(hub.oldest_recent(), Some(1), "not in the ring yet");
         hub.persisted(2);
         assert_eq!(hub.oldest_recent(), Some(3));
+        // However many wait for the ring (the ring queue bounds them), none is dropped.
         for s in 5..=100 {
             hub.complete(complete(s, 1));
         }
         assert_eq!(
             hub.oldest_recent(),
-            Some(100 - 2 * UNPERSISTED_FACTOR as u32 + 1),
-            "bounded"
+            Some(3),
+            "every unwritten ledger is kept"
+        );
+        hub.persisted(90);
+        assert_eq!(
+            hub.oldest_recent(),
+            Some(91),
+            "then the unwritten ones only"
         );
     }
 

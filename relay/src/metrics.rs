@@ -70,6 +70,10 @@ counters! {
     ring_write_errors_total: "Failed ring writes.",
     ring_resets_total: "Times the ring was emptied because the source started a new run.",
     ring_corrupt_total: "Stored ledgers that failed verification and were not served.",
+    ring_repaired_total: "Damaged stored ledgers written again (emitted again by the source, or from the backfill lake).",
+    ring_queue_ledgers: "Complete ledgers waiting for the ring writer (in memory, served from there meanwhile).",
+    ring_queue_bytes: "Payload bytes of the ledgers waiting for the ring writer.",
+    ring_given_up_total: "Ledgers given up for the ring because its queue was full (the ring then starts a new run).",
     sessions_open: "Open sessions.",
     lanes_open: "Open lanes over all sessions.",
     connections_open: "Open QUIC connections.",
@@ -235,6 +239,8 @@ impl Metrics {
         details.insert("source_restarts".into(), n(&self.source_restarts_total));
         details.insert("ring_oldest".into(), n(&self.ring_oldest));
         details.insert("ring_newest".into(), n(&self.ring_newest));
+        details.insert("ring_corrupt".into(), n(&self.ring_corrupt_total));
+        details.insert("ring_queue".into(), n(&self.ring_queue_ledgers));
         details.insert("sessions".into(), n(&self.sessions_open));
         self.health.report().render_json(details)
     }

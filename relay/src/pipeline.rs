@@ -11,7 +11,10 @@
 //!
 //! Nothing upstream waits on anything downstream: the source's channel is unbounded, a full
 //! compression queue makes the cutter send the chunk raw (counted), and the ring writer has its
-//! own thread and queue, so a slow disk never delays the source or the live stream.
+//! own thread and queue, so a slow disk never delays the source or the live stream. The ring's
+//! queue is bounded in bytes ([`PipelineConfig::ring_queue_bytes`]); the ledgers in it stay in
+//! the hub's memory, reachable to sessions, and a ledger that failed to write stays in it until
+//! the store is back (see [`ring_queue`]).
 //!
 //! With `--store-and-forward` ([`PipelineConfig::store_and_forward`]) the publisher hands the
 //! hub no chunk of a ledger until the source has written all of it; the end record then carries
@@ -39,7 +42,9 @@ use crate::ring::{Ring, RingError};
 use crate::source::SourceEvent;
 
 mod cutter;
+pub mod ring_queue;
 use cutter::Cutter;
+use ring_queue::{ring_writer, RingQueue};
 
 /// How ledgers are cut and compressed.
 #[derive(Debug, Clone)]
@@ -63,6 +68,11 @@ pub struct PipelineConfig {
     /// Where the publisher also offers each complete ledger for export to a data lake
     /// (`--export`; set by `Relay::start`). Offering never waits.
     pub export: Option<crate::lake::export::ExportTap>,
+    /// Most payload bytes of complete ledgers waiting for the ring writer (a slow disk, or one
+    /// that failed and waits to be writable again). They stay in the hub's memory until
+    /// written, so this also bounds it; beyond it the oldest is given up for the ring, which
+    /// then starts a new run (see [`ring_queue`]).
+    pub ring_queue_bytes: u64,
 }
 
 impl Default for PipelineConfig {
@@ -76,6 +86,7 @@ impl Default for PipelineConfig {
             compress_queue: 64,
             store_and_forward: false,
             export: None,
+            ring_queue_bytes: ring_queue::DEFAULT_RING_QUEUE_BYTES,
         }
     }
 }
@@ -88,10 +99,25 @@ pub struct StartState {
 }
 
 enum ToPublisher {
-    Begin { emission: u64, seq: u32 },
-    Chunk { emission: u64, item: Chunk },
-    Done { emission: u64, end: LedgerEnd },
-    Abort { emission: u64, seq: u32 },
+    /// A ledger starts. `repair`: a held ledger whose stored copy is damaged, emitted again by
+    /// the source: it goes to the ring only, to be written over the damaged copy.
+    Begin {
+        emission: u64,
+        seq: u32,
+        repair: bool,
+    },
+    Chunk {
+        emission: u64,
+        item: Chunk,
+    },
+    Done {
+        emission: u64,
+        end: LedgerEnd,
+    },
+    Abort {
+        emission: u64,
+        seq: u32,
+    },
 }
 
 struct Job {
@@ -141,8 +167,14 @@ pub fn spawn(
                 .spawn(move || compress_worker(rx, tx, codec, level, metrics))?,
         );
     }
-    let (ring_tx, ring_rx) = mpsc::channel::<Arc<CompleteLedger>>();
-    let ring_tx = ring.is_some().then_some(ring_tx);
+    let queue = ring.is_some().then(|| {
+        Arc::new(RingQueue::new(
+            config.ring_queue_bytes,
+            hub.clone(),
+            metrics.clone(),
+        ))
+    });
+    let writer_queue = queue.clone();
     // The publisher holds the only tap, so the exporter sees the end of the stream.
     let export = config.export.take();
     {
@@ -155,16 +187,15 @@ pub fn spawn(
         threads.push(
             std::thread::Builder::new()
                 .name("publisher".into())
-                .spawn(move || publisher(pub_rx, hub, ring_tx, live, export))?,
+                .spawn(move || publisher(pub_rx, hub, queue, live, export))?,
         );
     }
     let cutter_ring = ring.clone();
-    if let Some(ring) = ring {
-        let metrics = metrics.clone();
+    if let (Some(ring), Some(queue)) = (ring, writer_queue) {
         threads.push(
             std::thread::Builder::new()
                 .name("ring-writer".into())
-                .spawn(move || ring_writer(ring_rx, ring, hub, metrics))?,
+                .spawn(move || ring_writer(queue, ring))?,
         );
     }
     threads.push(
@@ -264,6 +295,7 @@ fn compress_worker(
 struct Pending {
     emission: u64,
     seq: u32,
+    repair: bool,
     /// Chunks by index: published ones for the head of the queue, buffered ones behind it.
     chunks: HashMap<u32, Chunk>,
     end: Option<LedgerEnd>,
@@ -296,20 +328,25 @@ enum Publish {
 fn publisher(
     rx: Receiver<ToPublisher>,
     hub: Arc<Hub>,
-    ring: Option<mpsc::Sender<Arc<CompleteLedger>>>,
+    ring: Option<Arc<RingQueue>>,
     live: Publish,
     export: Option<crate::lake::export::ExportTap>,
 ) {
     let mut queue: std::collections::VecDeque<Pending> = std::collections::VecDeque::new();
     while let Ok(msg) = rx.recv() {
         match msg {
-            ToPublisher::Begin { emission, seq } => {
-                if queue.is_empty() {
+            ToPublisher::Begin {
+                emission,
+                seq,
+                repair,
+            } => {
+                if queue.is_empty() && !repair {
                     hub.begin(seq);
                 }
                 queue.push_back(Pending {
                     emission,
                     seq,
+                    repair,
                     chunks: HashMap::new(),
                     end: None,
                 });
@@ -319,7 +356,7 @@ fn publisher(
                 let head = queue.front().map(|p| p.emission);
                 if let Some(p) = queue.iter_mut().find(|p| p.emission == emission) {
                     p.chunks.insert(item.header.index, item.clone());
-                    if head == Some(emission) && live == Publish::Chunks {
+                    if head == Some(emission) && live == Publish::Chunks && !p.repair {
                         hub.publish_chunk(item);
                     }
                 }
@@ -331,9 +368,11 @@ fn publisher(
             }
             ToPublisher::Abort { emission, seq } => {
                 if let Some(i) = queue.iter().position(|p| p.emission == emission) {
-                    queue.remove(i);
+                    let removed = queue.remove(i);
                     if i == 0 {
-                        hub.abort(seq);
+                        if !removed.is_some_and(|p| p.repair) {
+                            hub.abort(seq);
+                        }
                         start_head(&queue, &hub, live);
                     }
                 }
@@ -347,26 +386,34 @@ fn publisher(
             chunks.sort_by_key(|c| c.header.index);
             debug_assert_eq!(p.seq, end.seq);
             let ledger = Arc::new(CompleteLedger { end, chunks });
+            if p.repair {
+                if let Some(ring) = &ring {
+                    ring.push(ledger, true);
+                }
+                start_head(&queue, &hub, live);
+                continue;
+            }
             // Store-and-forward: the end record carries every chunk, published here at once.
             hub.complete(ledger.clone());
             if let Some(export) = &export {
                 export.offer(&ledger);
             }
             match &ring {
-                Some(ring) => {
-                    let _ = ring.send(ledger);
-                }
+                Some(ring) => ring.push(ledger, false),
                 None => hub.persisted(end.seq),
             }
             start_head(&queue, &hub, live);
         }
+    }
+    if let Some(ring) = ring {
+        ring.close();
     }
 }
 
 /// Starts publishing the new head of the queue: its sequence and (unless store-and-forward)
 /// the chunks it buffered.
 fn start_head(queue: &std::collections::VecDeque<Pending>, hub: &Hub, live: Publish) {
-    if let Some(next) = queue.front() {
+    if let Some(next) = queue.front().filter(|p| !p.repair) {
         hub.begin(next.seq);
         if live == Publish::WholeLedgers {
             return;
@@ -376,57 +423,6 @@ fn start_head(queue: &std::collections::VecDeque<Pending>, hub: &Hub, live: Publ
         for c in buffered {
             hub.publish_chunk(c.clone());
         }
-    }
-}
-
-fn ring_writer(
-    rx: Receiver<Arc<CompleteLedger>>,
-    ring: Arc<Ring>,
-    hub: Arc<Hub>,
-    metrics: Arc<Metrics>,
-) {
-    while let Ok(ledger) = rx.recv() {
-        let chunks = crate::hub::stored_chunks(&ledger);
-        let mut r = ring.append(&ledger.end, &chunks);
-        if let Err(RingError::Discontinuity { newest, seq, .. }) = &r {
-            // The source started a new run (or the ring missed ledgers while the disk was
-            // failing): a ring must never splice two runs, so it starts over.
-            warn!(
-                newest,
-                seq, "ring does not continue into this ledger: starting a new run"
-            );
-            r = ring.reset().and_then(|_| {
-                Metrics::add(&metrics.ring_resets_total, 1);
-                ring.append(&ledger.end, &chunks)
-            });
-        }
-        match r {
-            // The health condition changes before the flag, so that whoever sees the flag
-            // change finds /healthz already saying the same (this thread is the only writer).
-            Ok(()) => {
-                if metrics.ring_degraded.load(Ordering::Relaxed) {
-                    metrics.health.clear(health::RING);
-                    metrics.ring_degraded.store(false, Ordering::Relaxed);
-                    info!("ring writes succeed again");
-                }
-            }
-            Err(e) => {
-                Metrics::add(&metrics.ring_write_errors_total, 1);
-                metrics.health.raise(
-                    health::RING,
-                    Reason::RingDegraded {
-                        error: e.to_string(),
-                    },
-                );
-                if !metrics.ring_degraded.swap(true, Ordering::Relaxed) {
-                    error!(error = %e, seq = ledger.end.seq, "ring write failed: ring degraded, live streaming continues");
-                }
-            }
-        }
-        // Written or not, the hub may now let go of it (a failed write leaves the ring
-        // degraded; sessions then get the below-retention error rather than unbounded memory).
-        hub.persisted(ledger.end.seq);
-        update_ring_metrics(&ring, &metrics);
     }
 }
 

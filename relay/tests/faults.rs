@@ -376,16 +376,18 @@ impl Streaming {
         load(&m.source_newest) as u32
     }
 
-    /// Once the disk is writable again: waits until the ring has started a new run and
-    /// written past ledger `after`, and reports healthy (`/healthz`, `/metrics`).
+    /// Once the disk is writable again: waits until the ring has written past ledger `after`
+    /// and reports healthy (`/healthz`, `/metrics`), having kept its run: no reset, nothing
+    /// given up, and the ring still starts at the first ledger it held before the fault.
     async fn expect_recovered(&self, after: u32) {
         let m = &self.metrics;
         eventually(5, "the ring writes again", || {
-            !m.ring_degraded.load(Ordering::Relaxed)
-                && load(&m.ring_resets_total) >= 1
-                && load(&m.ring_newest) > u64::from(after)
+            !m.ring_degraded.load(Ordering::Relaxed) && load(&m.ring_newest) > u64::from(after)
         })
         .await;
+        assert_eq!(load(&m.ring_resets_total), 0, "the ring kept its run");
+        assert_eq!(load(&m.ring_given_up_total), 0, "no ledger was given up");
+        assert_eq!(load(&m.ring_oldest), u64::from(FIRST), "retention kept");
         let health = http_get(self.metrics_addr, "/healthz").await;
         assert!(health.starts_with("HTTP/1.1 200"), "{health}");
         assert!(health.contains("\"status\":\"ok\""), "{health}");
@@ -405,7 +407,28 @@ impl Streaming {
     }
 }
 
-/// The data directory cannot be written mid-run (it fills up), then can again.
+/// Once the disk is back, the ring holds every ledger of the file, none missing, and a
+/// subscriber starting at the first is served all of it byte for byte.
+async fn expect_whole_ring(dir: &TestDir, relay: &Running) {
+    relay.wait_for(LAST).await;
+    eventually(10, "the ring holds every ledger", || {
+        relay.relay.ring.range() == Some((FIRST, LAST))
+    })
+    .await;
+    let replay = take(
+        dir.sub(relay, "rpc-1", 2, Start::Seq(FIRST)),
+        (LAST - FIRST + 1) as usize,
+        20,
+    )
+    .await
+    .unwrap();
+    assert_identical(&replay, &testnet_ledgers(), FIRST);
+}
+
+/// Issue 13, item 2: the data directory cannot be written mid-run (it fills up), then can
+/// again. The ledgers that failed to write wait in memory and are written once the disk is
+/// back, so the ring keeps its run (no reset, nothing missing); meanwhile a subscriber that
+/// starts at the ring's oldest ledger is made to wait, never told it is below retention.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritable_data_directory_degrades_the_ring_and_recovers() {
     let dir = TestDir::new();
@@ -416,12 +439,29 @@ async fn an_unwritable_data_directory_degrades_the_ring_and_recovers() {
     let mut s = Streaming::start(&dir, Duration::from_millis(15), 30).await;
     let filler = fill(&data);
     let degraded_until = s.expect_degraded().await;
+    // A subscriber starting at the oldest ledger while the store is degraded (and, past
+    // `REOPEN_EVERY`, closed): it waits for the disk, then gets every ledger.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        s.metrics.ring_degraded.load(Ordering::Relaxed),
+        "still degraded"
+    );
+    let late = tokio::spawn(take(
+        dir.sub(&s.relay, "rpc-1", 2, Start::Seq(FIRST)),
+        (LAST - FIRST + 1) as usize,
+        30,
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
     std::fs::remove_file(filler).unwrap();
     s.expect_recovered(degraded_until).await;
     s.delivered().await;
-    // The ring holds a new run that starts after the gap and continues to the end.
-    let (oldest, newest) = s.relay.relay.ring.range().unwrap();
-    assert!(oldest > FIRST + 30, "a new run: {oldest}..{newest}");
+    let late = late
+        .await
+        .unwrap()
+        .expect("no below-retention end while degraded");
+    assert_identical(&late, &testnet_ledgers(), FIRST);
+    expect_whole_ring(&dir, &s.relay).await;
+    assert_eq!(load(&s.metrics.ring_resets_total), 0);
     s.relay.stop().await;
 }
 
@@ -578,7 +618,8 @@ impl Drop for Ext4Disk {
 /// filesystem read-only after an error, with the ring's store open for writing), then is
 /// repaired. Live ledgers keep reaching a subscriber byte for byte, `/healthz` and the metrics
 /// say the ring is degraded, and once the disk is writable the ring reopens, reports healthy,
-/// stores a new run and serves it.
+/// writes the ledgers that waited (issue 13, item 2: no new run, no retention lost) and serves
+/// them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_directory_turned_read_only_degrades_the_ring_and_recovers() {
     let dir = TestDir::new();
@@ -605,27 +646,17 @@ async fn a_data_directory_turned_read_only_degrades_the_ring_and_recovers() {
         .count();
     assert!(during >= 10, "{during} ledgers arrived while read-only");
 
-    // The ring holds a new run, written after the repair, to the end of the file; a subscriber
-    // starting at its first ledger is served it from the ring, byte for byte.
+    // The ring kept its run and, with the ledgers that waited written after the repair,
+    // holds the whole file; a subscriber starting at its first ledger is served it from the
+    // ring, byte for byte.
     let relay = &s.relay;
-    relay.wait_for(LAST).await;
-    let (oldest, newest) = relay.relay.ring.range().unwrap();
-    assert!(oldest > degraded_until, "a new run: {oldest}..{newest}");
-    assert_eq!(newest, LAST);
     let reads = load(&s.metrics.ring_reads_total);
-    let count = LAST - oldest + 1;
-    let replay = take(
-        dir.sub(relay, "rpc-1", 2, Start::Seq(oldest)),
-        count as usize,
-        20,
-    )
-    .await
-    .unwrap();
-    assert_identical(&replay, &testnet_ledgers(), oldest);
+    expect_whole_ring(&dir, relay).await;
     // All but the few newest (kept in memory too) came from the ring.
     assert!(
-        load(&s.metrics.ring_reads_total) - reads + 4 >= u64::from(count),
+        load(&s.metrics.ring_reads_total) - reads + 4 >= u64::from(LAST - FIRST + 1),
         "read from the ring"
     );
+    assert_eq!(load(&s.metrics.ring_resets_total), 0);
     s.relay.stop().await;
 }

@@ -259,3 +259,117 @@ async fn a_tampered_chunk_the_ring_cannot_see_is_caught_by_the_subscriber_and_no
     );
     relay.stop().await;
 }
+
+/// A relay that has read the whole testnet sample and keeps only its newest `retention`
+/// ledgers.
+async fn short_ring(dir: &TestDir, name: &str, retention: u32) -> Running {
+    let mut config = relay_config(dir.certs.path(), &dir.path().join(name), &file_source());
+    config.retention = retention;
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+    eventually(10, "the short ring is pruned", || {
+        relay.relay.ring.range() == Some((LAST - retention + 1, LAST))
+    })
+    .await;
+    relay
+}
+
+/// Issue 13, item 2: the first relay no longer holds the start, the second does: a
+/// below-retention end from one relay is not the end of a subscription that has another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_retention_of_one_relay_the_subscriber_fails_over_to_the_next() {
+    let dir = TestDir::new();
+    let a = short_ring(&dir, "a", 20).await;
+    let b = Running::start(relay_config(
+        dir.certs.path(),
+        &dir.path().join("b"),
+        &file_source(),
+    ))
+    .await;
+    b.wait_for(LAST).await;
+    let mut config = from_first(&dir, vec![a.addr(), b.addr()]);
+    config.backoff.min = Duration::from_millis(20);
+    let out = Collector::start(config, LAST).finish(60).await;
+    out.assert_complete(&testnet_ledgers());
+    assert!(out.got.iter().all(|l| l.relay == b.relay.addr));
+    out.sub.close().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// ... and the subscription ends below retention (CLI exit 4) once every relay said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_retention_of_every_relay_the_subscription_ends() {
+    let dir = TestDir::new();
+    let a = short_ring(&dir, "a", 20).await;
+    let b = short_ring(&dir, "b", 30).await;
+    let mut config = from_first(&dir, vec![a.addr(), b.addr()]);
+    config.backoff.min = Duration::from_millis(20);
+    let out = Collector::start(config, LAST).finish(30).await;
+    match &out.error {
+        Some(e @ SubscribeError::BelowRetention { requested, .. }) => {
+            assert_eq!(*requested, FIRST);
+            assert!(e.is_below_retention());
+        }
+        other => panic!("expected below retention, got {other:?}"),
+    }
+    assert!(out.got.is_empty());
+    assert!(
+        out.sub.status().sessions >= 2,
+        "both relays were asked: {:?}",
+        out.sub.status()
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Issue 13, item 7: a ledger damaged in the middle of relay A's ring is detected on read,
+/// counted, named in A's `/healthz` and `/metrics` (`ring_corrupt`), and the
+/// subscriber, told `Internal` for it, fails over to relay B, which has it: every ledger
+/// arrives, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_ledger_is_reported_and_the_subscriber_gets_it_from_the_next_relay() {
+    let dir = TestDir::new();
+    let writer = relay_with_codec(&dir, &file_source(), Codec::Zstd).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+    let bad = FIRST + 50;
+    tamper(&dir.data(), bad, false);
+    let empty: PathBuf = dir.path().join("empty.xdr");
+    std::fs::write(&empty, b"").unwrap();
+    let mut config = dir.relay_config(&format!("file:{}", empty.display()));
+    config.metrics = Some("127.0.0.1:0".parse().unwrap());
+    let a = Running::start(config).await;
+    let b = Running::start(relay_config(
+        dir.certs.path(),
+        &dir.path().join("b"),
+        &file_source(),
+    ))
+    .await;
+    b.wait_for(LAST).await;
+    let mut config = from_first(&dir, vec![a.addr(), b.addr()]);
+    config.backoff.min = Duration::from_millis(20);
+    let out = Collector::start(config, LAST).finish(60).await;
+    out.assert_complete(&testnet_ledgers());
+    assert_eq!(
+        out.got[0].relay, a.relay.addr,
+        "A served the ledgers before"
+    );
+    assert_eq!(out.got[(bad - FIRST) as usize].relay, b.relay.addr);
+    let m = &a.relay.metrics;
+    assert!(load(&m.ring_corrupt_total) >= 1);
+    let health = crate::support::http_get(a.relay.metrics_addr.unwrap(), "/healthz").await;
+    assert!(health.contains("\"ring_corrupt\""), "{health}");
+    assert!(
+        health.contains(&format!("stored ledger {bad} failed verification")),
+        "{health}"
+    );
+    let text = crate::support::http_get(a.relay.metrics_addr.unwrap(), "/metrics").await;
+    assert!(
+        text.contains("ledger_relay_health_reason{reason=\"ring_corrupt\"} 1"),
+        "{text}"
+    );
+    out.sub.close().await;
+    a.stop().await;
+    b.stop().await;
+}

@@ -32,7 +32,8 @@ written: its chunks' checksum, its header's hash, the hash chain from the previo
 from --anchor), and its transaction set and results against the header's txSetHash and \
 txSetResultHash. A ledger that fails any check stops the run (exit 2).\n\nExit codes: 0 after --count ledgers \
 (or on SIGINT/SIGTERM), 2 on bad arguments or any other error, 3 when the relay refuses our \
-certificate (or we refuse its), 4 when the start is below the relay's retention."
+certificate (or we refuse its), 4 when the start is below the retention of every relay of \
+--relay (one relay saying so makes the subscriber try the next)."
 )]
 pub struct Args {
     /// Relay addresses in order of preference, HOST:PORT, comma-separated; on a failure the

@@ -106,6 +106,10 @@ pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> 
 /// Runs sessions one after another until the consumer goes away or a terminal error:
 /// resumes from the last delivered ledger + 1, moves to the next relay after each failure, and
 /// backs off between attempts (reset once a session delivered a ledger).
+///
+/// A below-retention end is terminal only once every configured relay has said so for the
+/// same ledger: another relay may keep a longer ring (or a lake) than the one that lacks it.
+/// Until then the next relay is tried, with backoff.
 async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: CancellationToken) {
     let config = &shared.config;
     let mut verifier = match (config.anchor, config.start) {
@@ -117,6 +121,8 @@ async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: Cancella
     let mut backoff = Backoff::new(config.backoff);
     let mut index = 0usize;
     let mut last_at_once = false;
+    // Relays (by index) that said the ledger needed is below their retention, and that ledger.
+    let mut below: (Option<Start>, std::collections::BTreeSet<usize>) = (None, Default::default());
     let give_up_at = config
         .first_connect_timeout
         .map(|t| tokio::time::Instant::now() + t);
@@ -176,8 +182,33 @@ async fn supervise(shared: Arc<Shared>, tx: mpsc::Sender<Item>, cancel: Cancella
             status.lanes_up = 0;
             status.lanes_granted = 0;
         }
+        if outcome.delivered > 0 || below.0 != Some(start) {
+            below = (Some(start), Default::default());
+        }
         match outcome.end {
             End::Stopped => return,
+            End::Fatal(e)
+                if e.is_below_retention() && {
+                    below.1.insert(index % config.relays.len());
+                    below.1.len() < config.relays.len()
+                } =>
+            {
+                let delay = backoff.next_delay();
+                let message = ErrorChain(&e).to_string();
+                tracing::warn!(
+                    relay = %relay,
+                    error = %message,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "below this relay's retention; trying the next relay"
+                );
+                shared.status().last_error = Some(message);
+                index = index.wrapping_add(1);
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = cancel.cancelled() => return,
+                    _ = tx.closed() => return,
+                }
+            }
             End::Fatal(e) => {
                 // The consumer gets the error itself; logging it too would print it twice.
                 tracing::debug!(relay = %relay, error = %ErrorChain(&e), "subscription failed");

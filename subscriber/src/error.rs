@@ -2,8 +2,9 @@
 //!
 //! Two kinds of failure exist:
 //! - **Terminal** ([`SubscribeError`], returned on the Stream, which then ends): authorization
-//!   failures, a start below the relay's retention, any integrity or verification failure, and
-//!   a configuration that cannot work. Retrying cannot fix these, and for integrity failures a
+//!   failures, a start below the retention of every configured relay (the supervisor tries
+//!   the next relay first), any integrity or verification failure, and a configuration that
+//!   cannot work. Retrying cannot fix these, and for integrity failures a
 //!   retry could hide a relay that serves the wrong chain.
 //! - **Transient** ([`Transient`], logged and retried with backoff, failing over to the next
 //!   relay): lost connections, timeouts, watchdogs, `Error` frames `ProtocolViolation`,
@@ -188,8 +189,8 @@ pub enum SubscribeError {
         /// What the TLS stack or the relay said.
         detail: String,
     },
-    /// The requested start is older than the oldest ledger the relay holds; not retried (CLI
-    /// exit 4).
+    /// The requested start is older than the oldest ledger every configured relay holds (the
+    /// last one to say so is named); not retried (CLI exit 4).
     #[error(
         "ledger {requested} is below the retention of relay {relay}: oldest ledger held is {oldest}, newest {newest}"
     )]

@@ -15,8 +15,9 @@
 //!   is delivered.
 //! - Transient failures (a lost lane or session, a silent relay, a relay shutting down) are
 //!   retried with jittered exponential backoff, resuming from the last ledger *delivered* + 1,
-//!   and failing over round-robin between relays. Authorization failures and a start below the
-//!   relay's retention are terminal, typed errors.
+//!   and failing over round-robin between relays. Authorization failures are terminal, typed
+//!   errors; so is a start below retention, once every configured relay said so (one relay
+//!   saying it makes the subscriber try the next).
 //! - The Stream is bounded: a consumer that ingests slowly stops the lanes being read, QUIC
 //!   flow control stops the relay, and memory stays flat.
 //! - Lanes, TLS and frame IO come from `ledger-relay-transport`, which the relay shares.

@@ -357,3 +357,64 @@ async fn the_binary_backfills_from_an_s3_lake() {
     );
     relay.sigterm().await;
 }
+
+/// Flips a byte of the last stored part of ledger `seq` in the ring of a stopped relay whose
+/// data directory is `data`, so that the part fails its checksum.
+fn damage_ring(data: &std::path::Path, seq: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let db = loop {
+        match sled::Config::new()
+            .path(data.join("ring"))
+            .segment_size(ledger_relay::ring::SEGMENT_SIZE)
+            .open()
+        {
+            Ok(db) => break db,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("open sled: {e}"),
+        }
+    };
+    let mut prefix = b"c".to_vec();
+    prefix.extend_from_slice(&seq.to_be_bytes());
+    let (key, value) = db.scan_prefix(&prefix).last().unwrap().unwrap();
+    let mut value = value.to_vec();
+    let at = value.len() - 1;
+    value[at] ^= 0x5a;
+    db.insert(key, value).unwrap();
+    db.flush().unwrap();
+}
+
+/// Issue 13, item 7: a ledger damaged in the middle of the ring is read from the backfill lake
+/// instead (the ledger the ring recorded, by its header hash), served, and written over the
+/// damaged copy: the subscriber gets every ledger from the one relay, and the ring is whole
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_ring_ledger_is_replaced_from_the_backfill_lake() {
+    let want = testnet_ledgers();
+    let place = Place::file();
+    place.fill(&want, 1).await;
+    let dir = TestDir::new();
+    let writer = Running::start(dir.relay_config(&file_source())).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+    let bad = FIRST + 50;
+    damage_ring(&dir.data(), bad);
+    let empty = dir.path().join("empty.xdr");
+    std::fs::write(&empty, b"").unwrap();
+    let mut config = dir.relay_config(&format!("file:{}", empty.display()));
+    config.backfill = Some(backfill_from(&place));
+    let relay = Running::start(config).await;
+    assert_eq!(relay.relay.ring.range(), Some((FIRST, LAST)));
+    assert!(relay.relay.ring.get(bad).is_err(), "damaged");
+    let got = take(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)), COUNT, 60)
+        .await
+        .unwrap();
+    assert_identical(&got, &want, FIRST);
+    let m = &relay.relay.metrics;
+    assert_eq!(load(&m.ring_corrupt_total), 1, "found once, then repaired");
+    assert_eq!(load(&m.ring_repaired_total), 1);
+    let (end, _) = relay.relay.ring.get(bad).unwrap().unwrap();
+    assert_eq!(end.seq, bad);
+    relay.stop().await;
+}

@@ -41,10 +41,12 @@ pub(super) enum Ledger {
     Idle,
     /// A ledger started; its header is not yet readable.
     Peeking { first_ns: u64, head: Vec<u8> },
-    /// Streaming the ledger `info` out as chunks.
+    /// Streaming the ledger `info` out as chunks (`repair`: to the ring only, over its
+    /// damaged copy).
     Streaming {
         first_ns: u64,
         info: LedgerHeaderInfo,
+        repair: bool,
     },
     /// A duplicate being skipped until its end.
     Skipping,
@@ -67,6 +69,28 @@ pub(super) struct Cutter {
 }
 
 pub(super) const RECENT_HASHES: usize = 256;
+
+/// What the relay already holds of a ledger the source emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeldHash {
+    /// Nothing (or nothing that can be read: the ring's store is unavailable).
+    Absent,
+    /// The ledger with this hash, intact.
+    Intact([u8; 32]),
+    /// The ring recorded this hash for it, but its stored copy failed verification.
+    Damaged([u8; 32]),
+}
+
+/// What to do with a ledger the source emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admit {
+    /// Publish it.
+    New,
+    /// Drop it: the relay holds it intact.
+    Duplicate,
+    /// Write it to the ring over its damaged copy, and publish nothing.
+    Repair,
+}
 
 impl Cutter {
     pub(super) fn new(
@@ -200,50 +224,86 @@ impl Cutter {
                     return Ok(());
                 };
                 let head = std::mem::take(head);
-                if !self.admit(&info)? {
+                let admit = self.admit(&info)?;
+                if admit == Admit::Duplicate {
                     Metrics::add(&self.metrics.duplicates_dropped_total, 1);
                     info!(seq = info.ledger_seq, "dropping a re-emitted ledger");
                     self.state = Ledger::Skipping;
                     return Ok(());
                 }
+                let repair = admit == Admit::Repair;
+                if repair {
+                    info!(
+                        seq = info.ledger_seq,
+                        "the source emitted again a ledger whose stored copy is damaged: repairing it"
+                    );
+                }
                 self.emission += 1;
                 let _ = self.publisher.send(ToPublisher::Begin {
                     emission: self.emission,
                     seq: info.ledger_seq,
+                    repair,
                 });
                 self.chunker.reset();
                 self.chunker.push(&head, &mut self.out);
                 self.chunker.push(&piece[take..], &mut self.out);
-                self.state = Ledger::Streaming { first_ns, info };
+                self.state = Ledger::Streaming {
+                    first_ns,
+                    info,
+                    repair,
+                };
                 self.dispatch();
                 Ok(())
             }
         }
     }
 
-    /// The hash of ledger `seq` if this relay already holds it: recently published, or in the
-    /// ring from before a restart (core re-emits ledgers it had not committed).
-    fn held_hash(&self, seq: u32) -> Option<[u8; 32]> {
+    /// What this relay already holds of ledger `seq`: recently published, or in the ring from
+    /// before a restart (core re-emits ledgers it had not committed). A stored copy that fails
+    /// verification is told apart from an absent one: it is the same ledger if the hash the
+    /// ring recorded for it matches, and it must not be taken for the start of a new run.
+    fn held_hash(&self, seq: u32) -> HeldHash {
         if let Some(h) = self.recent.get(&seq) {
-            return Some(*h);
+            return HeldHash::Intact(*h);
         }
-        let ring = self.ring.as_ref()?;
-        let (oldest, newest) = ring.range()?;
-        if !(oldest..=newest).contains(&seq) {
-            return None;
+        let Some(ring) = self.ring.as_ref() else {
+            return HeldHash::Absent;
+        };
+        if !ring.range().is_some_and(|(a, b)| (a..=b).contains(&seq)) {
+            return HeldHash::Absent;
         }
         // Rare (a restart of core or of the relay), and off the pipe-reading thread.
-        ring.get(seq).ok().flatten().map(|(end, _)| end.header_hash)
+        match ring.get(seq) {
+            Ok(Some((end, _))) => HeldHash::Intact(end.header_hash),
+            Ok(None) => HeldHash::Absent,
+            Err(RingError::Corrupt { seq, detail }) => {
+                Metrics::add(&self.metrics.ring_corrupt_total, 1);
+                warn!(seq, %detail, "stored ledger failed verification");
+                match ring.stored_hash(seq) {
+                    Ok(Some(h)) => HeldHash::Damaged(h),
+                    _ => HeldHash::Absent,
+                }
+            }
+            Err(e) => {
+                warn!(seq, error = %e, "cannot read the ring to tell a re-emitted ledger");
+                HeldHash::Absent
+            }
+        }
     }
 
-    /// Applies the sequence rules: `Ok(false)` for a duplicate to drop.
-    fn admit(&mut self, info: &LedgerHeaderInfo) -> Result<bool, SourceRefused> {
+    /// Applies the sequence rules.
+    fn admit(&mut self, info: &LedgerHeaderInfo) -> Result<Admit, SourceRefused> {
         let seq = info.ledger_seq;
-        if let Some(held) = self.held_hash(seq) {
+        let held = match self.held_hash(seq) {
+            HeldHash::Absent => None,
+            HeldHash::Intact(h) => Some((h, Admit::Duplicate)),
+            HeldHash::Damaged(h) => Some((h, Admit::Repair)),
+        };
+        if let Some((held, admit)) = held {
             if held == info.hash {
                 // Later ledgers must continue from this one.
                 self.last = Some((seq, held));
-                return Ok(false);
+                return Ok(admit);
             }
             if self.last.is_some() || self.recent.contains_key(&seq) {
                 return Err(SourceRefused::ConflictingHash {
@@ -284,7 +344,7 @@ impl Cutter {
                 Err(other) => return Err(SourceRefused::Chain(other)),
             }
         }
-        Ok(true)
+        Ok(Admit::New)
     }
 
     fn dispatch(&mut self) {
@@ -324,18 +384,28 @@ impl Cutter {
 
     fn end(&mut self, last_ns: u64) {
         match std::mem::replace(&mut self.state, Ledger::Idle) {
-            Ledger::Streaming { first_ns, info } => {
+            Ledger::Streaming {
+                first_ns,
+                info,
+                repair,
+            } => {
                 let (last, summary) = self.chunker.finish();
                 self.out.extend(last);
-                self.state = Ledger::Streaming { first_ns, info };
+                self.state = Ledger::Streaming {
+                    first_ns,
+                    info,
+                    repair,
+                };
                 self.dispatch();
                 self.state = Ledger::Idle;
                 let seq = info.ledger_seq;
                 let end = summary.end(seq, info.hash, info.previous_hash, first_ns, last_ns);
-                Metrics::add(&self.metrics.ledgers_in_total, 1);
-                Metrics::add(&self.metrics.bytes_in_total, summary.raw_len);
-                Metrics::set(&self.metrics.source_newest, u64::from(seq));
-                self.metrics.health.ledger();
+                if !repair {
+                    Metrics::add(&self.metrics.ledgers_in_total, 1);
+                    Metrics::add(&self.metrics.bytes_in_total, summary.raw_len);
+                    Metrics::set(&self.metrics.source_newest, u64::from(seq));
+                    self.metrics.health.ledger();
+                }
                 self.last = Some((seq, info.hash));
                 self.recent.insert(seq, info.hash);
                 while self.recent.len() > RECENT_HASHES {

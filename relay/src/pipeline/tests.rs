@@ -178,3 +178,229 @@ fn chunked_mode_publishes_chunks_before_the_end() {
     drop(tx);
     handle.join();
 }
+
+/// `n` small ledgers from sequence 2: each one 64 KiB chunk.
+fn small_ledgers(n: u64) -> Vec<Bytes> {
+    let spec = SyntheticSpec {
+        size: 16 << 10,
+        ratio: 2.0,
+        count: Some(n),
+        start: 2,
+        emit: None,
+        ..SyntheticSpec::default()
+    };
+    synthetic_ledgers(&spec).map(Bytes::from).collect()
+}
+
+/// A ring whose writes wait at the gate until it opens.
+fn gated_ring(dir: &std::path::Path) -> (Arc<Ring>, Arc<(Mutex<bool>, std::sync::Condvar)>) {
+    let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir)).unwrap());
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let g = gate.clone();
+    ring.set_hook(Some(Arc::new(move |at| {
+        if at == "append:index" {
+            let (open, cv) = &*g;
+            let mut o = open.lock().unwrap();
+            while !*o {
+                o = cv.wait(o).unwrap();
+            }
+        }
+    })));
+    (ring, gate)
+}
+
+fn open_gate(gate: &(Mutex<bool>, std::sync::Condvar)) {
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+}
+
+fn with_ring(
+    ring: Arc<Ring>,
+    config: PipelineConfig,
+    start: StartState,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<SourceEvent>,
+    Arc<Hub>,
+    Arc<Metrics>,
+    PipelineHandle,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let hub = Arc::new(Hub::new(512, 4));
+    let metrics = Metrics::new();
+    let handle = spawn(
+        PipelineConfig {
+            chunk_size: 64 << 10,
+            compress_threads: 1,
+            ..config
+        },
+        rx,
+        hub.clone(),
+        Some(ring),
+        start,
+        metrics.clone(),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    (tx, hub, metrics, handle)
+}
+
+fn send_ledger(tx: &tokio::sync::mpsc::UnboundedSender<SourceEvent>, ledger: &Bytes) {
+    send_body(tx, ledger);
+    tx.send(SourceEvent::End { at_ns: now_ns() }).unwrap();
+}
+
+/// Waits up to 10 s for `cond`.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("not within 10 s: {what}");
+}
+
+/// Issue 13, item 4: the ring writer is stuck (a slow disk) while the source delivers 100
+/// ledgers. Every one of them stays reachable (in memory until the ring has it), none is let
+/// go while the ring still has to write it; then the ring writes them all, in one run.
+#[test]
+fn every_ledger_waiting_for_the_ring_stays_reachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ring, gate) = gated_ring(dir.path());
+    let (tx, hub, _metrics, handle) = with_ring(
+        ring.clone(),
+        PipelineConfig::default(),
+        StartState::default(),
+    );
+    let want = small_ledgers(100);
+    for l in &want {
+        send_ledger(&tx, l);
+    }
+    wait_until("all published", || hub.tip().newest == 101);
+    for seq in 2..=101 {
+        assert!(
+            hub.recent(seq).is_some(),
+            "ledger {seq} waits for the ring and is not reachable (memory holds from {:?})",
+            hub.oldest_recent()
+        );
+    }
+    open_gate(&gate);
+    wait_until("all written", || ring.range() == Some((2, 101)));
+    drop(tx);
+    handle.join();
+}
+
+/// Issue 13, item 4: the ring's queue is bounded in bytes. With the writer stuck, the oldest
+/// queued ledgers are given up for the ring (counted), the hub keeps no more than the queue
+/// holds, and the ring then starts a new run after the gap.
+#[test]
+fn the_ring_queue_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ring, gate) = gated_ring(dir.path());
+    let want = small_ledgers(100);
+    // About ten ledgers' payload.
+    let one = {
+        let info = peek_header(&want[0]).unwrap().unwrap();
+        let config = PipelineConfig {
+            chunk_size: 64 << 10,
+            ..PipelineConfig::default()
+        };
+        let mut comp = Compressor::new(config.codec, config.zstd_level);
+        let l = complete_ledger(&want[0], &info, &config, &mut comp, 0, 0);
+        l.chunks.iter().map(|c| c.payload.len() as u64).sum::<u64>()
+    };
+    let config = PipelineConfig {
+        ring_queue_bytes: one * 10,
+        ..PipelineConfig::default()
+    };
+    let (tx, hub, metrics, handle) = with_ring(ring.clone(), config, StartState::default());
+    for l in &want {
+        send_ledger(&tx, l);
+    }
+    wait_until("all published", || hub.tip().newest == 101);
+    wait_until("queue trimmed", || {
+        metrics.ring_queue_bytes.load(Ordering::Relaxed) <= one * 10
+    });
+    let given_up = metrics.ring_given_up_total.load(Ordering::Relaxed);
+    assert!(given_up >= 80, "{given_up} given up");
+    // Memory: the ledger being written, the queue (at most ~10) and the 4 recent ones.
+    let oldest = hub.oldest_recent().unwrap();
+    let held = (oldest..=101).filter(|s| hub.recent(*s).is_some()).count();
+    assert!(held <= 1 + 12 + 4, "{held} ledgers in memory from {oldest}");
+    open_gate(&gate);
+    wait_until("the newest written", || {
+        ring.range().is_some_and(|r| r.1 == 101)
+    });
+    assert_eq!(
+        metrics.ring_resets_total.load(Ordering::Relaxed),
+        1,
+        "a new run"
+    );
+    drop(tx);
+    handle.join();
+}
+
+/// Overwrites one byte of ledger `seq`'s first stored chunk part in the ring store at `dir`
+/// (closed), so that its checksum fails.
+fn damage(dir: &std::path::Path, seq: u32) {
+    let db = sled::Config::new()
+        .path(dir)
+        .segment_size(crate::ring::SEGMENT_SIZE)
+        .open()
+        .unwrap();
+    let key = ledger_relay_wire::stored::part_key(seq, 0);
+    let mut v = db.get(key).unwrap().unwrap().to_vec();
+    let at = v.len() - 1;
+    v[at] ^= 0x55;
+    db.insert(key, v).unwrap();
+    db.flush().unwrap();
+}
+
+/// Issue 13, item 5: a ledger whose stored copy is damaged, emitted again by the source (core
+/// re-emits after a restart), is the same ledger, not a new run: the ring keeps everything,
+/// the damaged copy is written over with the re-emitted one, the ledgers after it are
+/// duplicates, and the source's next new ledger continues the ring.
+#[test]
+fn a_damaged_ledger_emitted_again_is_repaired_not_a_new_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = small_ledgers(12);
+    {
+        // A first run writes ledgers 2..=11.
+        let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
+        let (tx, _hub, _m, handle) = with_ring(
+            ring.clone(),
+            PipelineConfig::default(),
+            StartState::default(),
+        );
+        for l in &want[..10] {
+            send_ledger(&tx, l);
+        }
+        wait_until("written", || ring.range() == Some((2, 11)));
+        drop(tx);
+        handle.join();
+    }
+    damage(dir.path(), 5);
+    let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
+    assert_eq!(ring.range(), Some((2, 11)));
+    assert!(matches!(ring.get(5), Err(RingError::Corrupt { .. })));
+    let start = StartState {
+        newest: ring.newest(),
+    };
+    let (tx, hub, metrics, handle) = with_ring(ring.clone(), PipelineConfig::default(), start);
+    // The source starts again at 5 and goes on to 13.
+    for l in &want[3..] {
+        send_ledger(&tx, l);
+    }
+    wait_until("13 written", || ring.range().is_some_and(|r| r.1 == 13));
+    assert_eq!(ring.range(), Some((2, 13)), "the run is kept");
+    assert_eq!(metrics.ring_resets_total.load(Ordering::Relaxed), 0);
+    wait_until("5 repaired", || matches!(ring.get(5), Ok(Some(_))));
+    let (end, _) = ring.get(5).unwrap().unwrap();
+    assert_eq!(end.seq, 5);
+    // 6..=11 were duplicates; 12 and 13 were published.
+    assert_eq!(metrics.duplicates_dropped_total.load(Ordering::Relaxed), 6);
+    assert_eq!(hub.tip().newest, 13);
+    assert!(hub.recent(5).is_none(), "the repair is not published");
+    drop(tx);
+    handle.join();
+}

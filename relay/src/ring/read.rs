@@ -90,3 +90,33 @@ pub(super) fn read_ledger(
     }
     Ok(parts.finish()?)
 }
+
+impl Ring {
+    /// The header hash the ring recorded for held ledger `seq`, read from its record alone
+    /// (so a ledger whose chunks are damaged still says which ledger it was), else from the
+    /// previous hash recorded by the ledger after it. `Ok(None)` if `seq` is not held or
+    /// neither record is readable.
+    pub fn stored_hash(&self, seq: u32) -> Result<Option<[u8; 32]>, RingError> {
+        let Some((oldest, newest)) = self.range() else {
+            return Ok(None);
+        };
+        if !(oldest..=newest).contains(&seq) {
+            return Ok(None);
+        }
+        let db = self.db()?;
+        let record = |s: u32| -> Result<Option<Record>, RingError> {
+            Ok(db
+                .get(record_key(s))?
+                .and_then(|v| Record::decode(s, &v).ok()))
+        };
+        if let Some(r) = record(seq)? {
+            return Ok(Some(r.end.header_hash));
+        }
+        if seq < newest {
+            if let Some(r) = record(seq + 1)? {
+                return Ok(Some(r.end.previous_hash));
+            }
+        }
+        Ok(None)
+    }
+}

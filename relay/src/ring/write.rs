@@ -28,8 +28,10 @@ impl Ring {
     /// to the store and cleared only by opening it again). Later appends (and resets) open it
     /// again, at most every [`REOPEN_EVERY`] (until then they fail with
     /// [`RingError::Unavailable`]), which also repairs what the failed write left; the ring
-    /// then holds what the disk kept, so the next ledger usually is a
-    /// [`RingError::Discontinuity`] and the caller starts a new run.
+    /// then holds what the disk kept. While the store is closed the held range stays as it
+    /// was and [`Ring::get`] fails with [`RingError::Unavailable`]. The caller keeps the
+    /// ledgers that failed and appends them again once the store is back (the relay's ring
+    /// writer does, within a bound), so that the run goes on without a gap.
     pub fn append(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         self.reopen_if_failed()?;
@@ -115,18 +117,17 @@ impl Ring {
         }
         self.pause("append:index");
         self.db()?.apply_batch(batch)?;
-        let flushed = self.db()?.flush();
-        {
-            let mut st = self.write_state();
-            st.held.push_back(Held {
-                seq: end.seq,
-                parts,
-                bytes,
-            });
-            st.newest_hash = end.header_hash;
-            st.live_bytes += bytes;
-        }
-        flushed?;
+        // A ledger whose flush failed is not published: whether the disk has it is known only
+        // once the store is reopened (which reads back what it holds).
+        self.db()?.flush()?;
+        let mut st = self.write_state();
+        st.held.push_back(Held {
+            seq: end.seq,
+            parts,
+            bytes,
+        });
+        st.newest_hash = end.header_hash;
+        st.live_bytes += bytes;
         Ok(())
     }
 
@@ -169,6 +170,69 @@ impl Ring {
         Ok(())
     }
 
+    /// Writes held ledger `end.seq` again, whole, over a stored copy that failed
+    /// verification: the same ledger (its header hash is the one recorded for it, see
+    /// [`Ring::stored_hash`]) from a source that emitted it again or a lake. Its old values go
+    /// in the same batch. Nothing else in the ring changes. [`RingError::Discontinuity`] if the
+    /// ring does not hold that ledger under that hash.
+    pub fn repair(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reopen_if_failed()?;
+        let r = self.repair_locked(end, chunks);
+        self.note_failure(&r);
+        r
+    }
+
+    fn repair_locked(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
+        validate(end, chunks)?;
+        let not_held = |newest: Option<(u32, [u8; 32])>| RingError::Discontinuity {
+            newest: newest.map_or(0, |n| n.0),
+            newest_hash: newest.map_or([0; 32], |n| n.1),
+            seq: end.seq,
+            previous_hash: end.previous_hash,
+        };
+        if self.stored_hash(end.seq)? != Some(end.header_hash) {
+            return Err(not_held(self.newest()));
+        }
+        let Some(old) = self
+            .read_state()
+            .held
+            .iter()
+            .find(|h| h.seq == end.seq)
+            .copied()
+        else {
+            return Err(not_held(self.newest()));
+        };
+        let mut batch = sled::Batch::default();
+        for part in 0..old.parts {
+            batch.remove(&part_key(old.seq, part)[..]);
+        }
+        let values = encode_parts(end.seq, chunks);
+        let parts = values.len() as u32;
+        let mut bytes = RECORD_LEN as u64;
+        for (key, value) in values {
+            bytes += value.len() as u64;
+            batch.insert(&key[..], value);
+        }
+        let record = Record {
+            end: *end,
+            parts,
+            bytes,
+        };
+        batch.insert(&record_key(end.seq)[..], record.encode());
+        self.db()?.apply_batch(batch)?;
+        self.db()?.flush()?;
+        let mut st = self.write_state();
+        // Not pruned meanwhile: the writer lock is held.
+        if let Some(h) = st.held.iter_mut().find(|h| h.seq == end.seq) {
+            h.parts = parts;
+            h.bytes = bytes;
+        }
+        st.live_bytes = st.live_bytes - old.bytes + bytes;
+        info!(seq = end.seq, "ring: damaged ledger written again");
+        Ok(())
+    }
+
     /// Remembers a failed write (called under the writer lock).
     fn note_failure(&self, r: &Result<(), RingError>) {
         if let Err(RingError::Sled(_) | RingError::Unavailable) = r {
@@ -187,18 +251,16 @@ impl Ring {
             return Err(RingError::Unavailable);
         }
         *failed = Some(Instant::now());
-        // Serve nothing while the store is closed. A read that started before may still hold
-        // the old store for the rest of one ledger; `open` waits for sled to let go of it.
-        let old = {
-            let mut st = self.write_state();
-            st.held.clear();
-            st.live_bytes = 0;
-            st.newest_hash = [0; 32];
-            self.db
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-        };
+        // Read nothing while the store is closed (`get` says `Unavailable`), but keep what is
+        // held: the range sessions see stays, so a failing disk never makes the ring look
+        // empty (a session would then be told its ledger is below retention). A read that
+        // started before may still hold the old store for the rest of one ledger; `open`
+        // waits for sled to let go of it.
+        let old = self
+            .db
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         // sled releases its lock on the store when the last handle goes.
         drop(old);
         let Ring { db, state, .. } = Ring::open(&RingConfig {

@@ -1,16 +1,18 @@
 //! What the relay holds for a session and how a session gets it: the range it can serve, the
 //! first ledger of a session, and loading a ledger from memory, the ring or the lake.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ledger_relay_wire::frame::Start;
 use ledger_relay_wire::sender::{CloseReason, LoadResult};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::backfill::{self, SessionLake};
-use crate::hub::{stored_ledger, Hub};
+use crate::health::{self, Reason};
+use crate::hub::{stored_chunks, stored_ledger, Hub};
 use crate::lake::backfill::Backfill;
 use crate::metrics::Metrics;
 use crate::ring::{Ring, RingError};
@@ -41,6 +43,28 @@ pub fn held_range(shared: &Shared) -> (u32, u32) {
     (oldest, newest)
 }
 
+/// Whether the ring's store failed and is not written yet: what it holds then says nothing
+/// about what the relay will hold once the disk is back (the ledgers that failed to write wait
+/// in memory), so no session is told that its ledger is below retention meanwhile.
+pub fn ring_degraded(shared: &Shared) -> bool {
+    shared.ring.is_some() && shared.metrics.ring_degraded.load(Ordering::Relaxed)
+}
+
+/// A below-retention answer while the ring is degraded becomes a retryable one: the session
+/// is refused as overloaded (the subscriber retries or fails over), never told to give up.
+fn unless_degraded(shared: &Shared, r: Result<(), CloseReason>) -> Result<(), CloseReason> {
+    match r {
+        Err(CloseReason::BelowRetention { seq, .. }) if ring_degraded(shared) => {
+            Err(CloseReason::Overloaded {
+                detail: format!(
+                    "ledger {seq} cannot be served while the ring's store is degraded; try again"
+                ),
+            })
+        }
+        r => r,
+    }
+}
+
 /// How often a session waiting for its start looks at the ring as well as the hub's tip (the
 /// ring can hold a newer ledger than the hub after a restart).
 const START_POLL: Duration = Duration::from_millis(100);
@@ -65,12 +89,14 @@ pub async fn resolve_start(
             Start::Seq(seq) => {
                 if oldest != 0 && seq < oldest {
                     // Below the ring: served from the backfill lake if it holds the start.
-                    backfill::start_below(shared, seq, oldest, newest).await?;
+                    let r = backfill::start_below(shared, seq, oldest, newest).await;
+                    unless_degraded(shared, r)?;
                     return Ok(seq);
                 }
                 if oldest == 0 && newest != 0 && seq <= newest {
                     // Nothing retained (no ring) but the relay has moved past the start.
-                    backfill::start_below(shared, seq, newest, newest).await?;
+                    let r = backfill::start_below(shared, seq, newest, newest).await;
+                    unless_degraded(shared, r)?;
                     return Ok(seq);
                 }
                 // Held, the next ledger, or the one being published: served without delay.
@@ -118,11 +144,67 @@ pub(super) async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 /// Loads ledger `seq` for the sender: from memory, else from the ring on a blocking thread,
 /// else (below both) from the backfill lake; the ledger in progress as its chunks so far; or
 /// why it cannot be had.
+///
+/// While the ring is degraded a ledger that is not held is `Unavailable` (asked again
+/// shortly), never `NotHeld`: see [`ring_degraded`].
 pub(super) async fn load(shared: &Shared, lake: Option<&SessionLake>, seq: u32) -> LoadResult {
-    match (lake, load_held(shared, seq).await) {
+    let r = match (lake, load_held(shared, seq).await) {
         (Some(lake), r) => lake.after_held(seq, r).await,
         (None, r) => r,
+    };
+    match r {
+        LoadResult::NotHeld { .. } if ring_degraded(shared) => LoadResult::Unavailable {
+            detail: format!("ledger {seq}: the ring's store is degraded"),
+        },
+        r => r,
     }
+}
+
+/// A ledger in the ring failed verification on read: counted
+/// (`ledger_relay_ring_corrupt_total`), reported in `/healthz` (`ring_corrupt`), and, when the
+/// relay has a backfill lake that holds the ledger the ring recorded (the same header hash),
+/// served from the lake and written over the damaged copy. Otherwise the session is told it is
+/// corrupt (`Error Internal`, which the subscriber retries and fails over on).
+async fn damaged(shared: &Shared, ring: Option<Arc<Ring>>, seq: u32, detail: String) -> LoadResult {
+    Metrics::add(&shared.metrics.ring_corrupt_total, 1);
+    let count = shared.metrics.ring_corrupt_total.load(Ordering::Relaxed);
+    warn!(seq, %detail, "stored ledger failed verification: not served from the ring");
+    shared.metrics.health.raise(
+        health::RING_CORRUPT,
+        Reason::RingCorrupt {
+            seq,
+            count,
+            detail: detail.clone(),
+        },
+    );
+    let (Some(ring), Some(backfill)) = (ring, shared.backfill.as_ref()) else {
+        return LoadResult::Corrupt { detail };
+    };
+    let r = ring.clone();
+    let hash = match tokio::task::spawn_blocking(move || r.stored_hash(seq)).await {
+        Ok(Ok(Some(h))) => h,
+        _ => return LoadResult::Corrupt { detail },
+    };
+    let ledger = match backfill.fetch_one(seq, Some(hash)).await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(seq, error = %e, "the backfill lake cannot replace the damaged ledger");
+            return LoadResult::Corrupt { detail };
+        }
+    };
+    let l = ledger.clone();
+    let repaired =
+        tokio::task::spawn_blocking(move || ring.repair(&l.end, &stored_chunks(&l))).await;
+    match repaired {
+        Ok(Ok(())) => {
+            Metrics::add(&shared.metrics.ring_repaired_total, 1);
+            info!(seq, "damaged ledger replaced from the backfill lake");
+            shared.metrics.health.clear(health::RING_CORRUPT);
+        }
+        Ok(Err(e)) => warn!(seq, error = %e, "damaged ledger not written again"),
+        Err(e) => warn!(seq, error = %e, "damaged ledger not written again"),
+    }
+    LoadResult::Complete(ledger)
 }
 
 /// [`load`] from memory and the ring only.
@@ -145,9 +227,7 @@ async fn load_held(shared: &Shared, seq: u32) -> LoadResult {
                     // Pruned meanwhile: look again.
                     Ok(Ok(None)) => {}
                     Ok(Err(RingError::Corrupt { seq, detail })) => {
-                        Metrics::add(&shared.metrics.ring_corrupt_total, 1);
-                        warn!(seq, %detail, "stored ledger failed verification: not served");
-                        return LoadResult::Corrupt { detail };
+                        return damaged(shared, shared.ring.clone(), seq, detail).await;
                     }
                     Ok(Err(e)) => {
                         return LoadResult::Unavailable {
@@ -197,22 +277,23 @@ async fn load_held(shared: &Shared, seq: u32) -> LoadResult {
 mod tests {
     use super::*;
 
-    /// A burst from the source outran the ring writer: the hub let go of ledgers the ring has
-    /// not written yet. A session catching up must wait for them, not end below retention
-    /// (found by `ledger-bench lanes`: every row that read the ring ended with "ledger 15 is
-    /// below the retention ...: oldest ledger held is 2, newest 97").
+    /// A burst from the source outran the ring writer: ledgers the ring has not written yet.
+    /// A session catching up gets them from memory (found by `ledger-bench lanes`: every row
+    /// that read the ring ended with "ledger 15 is below the retention ...: oldest ledger held
+    /// is 2, newest 97"; then, until the hub kept every unwritten ledger, they were
+    /// `Unavailable` until written).
     #[tokio::test]
-    async fn a_ledger_still_queued_for_the_ring_is_not_below_retention() {
+    async fn a_ledger_still_queued_for_the_ring_is_served_from_memory() {
         let dir = tempfile::tempdir().unwrap();
         let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
         let hub = Arc::new(Hub::new(64, 1));
-        for seq in 1..=40 {
+        for seq in 1..=100 {
             hub.complete(crate::hub::tests::complete(seq, 1));
         }
-        let oldest = hub.oldest_recent().unwrap();
-        assert!(
-            oldest > 1,
-            "the hub keeps a bounded number unwritten: {oldest}"
+        assert_eq!(
+            hub.oldest_recent(),
+            Some(1),
+            "every unwritten ledger is kept"
         );
         let shared = Shared {
             hub,
@@ -220,9 +301,11 @@ mod tests {
             backfill: None,
             metrics: Metrics::new(),
         };
-        match load_held(&shared, 1).await {
-            LoadResult::Unavailable { detail } => assert!(detail.contains("queued"), "{detail}"),
-            other => panic!("ledger 1 is on its way to the ring: {other:?}"),
+        for seq in [1, 50, 100] {
+            match load_held(&shared, seq).await {
+                LoadResult::Complete(l) => assert_eq!(l.end.seq, seq),
+                other => panic!("ledger {seq} is on its way to the ring: {other:?}"),
+            }
         }
         // Once the writer has dealt with it and it is still missing, it is not held.
         shared.hub.persisted(1);
@@ -230,10 +313,52 @@ mod tests {
             load_held(&shared, 1).await,
             LoadResult::NotHeld { .. }
         ));
-        // The newest ones are in memory.
+    }
+
+    /// Issue 13, item 2: while the ring's store is degraded (a disk error), a ledger that is
+    /// not held is asked for again later and a start below the ring is refused as retryable:
+    /// no session is told it is below retention, which would end a subscriber for good.
+    #[tokio::test]
+    async fn no_session_is_told_below_retention_while_the_ring_is_degraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
+        let hub = Arc::new(Hub::new(64, 1));
+        for seq in 10..=12 {
+            hub.complete(crate::hub::tests::complete(seq, 1));
+        }
+        hub.persisted(12);
+        let shared = Shared {
+            hub,
+            ring: Some(ring),
+            backfill: None,
+            metrics: Metrics::new(),
+        };
+        // Healthy: ledger 5 is below what the relay holds (12, in memory).
         assert!(matches!(
-            load_held(&shared, 40).await,
-            LoadResult::Complete(_)
+            load(&shared, None, 5).await,
+            LoadResult::NotHeld { .. }
         ));
+        let cancel = CancellationToken::new();
+        let start = resolve_start(&shared, Start::Seq(5), &cancel, None).await;
+        assert!(
+            matches!(start, Err(CloseReason::BelowRetention { .. })),
+            "{start:?}"
+        );
+        // Degraded: neither.
+        shared.metrics.ring_degraded.store(true, Ordering::Relaxed);
+        match load(&shared, None, 5).await {
+            LoadResult::Unavailable { detail } => assert!(detail.contains("degraded"), "{detail}"),
+            other => panic!("ledger 5 while the ring is degraded: {other:?}"),
+        }
+        let start = resolve_start(&shared, Start::Seq(5), &cancel, None).await;
+        match start {
+            Err(reason @ CloseReason::Overloaded { .. }) => {
+                assert_eq!(
+                    reason.code(),
+                    Some(ledger_relay_wire::frame::ErrorCode::Overloaded)
+                );
+            }
+            other => panic!("a start below the ring while it is degraded: {other:?}"),
+        }
     }
 }
