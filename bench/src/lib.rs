@@ -17,6 +17,7 @@
 
 pub mod baseline;
 pub mod cpu;
+pub mod fanout;
 pub mod harness;
 pub mod lake;
 pub mod lanes;
@@ -97,6 +98,11 @@ pub enum Helper {
     /// Disk use of the data directory against the ring's live bytes over time, paced and in a
     /// burst, and the ring's CPU per ledger (issue 21).
     RingDisk(ring_disk::RingDiskArgs),
+    /// What each extra subscriber costs one relay on loopback: relay CPU per ledger per
+    /// subscriber and its slope, memory per session, and the delivery of the first and last
+    /// subscriber to finish each ledger, at 1, 4, 16 and 64 subscribers (one process each),
+    /// compressed and raw (issue 18).
+    Fanout(fanout::FanoutArgs),
     /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
     #[command(hide = true)]
     HttpGet {
@@ -476,6 +482,10 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Helper::RingDisk(a)) => {
             install_signal_handler();
             return ring_disk::main(&a);
+        }
+        Some(Helper::Fanout(a)) => {
+            install_signal_handler();
+            return fanout::main(&a);
         }
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);

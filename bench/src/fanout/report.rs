@@ -1,0 +1,272 @@
+//! The fan-out series' table, CSV, targets and plot.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::{FanoutRow, Payload};
+use crate::report::err;
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.prec$}"),
+        _ => "-".into(),
+    }
+}
+
+fn name(p: Payload) -> &'static str {
+    match p {
+        Payload::Compressed => "compressed",
+        Payload::Raw => "raw",
+    }
+}
+
+/// The table printed on stdout.
+pub fn table(rows: &[FanoutRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<10} {:>4} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>9}",
+        "payload",
+        "subs",
+        "cadence",
+        "wire_MB",
+        "cpu0_ms",
+        "cpu_ms",
+        "/sub_ms",
+        "extra_ms",
+        "marg_ms",
+        "rssA_MiB",
+        "rssI_MiB",
+        "idle_ms/s",
+        "first50",
+        "first99",
+        "last50",
+        "last99",
+        "spread",
+        "lastsh",
+        "delivered"
+    );
+    for r in rows {
+        if let Some(e) = &r.error {
+            let _ = writeln!(
+                s,
+                "{:<10} {:>4} {:>5.0}ms FAILED: {e}",
+                name(r.payload),
+                r.subscribers,
+                r.cadence_ms
+            );
+            continue;
+        }
+        let sp = &r.spread;
+        let _ = writeln!(
+            s,
+            "{:<10} {:>4} {:>5.0}ms {:>7.2} {:>8.1} {:>8.1} {:>8.2} {:>8.2} {:>8} {:>8.3} {:>8} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>6.2} {:>4}/{:<4}",
+            name(r.payload),
+            r.subscribers,
+            r.cadence_ms,
+            r.wire_mb,
+            r.zero_cpu_ms,
+            r.relay_cpu_ms,
+            r.cpu_per_sub_ms,
+            r.extra_per_sub_ms,
+            opt(r.marginal_ms, 2),
+            r.active_rss_per_session_mib,
+            opt(r.idle_rss_per_session_mib, 3),
+            opt(r.idle_cpu_ms_per_session_s, 3),
+            sp.first_p50_ms,
+            sp.first_p99_ms,
+            sp.last_p50_ms,
+            sp.last_p99_ms,
+            opt(r.spread_ratio, 2),
+            sp.last_share,
+            r.delivered,
+            u32::from(r.subscribers) * r.ledgers,
+        );
+    }
+    s.push_str(
+        "cpu0_ms: relay CPU per ledger with no subscriber; cpu_ms: with them; /sub_ms: cpu_ms/N; \
+         extra_ms: (cpu_ms-cpu0_ms)/N; marg_ms: slope from the previous row (the first row: \
+         from its own cpu0_ms); rssA: (peak RSS while delivering - baseline)/N; rssI: RSS per \
+         idle session; idle_ms/s: relay CPU per idle session per second; first/last: p50/p99 \
+         delivery (ms) of the first and last subscriber to finish each ledger; spread: last99 \
+         over the 1-subscriber row's; lastsh: largest share of ledgers one subscriber was last\n",
+    );
+    s
+}
+
+/// The rows as CSV.
+pub fn csv(rows: &[FanoutRow]) -> String {
+    let mut s = String::from(
+        "payload,subscribers,cadence_ms,ledgers,wire_mb,zero_cpu_ms,relay_cpu_ms,cpu_per_sub_ms,\
+         extra_per_sub_ms,marginal_ms,baseline_rss_mib,active_rss_per_session_mib,\
+         idle_rss_per_session_mib,idle_cpu_ms_per_session_s,first_p50_ms,first_p99_ms,\
+         last_p50_ms,last_p99_ms,spread_ratio,last_share,delivered,lagged,wall_s,error\n",
+    );
+    for r in rows {
+        let sp = &r.spread;
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{},{:.2},{:.4},{},{},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.1},{}",
+            name(r.payload),
+            r.subscribers,
+            r.cadence_ms,
+            r.ledgers,
+            r.wire_mb,
+            r.zero_cpu_ms,
+            r.relay_cpu_ms,
+            r.cpu_per_sub_ms,
+            r.extra_per_sub_ms,
+            opt(r.marginal_ms, 4).replace('-', ""),
+            r.baseline_rss_mib,
+            r.active_rss_per_session_mib,
+            opt(r.idle_rss_per_session_mib, 4).replace('-', ""),
+            opt(r.idle_cpu_ms_per_session_s, 4).replace('-', ""),
+            sp.first_p50_ms,
+            sp.first_p99_ms,
+            sp.last_p50_ms,
+            sp.last_p99_ms,
+            opt(r.spread_ratio, 3).replace('-', ""),
+            sp.last_share,
+            r.delivered,
+            r.lagged,
+            r.wall_s,
+            r.error.as_deref().unwrap_or("").replace([',', '\n'], ";"),
+        );
+    }
+    s
+}
+
+fn ok_rows(rows: &[FanoutRow], p: Payload) -> Vec<&FanoutRow> {
+    rows.iter()
+        .filter(|r| r.payload == p && r.error.is_none())
+        .collect()
+}
+
+/// Issue 18's targets from the rows of the run: per payload the least-squares slope of relay
+/// CPU per ledger against subscribers (what each extra one costs), and at the largest count
+/// the memory per idle session and the spread.
+pub fn targets(rows: &[FanoutRow]) -> String {
+    let mut s = String::from("\ntargets (issue 18), from this run's rows:\n");
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    for (p, limit) in [(Payload::Compressed, 1.0), (Payload::Raw, 7.0)] {
+        let v = ok_rows(rows, p);
+        let pts: Vec<(f64, f64)> = v
+            .iter()
+            .map(|r| (f64::from(r.subscribers), r.relay_cpu_ms))
+            .collect();
+        if let Some(slope) = crate::harness::slope(&pts) {
+            let _ = writeln!(
+                s,
+                "  {} relay CPU per extra subscriber per ledger: {slope:.2} ms (slope over {} rows) <= {limit} ms: {}",
+                name(p),
+                pts.len(),
+                verdict(slope <= limit)
+            );
+        }
+        let Some(big) = v.iter().max_by_key(|r| r.subscribers) else {
+            continue;
+        };
+        if let Some(m) = big.idle_rss_per_session_mib {
+            let _ = writeln!(
+                s,
+                "  {} RSS per idle session at {}: {m:.3} MiB <= 1 MiB: {}",
+                name(p),
+                big.subscribers,
+                verdict(m <= 1.0)
+            );
+        }
+        if let Some(x) = big.spread_ratio.filter(|_| big.subscribers > 1) {
+            let _ = writeln!(
+                s,
+                "  {} spread at {}: last p99 {:.1} ms = {x:.2}x the single subscriber's <= 2x: {}",
+                name(p),
+                big.subscribers,
+                big.spread.last_p99_ms,
+                verdict(x <= 2.0)
+            );
+        }
+    }
+    s
+}
+
+/// Writes `fanout-relay-cpu.svg` into `dir`: relay CPU per ledger against subscribers, one line
+/// per payload, with each payload's target (its no-subscriber CPU plus 1 or 7 ms per
+/// subscriber) dashed. Returns the file written.
+pub fn plot(rows: &[FanoutRow], dir: &Path) -> anyhow::Result<String> {
+    crate::report::register_font()?;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("fanout-relay-cpu.svg");
+    let xmax = rows
+        .iter()
+        .map(|r| f64::from(r.subscribers))
+        .fold(1.0, f64::max)
+        * 1.05;
+    let ymax = rows
+        .iter()
+        .filter(|r| r.error.is_none())
+        .map(|r| r.relay_cpu_ms)
+        .fold(1.0, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(&path, (1000, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Fan-out: relay CPU per ledger against subscribers (loopback, 4 lanes)",
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..xmax, 0f64..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("subscribers")
+        .y_desc("relay CPU ms per ledger")
+        .draw()
+        .map_err(err)?;
+    for (p, color, limit) in [(Payload::Compressed, BLUE, 1.0), (Payload::Raw, RED, 7.0)] {
+        let v = ok_rows(rows, p);
+        if v.is_empty() {
+            continue;
+        }
+        let pts: Vec<(f64, f64)> = v
+            .iter()
+            .map(|r| (f64::from(r.subscribers), r.relay_cpu_ms))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("{} (measured)", name(p)))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+            .map_err(err)?;
+        let zero = v.iter().map(|r| r.zero_cpu_ms).sum::<f64>() / v.len() as f64;
+        let target: Vec<(f64, f64)> = [0.0, xmax].iter().map(|&x| (x, zero + limit * x)).collect();
+        chart
+            .draw_series(DashedLineSeries::new(
+                target,
+                6,
+                4,
+                color.mix(0.5).stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(format!(
+                "{} target: no-subscriber CPU + {limit} ms each",
+                name(p)
+            ))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.mix(0.5)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(path.display().to_string())
+}
