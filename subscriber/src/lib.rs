@@ -17,6 +17,9 @@
 //!   retried with jittered exponential backoff, resuming from the last ledger *delivered* + 1,
 //!   and failing over round-robin between relays. Authorization failures and a start below the
 //!   relay's retention are terminal, typed errors.
+//! - With `SubscribeConfig::hedge` ([`hedge`]), every relay is subscribed to at once and
+//!   each ledger is taken from whichever relay first delivers a verified copy: a relay that
+//!   dies or whose path degrades costs nothing, no failover timeout is waited out.
 //! - The Stream is bounded: a consumer that ingests slowly stops the lanes being read, QUIC
 //!   flow control stops the relay, and memory stays flat.
 //! - Lanes, TLS and frame IO come from `ledger-relay-transport`, which the relay shares.
@@ -83,6 +86,7 @@ pub mod cli;
 mod client;
 pub mod config;
 pub mod error;
+pub mod hedge;
 mod ledger;
 mod session;
 pub mod verify;
