@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ledger_relay_subscriber::{Ledger, SubscribeConfig};
+use ledger_relay_subscriber::Ledger;
 use ledger_relay_wire::frame::Start;
 
 use crate::process::RelayProcess;
