@@ -38,8 +38,9 @@ pub struct RunArgs {
     /// Directory for the retention ring.
     #[arg(long = "data-dir")]
     pub data_dir: Option<PathBuf>,
-    /// Ledger source: file:PATH, pipe:COMMAND, fifo:PATH, stdin, synthetic[:KEY=VALUE,...] or
-    /// datalake:URL[,from=SEQ][,to=SEQ].
+    /// Ledger source: file:PATH, pipe:COMMAND, fifo:PATH, stdin, synthetic[:KEY=VALUE,...],
+    /// datalake:URL[,from=SEQ][,to=SEQ] or relay:ADDR[,ADDR...] (upstream relays: this relay is
+    /// a tier of a fan-out tree; needs --upstream-name).
     #[arg(long)]
     pub source: Option<String>,
     /// Time between ledgers for file and synthetic sources [default: 600ms].
@@ -155,6 +156,13 @@ pub struct RunArgs {
     /// that compare one flow with the lanes (`ledger-bench remote --tcp`).
     #[arg(long = "tcp-baseline", value_name = "ADDR")]
     pub tcp_baseline: Option<SocketAddr>,
+    /// With --source relay:...: the client certificate (DIR/NAME.pem, DIR/NAME.key of --certs)
+    /// this relay subscribes to its upstreams with.
+    #[arg(long = "upstream-name", value_name = "NAME")]
+    pub upstream_name: Option<String>,
+    /// With --source relay:...: lanes of the subscription to the upstream, 1..=64 [default: 4].
+    #[arg(long = "upstream-lanes", value_name = "N")]
+    pub upstream_lanes: Option<u8>,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -200,6 +208,8 @@ struct FileConfig {
     backfill_prefetch: Option<usize>,
     network_passphrase: Option<String>,
     tcp_baseline: Option<SocketAddr>,
+    upstream_name: Option<String>,
+    upstream_lanes: Option<u8>,
     transport: Option<TransportSettings>,
 }
 
@@ -247,7 +257,24 @@ pub struct RelayConfig {
     pub backfill: Option<BackfillConfig>,
     /// `--tcp-baseline`: the TCP address of the one-flow baseline ([`crate::tcp_baseline`]).
     pub tcp_baseline: Option<SocketAddr>,
+    /// With a `relay:` source: how it subscribes to its upstreams.
+    pub upstream: Option<UpstreamConfig>,
+    /// Runs a `relay:` source (set by the `ledger-relay` binary; without it such a source is
+    /// refused at start).
+    pub external_source: Option<crate::source::ExternalSource>,
 }
+
+/// How a relay with a `relay:` source subscribes to its upstreams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Its client certificate's name in `--certs` (`--upstream-name`).
+    pub name: String,
+    /// Lanes (`--upstream-lanes`, default 4).
+    pub lanes: u8,
+}
+
+/// Lanes of the subscription to an upstream relay without `--upstream-lanes`.
+pub const DEFAULT_UPSTREAM_LANES: u8 = 4;
 
 /// Ledgers in flight per subscriber without `--window`.
 pub const DEFAULT_WINDOW: u16 = 8;
@@ -322,7 +349,8 @@ impl RelayConfig {
                 SourceSpec::Pipe { .. }
                 | SourceSpec::Fifo { .. }
                 | SourceSpec::Stdin
-                | SourceSpec::Datalake(_) => health::DEFAULT_STALE_AFTER,
+                | SourceSpec::Datalake(_)
+                | SourceSpec::Relay { .. } => health::DEFAULT_STALE_AFTER,
             },
         };
         let retention = pick!(retention).unwrap_or(10_000);
@@ -522,6 +550,26 @@ impl RelayConfig {
             handshake_timeout: Duration::from_secs(10),
             codec: pipeline.codec,
         };
+        let upstream = match &source {
+            SourceSpec::Relay { .. } => {
+                let name = pick!(upstream_name).context(
+                    "--source relay:... needs --upstream-name NAME (a client certificate in --certs)",
+                )?;
+                ledger_relay_certs::validate_name(&name)
+                    .with_context(|| format!("--upstream-name {name}"))?;
+                let lanes = pick!(upstream_lanes).unwrap_or(DEFAULT_UPSTREAM_LANES);
+                if !(1..=64).contains(&lanes) {
+                    bail!("--upstream-lanes {lanes}: expected 1..=64");
+                }
+                Some(UpstreamConfig { name, lanes })
+            }
+            _ => {
+                if pick!(upstream_name).is_some() || pick!(upstream_lanes).is_some() {
+                    bail!("--upstream-name and --upstream-lanes go with --source relay:ADDR[,ADDR...]");
+                }
+                None
+            }
+        };
         Ok(RelayConfig {
             listen,
             certs,
@@ -543,6 +591,8 @@ impl RelayConfig {
             export,
             backfill,
             tcp_baseline: pick!(tcp_baseline),
+            upstream,
+            external_source: None,
         })
     }
 }

@@ -74,6 +74,14 @@ impl Relay {
     /// Opens the ring, loads certificates, binds the endpoint and starts the source, the
     /// pipeline and the accept loop. Everything stops when `shutdown` is cancelled.
     pub async fn start(config: RelayConfig, shutdown: CancellationToken) -> anyhow::Result<Relay> {
+        if matches!(config.source, source::SourceSpec::Relay { .. })
+            && config.external_source.is_none()
+        {
+            anyhow::bail!(
+                "--source {}: relay sources are run by the ledger-relay binary",
+                config.source
+            );
+        }
         let metrics = Metrics::with_health(Health::new(config.stale_after));
         let ring = Arc::new(
             Ring::open(&RingConfig {
@@ -149,12 +157,24 @@ impl Relay {
         let source_stop = shutdown.child_token();
         let mut source_options = config.source_options.clone();
         source_options.lake_stats = source::LakeStatsHandle(metrics.lake.source.clone());
-        let source_thread = source::spawn(
-            config.source.clone(),
-            source_options,
-            tx,
-            source_stop.clone(),
-        );
+        let source_thread = match (&config.source, &config.external_source) {
+            (source::SourceSpec::Relay { .. }, Some(external)) => {
+                (external.0)(source::ExternalStart {
+                    spec: config.source.clone(),
+                    newest: ring.newest(),
+                    events: tx,
+                    shutdown: source_stop.clone(),
+                    metrics: metrics.clone(),
+                })
+            }
+            (source::SourceSpec::Relay { .. }, None) => unreachable!("checked at the start"),
+            _ => source::spawn(
+                config.source.clone(),
+                source_options,
+                tx,
+                source_stop.clone(),
+            ),
+        };
         let pipeline = pipeline::spawn(
             pipeline_config,
             rx,

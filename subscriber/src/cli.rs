@@ -45,6 +45,12 @@ pub struct Args {
         required_unless_present_any = ["completions", "man"]
     )]
     pub relay: Vec<RelayAddr>,
+    /// Subscribe to every relay of --relay at once and write each ledger from whichever relay
+    /// first delivers a verified copy; the others' copies are dropped, and a relay that dies
+    /// or falls behind is resumed in the background. Still exactly once, in order, with the
+    /// hash chain checked across relays. Costs each relay's bandwidth.
+    #[arg(long)]
+    pub hedge: bool,
     /// Certificate directory: DIR/ca.pem, DIR/NAME.pem and DIR/NAME.key are used.
     #[arg(
         long,
@@ -194,6 +200,7 @@ impl Args {
         let credentials = Credentials::from_cert_dir(&certs, &name)?;
         let mut subscribe = SubscribeConfig::new(self.relay, credentials);
         subscribe.server_name = self.server_name;
+        subscribe.hedge = self.hedge;
         subscribe.anchor = self.anchor;
         subscribe.content_check = !self.no_content_check;
         subscribe.start = match (self.from, self.anchor) {

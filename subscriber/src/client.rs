@@ -94,7 +94,11 @@ pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> 
     let (tx, rx) = mpsc::channel(config.channel_capacity);
     let shared = Arc::new(Shared::new(config, client));
     let cancel = CancellationToken::new();
-    let task = runtime.spawn(supervise(shared.clone(), tx, cancel.clone()));
+    let task = if shared.config.hedge && shared.config.relays.len() > 1 {
+        runtime.spawn(crate::hedge::supervise(shared.clone(), tx, cancel.clone()))
+    } else {
+        runtime.spawn(supervise(shared.clone(), tx, cancel.clone()))
+    };
     Ok(Subscription {
         rx,
         shared,

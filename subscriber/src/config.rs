@@ -350,6 +350,13 @@ pub struct SubscribeConfig {
     /// subscriber stops reading its lanes, QUIC flow control stops the relay, and the relay
     /// moves this subscriber to reading from its ring: memory does not grow.
     pub channel_capacity: usize,
+    /// Subscribe to every relay of `relays` at once and hand on each ledger from whichever
+    /// relay first delivers a verified copy (default false: one relay at a time, failing over
+    /// in order). Each relay's copy is verified on its own, the merged output is checked as one
+    /// chain, exactly once and in order; a relay that dies or falls behind is resumed in the
+    /// background. It costs each relay's bandwidth and the subscriber's CPU once per relay.
+    /// See [`crate::hedge`].
+    pub hedge: bool,
     /// QUIC transport settings of each lane.
     pub transport: TransportSettings,
 }
@@ -375,6 +382,7 @@ impl SubscribeConfig {
             backoff: BackoffConfig::default(),
             first_connect_timeout: None,
             channel_capacity: 4,
+            hedge: false,
             transport: TransportSettings::default(),
         }
     }

@@ -18,6 +18,9 @@
 //!   and failing over round-robin between relays. Authorization failures are terminal, typed
 //!   errors; so is a start below retention, once every configured relay said so (one relay
 //!   saying it makes the subscriber try the next).
+//! - With `SubscribeConfig::hedge` ([`hedge`]), every relay is subscribed to at once and
+//!   each ledger is taken from whichever relay first delivers a verified copy: a relay that
+//!   dies or whose path degrades costs nothing, no failover timeout is waited out.
 //! - The Stream is bounded: a consumer that ingests slowly stops the lanes being read, QUIC
 //!   flow control stops the relay, and memory stays flat.
 //! - Lanes, TLS and frame IO come from `ledger-relay-transport`, which the relay shares.
@@ -84,6 +87,7 @@ pub mod cli;
 mod client;
 pub mod config;
 pub mod error;
+pub mod hedge;
 mod ledger;
 mod session;
 pub mod verify;

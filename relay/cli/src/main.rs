@@ -6,6 +6,7 @@
 //! and the relay library does not depend on the subscriber library.
 
 mod demo;
+mod upstream;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -98,7 +99,10 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => {
-                let config = RelayConfig::from_args(*args)?;
+                let mut config = RelayConfig::from_args(*args)?;
+                if let Some(up) = config.upstream.clone() {
+                    config.external_source = Some(upstream::external(config.certs.clone(), up));
+                }
                 let relay = ledger_relay::Relay::start(config, shutdown).await?;
                 relay.wait().await;
                 Ok(())

@@ -113,7 +113,7 @@ impl RelayProcess {
     }
 
     /// SIGKILL: no shutdown, no session closed, no flush.
-    async fn kill_9(mut self) {
+    pub(crate) async fn kill_9(mut self) {
         self.child.start_kill().unwrap();
         let status = self.child.wait().await.unwrap();
         assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");

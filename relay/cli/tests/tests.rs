@@ -22,3 +22,4 @@ mod process;
 #[allow(dead_code)] // shared with the relay's tests, which use more of it
 #[path = "../../tests/support.rs"]
 mod support;
+mod tiers;

@@ -291,3 +291,27 @@ fn flags_override_the_file() {
     let e = format!("{:#}", RelayConfig::from_args(args).unwrap_err());
     assert!(e.contains("bogus"), "{e}");
 }
+
+#[test]
+fn a_relay_source_needs_an_upstream_name_and_only_it_takes_one() {
+    let mut a = base();
+    a.source = Some("relay:10.0.0.1:7400,10.0.0.2:7400".into());
+    let e = RelayConfig::from_args(a.clone()).unwrap_err().to_string();
+    assert!(e.contains("--upstream-name"), "{e}");
+    a.upstream_name = Some("edge-1".into());
+    let c = RelayConfig::from_args(a.clone()).unwrap();
+    assert_eq!(
+        c.upstream,
+        Some(UpstreamConfig {
+            name: "edge-1".into(),
+            lanes: DEFAULT_UPSTREAM_LANES
+        })
+    );
+    assert!(c.external_source.is_none(), "set by the binary");
+    a.upstream_lanes = Some(0);
+    assert!(RelayConfig::from_args(a).is_err());
+    let mut b = base();
+    b.upstream_name = Some("edge-1".into());
+    let e = RelayConfig::from_args(b).unwrap_err().to_string();
+    assert!(e.contains("go with --source relay:"), "{e}");
+}

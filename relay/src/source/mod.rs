@@ -93,6 +93,13 @@ pub enum SourceSpec {
     Synthetic(SyntheticSpec),
     /// A SEP-54 data lake, replayed at the cadence.
     Datalake(DatalakeSpec),
+    /// Upstream relays (a tier of a fan-out tree), `relay:ADDR[,ADDR...]`: run by an
+    /// [`ExternalSource`], since subscribing needs the subscriber library, which this crate
+    /// does not depend on.
+    Relay {
+        /// The upstream relays' addresses, HOST:PORT, in order of preference.
+        upstreams: Vec<String>,
+    },
 }
 
 /// Why a `SOURCE` argument was rejected. Every message is one line.
@@ -102,7 +109,7 @@ pub enum ParseSourceError {
     /// The part before the first `:` is not a known kind.
     #[error(
         "unknown source kind {kind:?}: expected file:PATH, pipe:COMMAND, fifo:PATH, stdin, \
-         synthetic[:KEY=VALUE,...] or datalake:URL[,from=SEQ][,to=SEQ]"
+         synthetic[:KEY=VALUE,...], datalake:URL[,from=SEQ][,to=SEQ] or relay:ADDR[,ADDR...]"
     )]
     UnknownKind {
         /// The kind given.
@@ -149,6 +156,12 @@ pub enum ParseSourceError {
         value: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A `relay:` source address without a port.
+    #[error("bad relay source address {address:?}: expected HOST:PORT")]
+    BadRelay {
+        /// The address as given.
+        address: String,
     },
     /// A `datalake:` source whose URL or settings do not parse.
     #[error("bad datalake source: {reason}")]
@@ -197,6 +210,26 @@ impl FromStr for SourceSpec {
             },
             "synthetic" => SyntheticSpec::parse_settings(arg.unwrap_or("")).map(Self::Synthetic),
             "datalake" => needs("datalake", "lake url")?.parse().map(Self::Datalake),
+            "relay" => {
+                let upstreams: Vec<String> = needs("relay", "relay address")?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|a| !a.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if upstreams.is_empty() {
+                    return Err(ParseSourceError::MissingArgument {
+                        kind: "relay",
+                        what: "relay address",
+                    });
+                }
+                if let Some(bad) = upstreams.iter().find(|a| !a.contains(':')) {
+                    return Err(ParseSourceError::BadRelay {
+                        address: bad.clone(),
+                    });
+                }
+                Ok(Self::Relay { upstreams })
+            }
             _ => Err(ParseSourceError::UnknownKind {
                 kind: kind.to_owned(),
             }),
@@ -213,6 +246,7 @@ impl fmt::Display for SourceSpec {
             SourceSpec::Stdin => f.write_str("stdin"),
             SourceSpec::Synthetic(spec) => write!(f, "synthetic:{spec}"),
             SourceSpec::Datalake(spec) => write!(f, "datalake:{spec}"),
+            SourceSpec::Relay { upstreams } => write!(f, "relay:{}", upstreams.join(",")),
         }
     }
 }
@@ -311,6 +345,36 @@ pub enum SourceEvent {
     Failed(String),
 }
 
+/// What an [`ExternalSource`] is started with.
+#[derive(Debug)]
+pub struct ExternalStart {
+    /// The source (a [`SourceSpec::Relay`]).
+    pub spec: SourceSpec,
+    /// The ring's newest ledger and its hash: the source resumes after it, and must link to it.
+    pub newest: Option<(u32, [u8; 32])>,
+    /// Where its events go, in the grammar of the [module docs](self).
+    pub events: UnboundedSender<SourceEvent>,
+    /// Cancelled at shutdown: the source then stops (sending `Abort` for a ledger in progress).
+    pub shutdown: CancellationToken,
+    /// The relay's metrics, for what the source reports of itself (upstream lag).
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+/// A source run outside this crate: the `relay:` source, whose upstream client is the
+/// subscriber library (which this crate must not depend on). [`crate::Relay::start`] calls it
+/// with an [`ExternalStart`] instead of [`spawn`]; it runs on threads of its own and returns
+/// the handle the relay joins at shutdown.
+#[derive(Clone)]
+pub struct ExternalSource(
+    pub std::sync::Arc<dyn Fn(ExternalStart) -> JoinHandle<()> + Send + Sync>,
+);
+
+impl fmt::Debug for ExternalSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ExternalSource")
+    }
+}
+
 /// Runs the source on its own OS thread(s) until it ends or `shutdown` is cancelled.
 ///
 /// Reading core's pipe must never wait on the consumer, so `events` is unbounded. The source
@@ -330,6 +394,7 @@ pub fn spawn(
         SourceSpec::Stdin => "source-stdin",
         SourceSpec::Synthetic(_) => "source-synthetic",
         SourceSpec::Datalake(_) => "source-datalake",
+        SourceSpec::Relay { .. } => "source-relay",
     };
     std::thread::Builder::new()
         .name(name.to_owned())
@@ -348,6 +413,10 @@ fn run(spec: SourceSpec, opts: SourceOptions, out: Out) {
         SourceSpec::Stdin => stream::run_stdin(&opts, &out),
         SourceSpec::Synthetic(spec) => synthetic::run(&spec, &opts, &out),
         SourceSpec::Datalake(spec) => datalake::run(&spec, &opts, &out),
+        // `Relay::start` hands it to its `ExternalSource` instead.
+        SourceSpec::Relay { .. } => Err(Stop::Failed(
+            "a relay: source runs only through an external source (the ledger-relay binary)".into(),
+        )),
     };
     match result {
         Ok(()) => {
@@ -619,6 +688,8 @@ mod tests {
             "datalake:s3://aws-public-blockchain/v1.1/stellar/ledgers/pubnet,from=2,to=100",
             "datalake:gs://b/p,to=7",
             "datalake:az://c,from=7",
+            "relay:10.0.0.1:7400",
+            "relay:root-a.internal:7400,[::1]:7400",
         ] {
             let spec: SourceSpec = s.parse().unwrap();
             let shown = spec.to_string();
@@ -668,6 +739,9 @@ mod tests {
             ("synthetic:emit=fast", "bad synthetic emit \"fast\""),
             ("synthetic:size=1MiB\nx", "bad synthetic size \"1MiB\\nx\""),
             ("datalake:", "source `datalake:` needs a lake url"),
+            ("relay:", "source `relay:` needs a relay address"),
+            ("relay:,", "source `relay:` needs a relay address"),
+            ("relay:root-a", "bad relay source address \"root-a\""),
             ("datalake:/var/lake", "bad datalake source: bad lake url"),
             ("datalake:s3://b,from=x", "bad datalake source: \"from=x\""),
             (

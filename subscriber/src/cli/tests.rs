@@ -49,8 +49,10 @@ fn arguments_parse() {
         "2",
         "--lane-ports",
         "9000",
+        "--hedge",
     ])
     .unwrap();
+    assert!(args.hedge);
     assert_eq!(args.relay.len(), 2);
     assert_eq!(args.relay[0].host(), "a.example");
     assert_eq!(args.from, Some(Start::Seq(1_410_048)));
@@ -71,6 +73,7 @@ fn arguments_parse() {
     assert_eq!(defaults.anchor, None);
     assert!(!defaults.no_content_check);
     assert_eq!(defaults.lanes, 4);
+    assert!(!defaults.hedge);
     for bad in [
         vec!["--relay", "nope", "--certs", "d", "--name", "n"],
         vec![

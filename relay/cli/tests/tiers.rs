@@ -1,0 +1,246 @@
+//! Fan-out trees and hedged subscriptions with real `ledger-relay` processes on loopback, fed
+//! the real testnet ledgers: a hedged subscriber with two relays, one killed mid-stream; a root
+//! relay feeding an edge relay (`--source relay:ADDR`) feeding a subscriber, the edge killed
+//! with SIGKILL and restarted; an edge failing over between two roots.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ledger_relay_subscriber::Ledger;
+use ledger_relay_wire::frame::Start;
+
+use crate::process::RelayProcess;
+use crate::support::{
+    file_source, free_port, from_first, http_get, local, sub_config, testnet_ledgers, Collector,
+    TestDir, FIRST, LAST,
+};
+
+/// A free TCP address for a relay's metrics.
+fn metrics_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Asserts that `got` is consecutive from its first ledger and byte for byte the testnet
+/// ledgers of those sequences: no gap, no duplicate, nothing altered.
+fn assert_consecutive_identical(got: &[Ledger], want: &[Bytes]) {
+    assert!(!got.is_empty());
+    let first = got[0].seq;
+    for (i, l) in got.iter().enumerate() {
+        assert_eq!(l.seq, first + i as u32, "consecutive, once each");
+        assert_eq!(
+            l.data,
+            want[(l.seq - FIRST) as usize],
+            "ledger {} byte-identical",
+            l.seq
+        );
+    }
+}
+
+/// A root relay replaying the testnet file at `cadence`, with its own data directory.
+async fn root(dir: &TestDir, name: &str, cadence: &str) -> (RelayProcess, u16) {
+    let port = free_port();
+    let source = file_source();
+    let args = ["--source", &source, "--cadence", cadence];
+    let data = dir.path().join(name);
+    (
+        RelayProcess::start(dir.certs.path(), &data, port, &args).await,
+        port,
+    )
+}
+
+/// An edge relay subscribed to `upstreams` as client `edge`, on `port`, with its metrics on
+/// `metrics`.
+async fn edge(dir: &TestDir, upstreams: &[u16], port: u16, metrics: SocketAddr) -> RelayProcess {
+    let source = format!(
+        "relay:{}",
+        upstreams
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let metrics = metrics.to_string();
+    let args = [
+        "--source",
+        &source,
+        "--upstream-name",
+        "edge",
+        "--upstream-lanes",
+        "4",
+        "--metrics",
+        &metrics,
+    ];
+    RelayProcess::start(dir.certs.path(), &dir.path().join("edge"), port, &args).await
+}
+
+fn issue_edge(certs: &Path) {
+    let dir = ledger_relay_certs::CertDir::open(certs).unwrap();
+    dir.issue_client("edge", 30).unwrap();
+}
+
+/// Hedged: two relays on the same source, the one whose copies are winning killed with SIGKILL
+/// mid-stream. Every ledger is written once, in order, byte for byte as the file (which is what
+/// a single-relay run writes: `process.rs` and the relay tests assert that), and the delivery
+/// gap at the kill is under two cadences: under one cadence more than the normal inter-arrival,
+/// where failing over would first wait out the heartbeat timeout and reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_subscriber_loses_nothing_when_one_of_two_relays_is_killed() {
+    const CADENCE_MS: u64 = 200;
+    const N: u32 = 60;
+    let dir = TestDir::new();
+    let want = testnet_ledgers();
+    let cadence = format!("{CADENCE_MS}ms");
+    let ((a, a_port), (b, b_port)) =
+        tokio::join!(root(&dir, "a", &cadence), root(&dir, "b", &cadence));
+    let mut config = from_first(&dir, vec![local(a_port), local(b_port)]);
+    config.hedge = true;
+    let sub = Collector::start(config, FIRST + N - 1);
+    sub.wait_for(25, 30).await;
+    // Kill the relay whose copy won last: the survivor's copies were losing until now.
+    let winner = sub
+        .status()
+        .relay
+        .expect("a relay won the last ledger")
+        .port();
+    let (killed, survivor) = if winner == a_port { (a, b) } else { (b, a) };
+    let killed_ns = ledger_relay::source::now_ns();
+    killed.kill_9().await;
+    let out = sub.finish(60).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.len(), N as usize, "every ledger, once");
+    assert_eq!(out.got[0].seq, FIRST);
+    assert_consecutive_identical(&out.got, &want);
+    let after = out
+        .got
+        .iter()
+        .position(|l| l.received_ns > killed_ns)
+        .expect("ledgers after the kill");
+    assert!(after > 0 && after < out.got.len() - 5, "killed mid-stream");
+    assert!(
+        out.got[after + 1..]
+            .iter()
+            .all(|l| l.relay.port() != winner),
+        "after the kill every ledger comes from the survivor"
+    );
+    // The gaps spanning the kill (a copy of the killed relay may complete just after the
+    // clock was read, before the signal lands).
+    let gap_ms = (after..after + 3)
+        .map(|i| (out.got[i].received_ns - out.got[i - 1].received_ns) as f64 / 1e6)
+        .fold(0.0, f64::max);
+    eprintln!("hedged: delivery gap at the kill {gap_ms:.1} ms (cadence {CADENCE_MS} ms)");
+    assert!(
+        gap_ms < 2.0 * CADENCE_MS as f64,
+        "gap at the kill {gap_ms:.1} ms: more than a cadence ({CADENCE_MS} ms) over the normal"
+    );
+    out.sub.close().await;
+    drop(survivor);
+}
+
+/// Root (the testnet file) -> edge (`--source relay:ROOT`) -> subscriber: byte-identical;
+/// the edge killed with SIGKILL mid-stream and restarted on its data directory: the subscriber
+/// (which resumes by itself) gets every ledger once; the edge shows its upstream in metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_relay_re_serves_its_root_and_survives_sigkill() {
+    let dir = TestDir::new();
+    issue_edge(dir.certs.path());
+    let want = testnet_ledgers();
+    let (root, root_port) = root(&dir, "root", "30ms").await;
+    let (edge_port, metrics) = (free_port(), metrics_addr());
+    let e = edge(&dir, &[root_port], edge_port, metrics).await;
+    let config = sub_config(
+        vec![local(edge_port)],
+        dir.certs.path(),
+        "rpc-1",
+        4,
+        Start::Tip,
+    );
+    let sub = Collector::start(config, LAST);
+    sub.wait_for(60, 60).await;
+    let text = http_get(metrics, "/metrics").await;
+    assert!(text.contains("ledger_relay_upstream_connected 1"), "{text}");
+    assert!(text.contains("ledger_relay_upstream_lag_ledgers"), "{text}");
+    e.kill_9().await;
+    let at_kill = sub.len();
+    let e2 = edge(&dir, &[root_port], edge_port, metrics).await;
+    let out = sub.finish(90).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.last().unwrap().seq, LAST);
+    assert_consecutive_identical(&out.got, &want);
+    assert!(at_kill + 10 < out.got.len(), "killed mid-stream");
+    assert!(
+        out.sub.status().sessions >= 2,
+        "the subscriber reconnected: {:?}",
+        out.sub.status()
+    );
+    assert!(
+        e2.log().contains("subscribing to the upstream relays"),
+        "{}",
+        e2.log()
+    );
+    out.sub.close().await;
+    // The root gone: the edge says why in /healthz.
+    root.kill_9().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = http_get(metrics, "/healthz").await;
+        if text.contains(&format!(
+            "upstream relays 127.0.0.1:{root_port} unreachable"
+        )) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(e2);
+}
+
+/// Two roots on the same file; the edge subscribes to both in order of preference; the one it
+/// is subscribed to is killed with SIGKILL mid-stream: the edge fails over to the other, and
+/// its subscriber gets every ledger once, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_relay_fails_over_to_a_second_root() {
+    let dir = TestDir::new();
+    issue_edge(dir.certs.path());
+    let want = testnet_ledgers();
+    let ((a, a_port), (b, b_port)) = tokio::join!(root(&dir, "a", "30ms"), root(&dir, "b", "30ms"));
+    let (edge_port, metrics) = (free_port(), metrics_addr());
+    let e = edge(&dir, &[a_port, b_port], edge_port, metrics).await;
+    let config = sub_config(
+        vec![local(edge_port)],
+        dir.certs.path(),
+        "rpc-1",
+        4,
+        Start::Tip,
+    );
+    let sub = Collector::start(config, LAST);
+    sub.wait_for(60, 60).await;
+    let opened = |log: &str, port: u16| {
+        log.lines()
+            .any(|l| l.contains("session open") && l.contains(&format!("127.0.0.1:{port}")))
+    };
+    assert!(
+        opened(&e.log(), a_port),
+        "the edge is on its first root: {}",
+        e.log()
+    );
+    assert!(!opened(&e.log(), b_port), "{}", e.log());
+    a.kill_9().await;
+    let at_kill = sub.len();
+    let out = sub.finish(90).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.last().unwrap().seq, LAST);
+    assert_consecutive_identical(&out.got, &want);
+    assert!(at_kill + 10 < out.got.len(), "killed mid-stream");
+    assert!(
+        opened(&e.log(), b_port),
+        "the edge failed over: {}",
+        e.log()
+    );
+    let text = http_get(metrics, "/metrics").await;
+    assert!(text.contains("ledger_relay_upstream_connected 1"), "{text}");
+    out.sub.close().await;
+    drop((b, e));
+}
