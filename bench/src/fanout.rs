@@ -745,6 +745,14 @@ mod tests {
         assert!(t.contains("MISSED"), "{t}");
         let c = csv(&rows);
         assert_eq!(c.lines().count(), 5);
+        // A row whose last subscriber fell behind is no evidence either way.
+        rows.push(row(Payload::Compressed, 64, 40.0, 41.0, 1e6));
+        let t = targets(&rows);
+        assert!(
+            t.contains("compressed rows left out") && t.contains("[64]"),
+            "{t}"
+        );
+        assert!(t.contains("slope over 3 rows"), "{t}");
     }
 
     #[test]

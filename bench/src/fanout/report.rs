@@ -144,6 +144,13 @@ fn ok_rows(rows: &[FanoutRow], p: Payload) -> Vec<&FanoutRow> {
         .collect()
 }
 
+/// Whether the row's last subscriber kept up: its delivery p99 under the cadence. Otherwise
+/// subscribers fell behind the live stream, and the CPU window (every subscriber at the first
+/// measured ledger to every one at the last) covers only the stragglers' tail.
+pub fn kept_up(r: &FanoutRow) -> bool {
+    r.error.is_none() && r.spread.last_p99_ms < r.cadence_ms
+}
+
 /// Issue 18's targets from the rows of the run: per payload the least-squares slope of relay
 /// CPU per ledger against subscribers (what each extra one costs), and at the largest count
 /// the memory per idle session and the spread.
@@ -151,7 +158,19 @@ pub fn targets(rows: &[FanoutRow]) -> String {
     let mut s = String::from("\ntargets (issue 18), from this run's rows:\n");
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     for (p, limit) in [(Payload::Compressed, 1.0), (Payload::Raw, 7.0)] {
-        let v = ok_rows(rows, p);
+        let all = ok_rows(rows, p);
+        let v: Vec<&FanoutRow> = all.iter().copied().filter(|r| kept_up(r)).collect();
+        if v.len() < all.len() {
+            let _ = writeln!(
+                s,
+                "  {} rows left out, their last subscriber did not keep up (p99 over the cadence): {:?}",
+                name(p),
+                all.iter()
+                    .filter(|r| !kept_up(r))
+                    .map(|r| r.subscribers)
+                    .collect::<Vec<_>>()
+            );
+        }
         let pts: Vec<(f64, f64)> = v
             .iter()
             .map(|r| (f64::from(r.subscribers), r.relay_cpu_ms))
