@@ -158,6 +158,7 @@ pub fn spawn(
                 stop,
                 rt,
                 stopping_since: None,
+                ring_wait_since: None,
             };
             if let Err(reason) = ex.run() {
                 set_degraded(&ex.metrics, Some(format!("stopped: {reason}")));
@@ -180,7 +181,13 @@ struct Run {
     stop: CancellationToken,
     rt: tokio::runtime::Runtime,
     stopping_since: Option<Instant>,
+    /// While waiting for the ring to write a ledger the queue skipped: since when, and the
+    /// ring's newest ledger then (see [`Run::ring_behind`]).
+    ring_wait_since: Option<(Instant, u32)>,
 }
+
+/// How long the exporter waits for a ring that makes no progress before it leaves a gap.
+const RING_WAIT: Duration = Duration::from_secs(5);
 
 /// The next ledger the exporter handles.
 enum Next {
@@ -355,16 +362,47 @@ impl Run {
         if let Some(w) = *want {
             if w < seq {
                 if let Some(from_ring) = self.ring_ledger(w) {
+                    self.ring_wait_since = None;
                     return Next::Ledger(from_ring);
+                }
+                if self.ring_behind(w) {
+                    // The queue skipped `w` and the ring's writer has not written it yet (it
+                    // is in the ring's queue): wait for it rather than leave a gap.
+                    std::thread::sleep(Duration::from_millis(10));
+                    return Next::Idle;
                 }
             }
         }
+        self.ring_wait_since = None;
         let l = queued.take().expect("checked above");
         match raw_ledger(&l) {
             Ok(bl) => Next::Ledger(bl),
             Err(reason) => {
                 error!(seq, %reason, "a published ledger cannot be exported: skipped");
                 Next::Idle
+            }
+        }
+    }
+
+    /// Whether the ring has not reached `seq` yet and may still write it: its newest ledger
+    /// is below `seq` and it has written something within [`RING_WAIT`] of the wait's start.
+    /// `false` when there is no ring, when the ring went past `seq` without it (it gave the
+    /// ledger up), or when it made no progress for [`RING_WAIT`] (a failing disk): the lake
+    /// then gets a gap, counted and logged, rather than the export stalling behind the ring.
+    fn ring_behind(&mut self, seq: u32) -> bool {
+        let Some(ring) = self.ring.as_ref() else {
+            return false;
+        };
+        let newest = ring.range().map_or(0, |r| r.1);
+        if newest >= seq {
+            return false;
+        }
+        let now = Instant::now();
+        match self.ring_wait_since {
+            Some((since, seen)) if seen == newest => now.duration_since(since) < RING_WAIT,
+            _ => {
+                self.ring_wait_since = Some((now, newest));
+                true
             }
         }
     }
