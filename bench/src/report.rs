@@ -16,7 +16,8 @@ fn mode(r: &Row) -> Mode {
     }
 }
 
-fn opt(v: Option<f64>, prec: usize) -> String {
+/// `v` with `prec` decimals, or `-` when absent or not finite.
+pub(crate) fn opt(v: Option<f64>, prec: usize) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x:.prec$}"),
         _ => "-".into(),

@@ -6,14 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::{FanoutRow, Payload};
-use crate::report::err;
-
-fn opt(v: Option<f64>, prec: usize) -> String {
-    match v {
-        Some(x) if x.is_finite() => format!("{x:.prec$}"),
-        _ => "-".into(),
-    }
-}
+use crate::report::{err, opt};
 
 fn name(p: Payload) -> &'static str {
     match p {
