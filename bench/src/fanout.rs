@@ -47,7 +47,7 @@ pub enum Payload {
 }
 
 impl Payload {
-    fn codec(self) -> &'static str {
+    pub(crate) fn codec(self) -> &'static str {
         match self {
             Payload::Compressed => "zstd",
             Payload::Raw => "none",

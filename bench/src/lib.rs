@@ -30,6 +30,7 @@ pub mod ring_disk;
 pub mod scenario;
 pub mod slow;
 pub mod stats;
+pub mod tiers;
 
 use std::path::PathBuf;
 
@@ -103,6 +104,11 @@ pub enum Helper {
     /// subscriber to finish each ledger, at 1, 4, 16 and 64 subscribers (one process each),
     /// compressed and raw (issue 18).
     Fanout(fanout::FanoutArgs),
+    /// Relay tiers and hedging (issue 15): what an edge relay adds to delivery (root -> edge ->
+    /// subscriber against root -> subscriber, compressed and raw), the root's CPU with N
+    /// subscribers behind E edges against N direct ones, and hedged against single-relay p99
+    /// with one relay's path capped at a tenth (emulated network, root only).
+    Tiers(tiers::TiersArgs),
     /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
     #[command(hide = true)]
     HttpGet {
@@ -486,6 +492,10 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Helper::Fanout(a)) => {
             install_signal_handler();
             return fanout::main(&a);
+        }
+        Some(Helper::Tiers(a)) => {
+            install_signal_handler();
+            return tiers::main(&a);
         }
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);

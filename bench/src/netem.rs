@@ -188,6 +188,18 @@ impl Netem {
     /// Gives destination port `port` (UDP lanes and the TCP baseline alike) its own HTB class
     /// capped at `flow_bps`.
     pub fn cap_port(&mut self, port: u16, flow_bps: u64) -> anyhow::Result<()> {
+        self.cap_match("dport", port, flow_bps)
+    }
+
+    /// Gives what a relay listening on `port` sends (every connection it serves, all sharing
+    /// the class) its own HTB class capped at `bps`.
+    pub fn cap_source_port(&mut self, port: u16, bps: u64) -> anyhow::Result<()> {
+        self.cap_match("sport", port, bps)
+    }
+
+    /// An HTB class capped at `flow_bps` for the packets whose UDP/TCP `field` (`dport` or
+    /// `sport`) is `port`.
+    fn cap_match(&mut self, field: &str, port: u16, flow_bps: u64) -> anyhow::Result<()> {
         let class = format!("1:{:x}", self.next_class);
         self.next_class += 1;
         let rate = format!("{flow_bps}bit");
@@ -230,7 +242,7 @@ impl Netem {
             "u32",
             "match",
             "ip",
-            "dport",
+            field,
             &port.to_string(),
             "0xffff",
             "flowid",

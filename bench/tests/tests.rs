@@ -4,3 +4,4 @@ mod emulation;
 mod fanout;
 mod reliability;
 mod remote;
+mod tiers;

@@ -1,0 +1,816 @@
+//! `ledger-bench tiers`: what a tier of relays adds, what a tree saves its root, and what a
+//! hedged subscription is worth when one relay's path is degraded (issue 15).
+//!
+//! Three parts, each with its own relays (`ledger-relay run`) and subscribers
+//! (`ledger-subscribe`, 4 lanes, ledgers written to /dev/null, verified all the same):
+//!
+//! - **tier** (loopback, per payload): a root relay with a synthetic source, an edge relay fed by
+//!   it (`--source relay:ROOT`), one subscriber on the root and one on the edge, both from the
+//!   same ledger. Delivery is measured from the root's source in both (an edge passes the root's
+//!   stamps on), so the edge subscriber's delivery minus the root subscriber's, ledger by ledger,
+//!   is what the tier adds. The edge's own CPU per ledger is read too.
+//! - **tree** (loopback, one payload): the root's CPU per ledger serving N subscribers directly,
+//!   against the same N spread over E edge relays (the root then serves only the edges), and the
+//!   last subscriber's delivery in each.
+//! - **hedge** (emulated network, root only): relays A and B with the same synthetic source in one
+//!   network namespace, subscribers in another; A's port is capped at lanes x the flow cap, B's
+//!   at a tenth of that (`--degrade`). Rows, one after another: a subscriber on A alone, on B
+//!   alone, and hedged on both (`--hedge`). The hedged p99 should be A's, not B's.
+//!
+//! Every row checks that each subscriber wrote exactly the ledgers it asked for, in order.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::fanout::Payload;
+use crate::harness::{make_certs, read_stats_lenient, spawn_subscriber, RelayProc, RelaySettings};
+use crate::netem::{Netem, Shape, RELAY_ADDR};
+use crate::proc::{cpu_seconds, kill_all, sibling_binary, stop};
+use crate::stats::{quantile, Record};
+
+mod report;
+pub use report::{csv, table};
+
+/// The parts of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Part {
+    /// Root -> edge -> subscriber against root -> subscriber.
+    Tier,
+    /// The root's CPU with N direct subscribers against N behind E edges.
+    Tree,
+    /// Hedged against single-relay delivery with one relay's path degraded (needs root).
+    Hedge,
+}
+
+/// `ledger-bench tiers` arguments.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct TiersArgs {
+    /// Parts to run.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "tier,tree,hedge"
+    )]
+    pub parts: Vec<Part>,
+    /// Payloads of the tier part (the tree and hedge parts use the first).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "compressed,raw"
+    )]
+    pub payload: Vec<Payload>,
+    /// Ledgers measured per row (after the warm-up).
+    #[arg(long, default_value_t = 20)]
+    pub ledgers: u32,
+    /// Ledgers each subscriber takes before the measured ones.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// Time between ledgers in the tier and hedge parts, ms.
+    #[arg(long, default_value_t = 600.0)]
+    pub cadence_ms: f64,
+    /// Time between ledgers in the tree part, ms (every subscriber and edge runs on this
+    /// machine too).
+    #[arg(long, default_value_t = 1500.0)]
+    pub tree_cadence_ms: f64,
+    /// Subscribers in the tree part.
+    #[arg(long, default_value_t = 16)]
+    pub tree_subscribers: u16,
+    /// Edge relays in the tree part.
+    #[arg(long, default_value_t = 4)]
+    pub edges: u16,
+    /// Per-flow cap of the hedge part's healthy relay, Mbit/s (its port gets lanes x this).
+    #[arg(long, default_value_t = 100.0)]
+    pub flow_mbit: f64,
+    /// The degraded relay's cap is the healthy one's divided by this.
+    #[arg(long, default_value_t = 10.0)]
+    pub degrade: f64,
+    /// Lanes per subscriber (and per edge's upstream subscription).
+    #[arg(long, default_value_t = 4)]
+    pub lanes: u8,
+    /// Ledger size, bytes (Phase 3 stress profile: 14.5 MiB).
+    #[arg(long, default_value_t = 15_204_352)]
+    pub ledger_bytes: u64,
+    /// zstd-1 ratio of the compressed payload.
+    #[arg(long, default_value_t = 7.6)]
+    pub ratio: f64,
+    /// Write the rows as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Write the rows (with every delivery) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Delivery of one subscriber (or, in a tree, of the last subscriber to finish each ledger).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Delivery {
+    /// p50 over the measured ledgers, ms.
+    pub p50_ms: f64,
+    /// p99, ms.
+    pub p99_ms: f64,
+    /// Largest, ms.
+    pub max_ms: f64,
+    /// Per measured ledger: (sequence, ms).
+    pub per_ledger: Vec<(u32, f64)>,
+}
+
+impl Delivery {
+    fn of(per_ledger: Vec<(u32, f64)>) -> Delivery {
+        let mut v: Vec<f64> = per_ledger.iter().map(|x| x.1).collect();
+        v.sort_by(f64::total_cmp);
+        Delivery {
+            p50_ms: quantile(&v, 0.5),
+            p99_ms: quantile(&v, 0.99),
+            max_ms: v.last().copied().unwrap_or(f64::NAN),
+            per_ledger,
+        }
+    }
+}
+
+/// One row.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TierRow {
+    /// The part.
+    pub part: Part,
+    /// The row's name within its part (`direct`, `edge`, `direct-16`, `tree-4x4`, `A`, `B`,
+    /// `hedged`).
+    pub row: String,
+    /// Payload.
+    pub payload: Payload,
+    /// Subscribers.
+    pub subscribers: u16,
+    /// Time between ledgers, ms.
+    pub cadence_ms: f64,
+    /// Measured ledgers per subscriber.
+    pub ledgers: u32,
+    /// Wire bytes per ledger, MB.
+    pub wire_mb: f64,
+    /// Delivery (the last subscriber's, per ledger, when there are several).
+    pub delivery: Delivery,
+    /// Per ledger, this row's delivery minus the `direct` row's of the same run (tier part).
+    pub added: Option<Delivery>,
+    /// The root relay's CPU per ledger over the measured ledgers, ms.
+    pub root_cpu_ms: Option<f64>,
+    /// The edge relays' CPU per ledger (summed over edges), ms.
+    pub edge_cpu_ms: Option<f64>,
+    /// Why the row failed, if it did.
+    pub error: Option<String>,
+}
+
+/// Everything `ledger-bench tiers` measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TiersReport {
+    /// The arguments.
+    pub args: TiersArgs,
+    /// The machine's load averages before and after.
+    pub load_before: Option<[f64; 3]>,
+    /// After.
+    pub load_after: Option<[f64; 3]>,
+    /// Why the hedge part did not run, if it did not.
+    pub hedge_skipped: Option<String>,
+    /// The rows.
+    pub rows: Vec<TierRow>,
+}
+
+/// Ledgers of a row: the subscribers take `first..=last`, `measured..=last` counted.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    first: u32,
+    measured: u32,
+    last: u32,
+}
+
+impl Span {
+    fn count(&self) -> u32 {
+        self.last - self.first + 1
+    }
+}
+
+/// Relays started by a row (stopped whatever happens).
+#[derive(Default)]
+struct Procs {
+    relays: Vec<RelayProc>,
+    subs: Vec<Child>,
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        kill_all(&mut self.subs);
+        for r in self.relays.drain(..) {
+            r.stop();
+        }
+    }
+}
+
+fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySettings {
+    let mut s = RelaySettings::endless(
+        a.ledger_bytes,
+        match payload {
+            Payload::Compressed => a.ratio,
+            Payload::Raw => 1.0,
+        },
+        cadence,
+    );
+    s.count = Some(last - s.start + 1);
+    s.codec = payload.codec().into();
+    s.emit_ms = s.emit_ms.min(cadence);
+    s.retention = 40;
+    s
+}
+
+/// The span of a row whose processes need `connect_s` to start and connect.
+fn span(a: &TiersArgs, cadence: f64, connect_s: f64) -> Span {
+    let first = 2 + (connect_s * 1e3 / cadence).ceil() as u32 + 1;
+    let measured = first + a.warmup;
+    Span {
+        first,
+        measured,
+        last: measured + a.ledgers - 1,
+    }
+}
+
+/// An edge relay fed by `upstream` with client certificate `name`.
+fn edge(
+    bin: &Path,
+    certs: &Path,
+    dir: &Path,
+    s: &RelaySettings,
+    upstream: &RelayProc,
+    name: &str,
+    lanes: u8,
+) -> anyhow::Result<RelayProc> {
+    let extra: Vec<String> = [
+        "--upstream-name",
+        name,
+        "--upstream-lanes",
+        &lanes.to_string(),
+        "--start-wait",
+        "120s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let source = format!("relay:{}", upstream.addr);
+    RelayProc::start_source(bin, certs, dir, s, &source, &extra, &[])
+}
+
+/// Subscriber `name` on `relay` for `span`, stats in `dir/name.csv`.
+fn subscriber(
+    bin: &Path,
+    relay: &RelayProc,
+    certs: &Path,
+    dir: &Path,
+    name: &str,
+    lanes: u8,
+    span: Span,
+) -> anyhow::Result<(Child, PathBuf)> {
+    let spec = crate::harness::SubSpec {
+        name: name.into(),
+        from: span.first.to_string(),
+        count: Some(span.count()),
+        lanes,
+        stats: dir.join(format!("{name}.csv")),
+        log: dir.join(format!("{name}.log")),
+        consume_delay_ms: None,
+    };
+    Ok((spawn_subscriber(bin, relay.addr, certs, &spec)?, spec.stats))
+}
+
+/// Waits until every stats file holds ledger `seq`; fails after `limit`, or when a subscriber
+/// exits with an error first.
+fn wait_all(
+    stats: &[PathBuf],
+    subs: &mut [Child],
+    seq: u32,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        let have = stats
+            .iter()
+            .all(|p| read_stats_lenient(p).is_ok_and(|r| r.last().is_some_and(|r| r.seq >= seq)));
+        if have {
+            return Ok(());
+        }
+        for (i, c) in subs.iter_mut().enumerate() {
+            if let Some(st) = c.try_wait()? {
+                if !st.success() {
+                    bail!("subscriber {i} exited with {st} before ledger {seq}");
+                }
+            }
+        }
+        if start.elapsed() > limit {
+            bail!("not every subscriber reached ledger {seq} within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reads each stats file, checks it holds exactly `span`, and returns the measured records.
+fn collect(stats: &[PathBuf], span: Span) -> anyhow::Result<Vec<Vec<Record>>> {
+    let want: Vec<u32> = (span.first..=span.last).collect();
+    let mut out = Vec::new();
+    for p in stats {
+        let r = read_stats_lenient(p)?;
+        let seqs: Vec<u32> = r.iter().map(|r| r.seq).collect();
+        if seqs != want {
+            bail!(
+                "{}: wrote ledgers {:?}..{:?} ({}), not {}..={}",
+                p.display(),
+                seqs.first(),
+                seqs.last(),
+                seqs.len(),
+                span.first,
+                span.last
+            );
+        }
+        out.push(r.into_iter().filter(|r| r.seq >= span.measured).collect());
+    }
+    Ok(out)
+}
+
+/// Per ledger, the largest delivery over the subscribers (the last to finish it).
+fn last_of(subs: &[Vec<Record>]) -> Vec<(u32, f64)> {
+    let Some(first) = subs.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let worst = subs
+                .iter()
+                .filter_map(|s| s.get(i))
+                .map(|r| r.delivery_ms)
+                .fold(f64::NEG_INFINITY, f64::max);
+            (r.seq, worst)
+        })
+        .collect()
+}
+
+fn wire_mb(subs: &[Vec<Record>]) -> f64 {
+    let n = subs.iter().map(Vec::len).sum::<usize>().max(1);
+    subs.iter()
+        .flatten()
+        .map(|r| r.wire_bytes as f64)
+        .sum::<f64>()
+        / n as f64
+        / 1e6
+}
+
+fn row(part: Part, name: &str, payload: Payload, n: u16, cadence: f64) -> TierRow {
+    TierRow {
+        part,
+        row: name.into(),
+        payload,
+        subscribers: n,
+        cadence_ms: cadence,
+        ledgers: 0,
+        wire_mb: 0.0,
+        delivery: Delivery::default(),
+        added: None,
+        root_cpu_ms: None,
+        edge_cpu_ms: None,
+        error: None,
+    }
+}
+
+/// CPU seconds of every relay of `relays`.
+fn cpu_of(relays: &[RelayProc]) -> anyhow::Result<f64> {
+    relays
+        .iter()
+        .map(|r| cpu_seconds(r.pid).context("relay CPU"))
+        .sum()
+}
+
+/// The tier part for `payload`: rows `direct` and `edge`.
+fn tier(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<TierRow>> {
+    let (relay_bin, sub_bin) = (
+        sibling_binary("ledger-relay")?,
+        sibling_binary("ledger-subscribe")?,
+    );
+    let certs = work.join("certs");
+    let dir = work.join(format!("tier-{payload:?}").to_lowercase());
+    let sp = span(a, a.cadence_ms, 5.0);
+    let s = settings(a, payload, a.cadence_ms, sp.last);
+    let mut p = Procs::default();
+    let wait = vec!["--start-wait".to_owned(), "120s".to_owned()];
+    p.relays.push(RelayProc::start_with(
+        &relay_bin,
+        &certs,
+        &dir.join("root"),
+        &s,
+        &wait,
+        &[],
+    )?);
+    let e = edge(
+        &relay_bin,
+        &certs,
+        &dir.join("edge"),
+        &s,
+        &p.relays[0],
+        "sub-15",
+        a.lanes,
+    )?;
+    p.relays.push(e);
+    let (c0, s0) = subscriber(&sub_bin, &p.relays[0], &certs, &dir, "sub-0", a.lanes, sp)?;
+    p.subs.push(c0);
+    let (c1, s1) = subscriber(&sub_bin, &p.relays[1], &certs, &dir, "sub-1", a.lanes, sp)?;
+    p.subs.push(c1);
+    let stats = [s0, s1];
+    let limit = Duration::from_secs_f64(a.cadence_ms / 1e3 * f64::from(sp.last) + 60.0);
+    wait_all(&stats, &mut p.subs, sp.measured - 1, limit)?;
+    let (r0, e0) = (cpu_of(&p.relays[..1])?, cpu_of(&p.relays[1..2])?);
+    wait_all(&stats, &mut p.subs, sp.last, limit)?;
+    let (r1, e1) = (cpu_of(&p.relays[..1])?, cpu_of(&p.relays[1..2])?);
+    let recs = collect(&stats, sp)?;
+    let per = |c: f64| c * 1e3 / f64::from(a.ledgers);
+    let d =
+        |i: usize| -> Vec<(u32, f64)> { recs[i].iter().map(|r| (r.seq, r.delivery_ms)).collect() };
+    let mut direct = row(Part::Tier, "direct", payload, 1, a.cadence_ms);
+    direct.delivery = Delivery::of(d(0));
+    let mut through = row(Part::Tier, "edge", payload, 1, a.cadence_ms);
+    through.delivery = Delivery::of(d(1));
+    through.added = Some(Delivery::of(
+        d(1).iter()
+            .zip(d(0))
+            .map(|(t, d)| (t.0, t.1 - d.1))
+            .collect(),
+    ));
+    for (r, i) in [(&mut direct, 0), (&mut through, 1)] {
+        r.ledgers = a.ledgers;
+        r.wire_mb = wire_mb(&recs[i..=i]);
+        r.root_cpu_ms = Some(per(r1 - r0));
+    }
+    through.edge_cpu_ms = Some(per(e1 - e0));
+    Ok(vec![direct, through])
+}
+
+/// One tree row: `edges` edge relays (0: every subscriber on the root).
+fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow::Result<TierRow> {
+    let (relay_bin, sub_bin) = (
+        sibling_binary("ledger-relay")?,
+        sibling_binary("ledger-subscribe")?,
+    );
+    let certs = work.join("certs");
+    let n = a.tree_subscribers;
+    let name = if edges == 0 {
+        format!("direct-{n}")
+    } else {
+        format!("tree-{edges}x{}", n.div_ceil(edges))
+    };
+    let dir = work.join(&name);
+    let cadence = a.tree_cadence_ms;
+    let sp = span(a, cadence, 4.0 + 0.15 * f64::from(n + edges));
+    let s = settings(a, payload, cadence, sp.last);
+    let mut p = Procs::default();
+    let wait = vec!["--start-wait".to_owned(), "300s".to_owned()];
+    p.relays.push(RelayProc::start_with(
+        &relay_bin,
+        &certs,
+        &dir.join("root"),
+        &s,
+        &wait,
+        &[],
+    )?);
+    for e in 0..edges {
+        let cert = format!("sub-{}", n + e);
+        let r = edge(
+            &relay_bin,
+            &certs,
+            &dir.join(format!("edge-{e}")),
+            &s,
+            &p.relays[0],
+            &cert,
+            a.lanes,
+        )?;
+        p.relays.push(r);
+    }
+    let mut stats = Vec::new();
+    for i in 0..n {
+        let at = if edges == 0 {
+            0
+        } else {
+            1 + usize::from(i % edges)
+        };
+        let (c, st) = subscriber(
+            &sub_bin,
+            &p.relays[at],
+            &certs,
+            &dir,
+            &format!("sub-{i}"),
+            a.lanes,
+            sp,
+        )?;
+        p.subs.push(c);
+        stats.push(st);
+    }
+    let limit = Duration::from_secs_f64(cadence / 1e3 * f64::from(sp.last) + 120.0);
+    wait_all(&stats, &mut p.subs, sp.measured - 1, limit)?;
+    let (r0, e0) = (cpu_of(&p.relays[..1])?, cpu_of(&p.relays[1..])?);
+    wait_all(&stats, &mut p.subs, sp.last, limit)?;
+    let (r1, e1) = (cpu_of(&p.relays[..1])?, cpu_of(&p.relays[1..])?);
+    let recs = collect(&stats, sp)?;
+    let per = |c: f64| c * 1e3 / f64::from(a.ledgers);
+    let mut r = row(Part::Tree, &name, payload, n, cadence);
+    r.ledgers = a.ledgers;
+    r.wire_mb = wire_mb(&recs);
+    r.delivery = Delivery::of(last_of(&recs));
+    r.root_cpu_ms = Some(per(r1 - r0));
+    r.edge_cpu_ms = (edges > 0).then(|| per(e1 - e0));
+    Ok(r)
+}
+
+/// A relay inside `ns` on RELAY_ADDR:`port` with an endless synthetic source.
+fn relay_in(
+    ns: &str,
+    bin: &Path,
+    certs: &Path,
+    dir: &Path,
+    s: &RelaySettings,
+    port: u16,
+) -> anyhow::Result<Child> {
+    std::fs::create_dir_all(dir)?;
+    let log = dir.join("relay.log");
+    let mut child = Netem::exec_in(ns, bin)
+        .arg("run")
+        .args(["--listen", &format!("{RELAY_ADDR}:{port}"), "--certs"])
+        .arg(certs)
+        .args(["--name", "relay", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--source", &s.synthetic_source()])
+        .args(["--cadence", &format!("{}ms", s.cadence_ms)])
+        .args(["--emit", &format!("{}ms", s.emit_ms)])
+        .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
+        .args(["--retention", &s.retention.to_string()])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting ledger-relay")?;
+    crate::proc::track(&child);
+    if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
+        kill_all(std::slice::from_mut(&mut child));
+        return Err(e);
+    }
+    Ok(child)
+}
+
+/// The hedge part: rows `A`, `B` (degraded) and `hedged`.
+fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<TierRow>> {
+    let (relay_bin, sub_bin) = (
+        sibling_binary("ledger-relay")?,
+        sibling_binary("ledger-subscribe")?,
+    );
+    let certs = work.join("certs");
+    let dir = work.join("hedge");
+    let healthy = f64::from(a.lanes) * a.flow_mbit * 1e6;
+    let mut netem = Netem::create(
+        "tiers",
+        Shape {
+            flow_bps: (a.flow_mbit * 1e6) as u64,
+            aggregate_bps: (4.0 * healthy) as u64,
+        },
+    )?;
+    let (port_a, port_b) = (7101u16, 7102u16);
+    netem.cap_source_port(port_a, healthy as u64)?;
+    netem.cap_source_port(port_b, (healthy / a.degrade) as u64)?;
+    let mut s = settings(a, payload, a.cadence_ms, 2);
+    s.count = None;
+    let mut relays = Vec::new();
+    let r = (|| -> anyhow::Result<Vec<TierRow>> {
+        relays.push(relay_in(
+            &netem.relay_ns,
+            &relay_bin,
+            &certs,
+            &dir.join("a"),
+            &s,
+            port_a,
+        )?);
+        relays.push(relay_in(
+            &netem.relay_ns,
+            &relay_bin,
+            &certs,
+            &dir.join("b"),
+            &s,
+            port_b,
+        )?);
+        let mut rows = Vec::new();
+        for (name, relays, hedged) in [
+            ("A", vec![port_a], false),
+            ("B", vec![port_b], false),
+            ("hedged", vec![port_a, port_b], true),
+        ] {
+            let addrs: Vec<String> = relays.iter().map(|p| format!("{RELAY_ADDR}:{p}")).collect();
+            let stats = dir.join(format!("{name}.csv"));
+            let mut cmd = Netem::exec_in(&netem.sub_ns, &sub_bin);
+            cmd.args(["--relay", &addrs.join(","), "--certs"])
+                .arg(&certs)
+                .args([
+                    "--name",
+                    "sub-0",
+                    "--from",
+                    "tip",
+                    "--lanes",
+                    &a.lanes.to_string(),
+                ])
+                .args([
+                    "--count",
+                    &(a.warmup + a.ledgers).to_string(),
+                    "--out",
+                    "/dev/null",
+                ])
+                .arg("--stats")
+                .arg(&stats);
+            if hedged {
+                cmd.arg("--hedge");
+            }
+            let mut child = cmd
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
+                .spawn()
+                .context("starting ledger-subscribe")?;
+            crate::proc::track(&child);
+            let limit = Duration::from_secs_f64(
+                a.cadence_ms / 1e3 * f64::from(a.warmup + a.ledgers) * 3.0 + 60.0,
+            );
+            let st = crate::harness::wait_child(&mut child, limit)?;
+            if !st.success() {
+                bail!("the {name} subscriber exited with {st}");
+            }
+            let recs = read_stats_lenient(&stats)?;
+            let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
+            if seqs.len() != (a.warmup + a.ledgers) as usize
+                || seqs.windows(2).any(|w| w[1] != w[0] + 1)
+            {
+                bail!(
+                    "the {name} subscriber wrote {seqs:?}, not {} consecutive ledgers",
+                    a.warmup + a.ledgers
+                );
+            }
+            let measured: Vec<Record> = recs.into_iter().skip(a.warmup as usize).collect();
+            let mut r = row(Part::Hedge, name, payload, 1, a.cadence_ms);
+            r.ledgers = a.ledgers;
+            r.wire_mb = wire_mb(std::slice::from_ref(&measured));
+            r.delivery = Delivery::of(measured.iter().map(|r| (r.seq, r.delivery_ms)).collect());
+            rows.push(r);
+        }
+        Ok(rows)
+    })();
+    for c in relays.iter_mut() {
+        stop(c, Duration::from_secs(10));
+    }
+    drop(netem);
+    r
+}
+
+/// Runs the parts and returns the report.
+pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
+    if a.ledgers < 2 || a.payload.is_empty() || a.edges == 0 || a.tree_subscribers == 0 {
+        bail!(
+            "--ledgers must be at least 2, and --payload, --edges and --tree-subscribers not empty"
+        );
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("ledger-bench-tiers")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    // Subscribers sub-0.., then one client certificate per edge; sub-15 is the tier part's edge.
+    make_certs(
+        &tmp.path().join("certs"),
+        usize::from(a.tree_subscribers + a.edges).max(16),
+    )?;
+    let load_before = crate::harness::load_average();
+    let mut rows = Vec::new();
+    let mut hedge_skipped = None;
+    let first = a.payload[0];
+    let fail = |part, name: &str, p, n, cadence, e: anyhow::Error| {
+        eprintln!("tiers: {part:?} {name} failed: {e:#}");
+        let mut r = row(part, name, p, n, cadence);
+        r.error = Some(format!("{e:#}"));
+        r
+    };
+    for part in &a.parts {
+        match part {
+            Part::Tier => {
+                for &p in &a.payload {
+                    eprintln!("tiers: tier, {p:?}");
+                    match tier(a, tmp.path(), p) {
+                        Ok(r) => rows.extend(r),
+                        Err(e) => rows.push(fail(Part::Tier, "direct+edge", p, 1, a.cadence_ms, e)),
+                    }
+                }
+            }
+            Part::Tree => {
+                for edges in [0, a.edges] {
+                    eprintln!(
+                        "tiers: tree, {edges} edges, {} subscribers",
+                        a.tree_subscribers
+                    );
+                    match tree_row(a, tmp.path(), first, edges) {
+                        Ok(r) => rows.push(r),
+                        Err(e) => rows.push(fail(
+                            Part::Tree,
+                            &format!("edges-{edges}"),
+                            first,
+                            a.tree_subscribers,
+                            a.tree_cadence_ms,
+                            e,
+                        )),
+                    }
+                }
+            }
+            Part::Hedge => match crate::netem::unavailable_reason() {
+                Some(why) => {
+                    eprintln!("tiers: hedge part skipped: {why}");
+                    hedge_skipped = Some(why);
+                }
+                None => {
+                    eprintln!("tiers: hedge, {first:?}");
+                    match hedge(a, tmp.path(), first) {
+                        Ok(r) => rows.extend(r),
+                        Err(e) => rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence_ms, e)),
+                    }
+                }
+            },
+        }
+    }
+    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
+        let kept = tmp.keep();
+        eprintln!("ledger-bench: logs kept in {}", kept.display());
+    }
+    Ok(TiersReport {
+        args: a.clone(),
+        load_before,
+        load_after: crate::harness::load_average(),
+        hedge_skipped,
+        rows,
+    })
+}
+
+/// The whole command: runs, prints the table and the comparisons, writes `--csv` and `--json`.
+pub fn main(a: &TiersArgs) -> anyhow::Result<()> {
+    let report = run(a)?;
+    print!("{}", table(&report.rows));
+    print!("{}", report::compare(&report.rows));
+    if let Some(why) = &report.hedge_skipped {
+        println!("hedge part skipped: {why}");
+    }
+    if let Some(p) = &a.csv {
+        crate::report::write(p, &csv(&report.rows))?;
+    }
+    if let Some(p) = &a.json {
+        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u32, d: f64) -> Record {
+        Record {
+            seq,
+            raw_bytes: 10,
+            wire_bytes: 4,
+            delivery_ms: d,
+            inter_arrival_ms: None,
+            received_unix_ms: None,
+        }
+    }
+
+    #[test]
+    fn the_last_subscriber_of_each_ledger() {
+        let subs = vec![
+            vec![rec(5, 10.0), rec(6, 30.0)],
+            vec![rec(5, 20.0), rec(6, 25.0)],
+        ];
+        assert_eq!(last_of(&subs), vec![(5, 20.0), (6, 30.0)]);
+        let d = Delivery::of(last_of(&subs));
+        assert_eq!((d.p50_ms, d.p99_ms, d.max_ms), (20.0, 30.0, 30.0));
+        assert_eq!(wire_mb(&subs), 4e-6);
+    }
+
+    #[test]
+    fn a_span_leaves_time_to_connect() {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            a: TiersArgs,
+        }
+        let a = <Wrap as clap::Parser>::parse_from(["x"]).a;
+        // 5 s at 600 ms: 9 ledgers after ledger 2, then 3 warm-up, then 20 measured.
+        let s = span(&a, 600.0, 5.0);
+        assert_eq!((s.first, s.measured, s.last, s.count()), (12, 15, 34, 23));
+    }
+}

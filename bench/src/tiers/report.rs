@@ -1,0 +1,172 @@
+//! The tables of `ledger-bench tiers`.
+
+use std::fmt::Write;
+
+use super::{Part, TierRow};
+use crate::report::opt;
+
+/// The rows as a fixed-width table.
+pub fn table(rows: &[TierRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<6} {:<10} {:<10} {:>4} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8}",
+        "part",
+        "row",
+        "payload",
+        "subs",
+        "cadence",
+        "wire_MB",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "added50",
+        "added99",
+        "root_ms",
+        "edge_ms"
+    );
+    for r in rows {
+        let part = format!("{:?}", r.part).to_lowercase();
+        let payload = format!("{:?}", r.payload).to_lowercase();
+        if let Some(e) = &r.error {
+            let _ = writeln!(out, "{part:<6} {:<10} {payload:<10} FAILED: {e}", r.row);
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "{part:<6} {:<10} {payload:<10} {:>4} {:>5.0}ms {:>7.2} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>8} {:>8}",
+            r.row,
+            r.subscribers,
+            r.cadence_ms,
+            r.wire_mb,
+            r.delivery.p50_ms,
+            r.delivery.p99_ms,
+            r.delivery.max_ms,
+            opt(r.added.as_ref().map(|a| a.p50_ms), 1),
+            opt(r.added.as_ref().map(|a| a.p99_ms), 1),
+            opt(r.root_cpu_ms, 1),
+            opt(r.edge_cpu_ms, 1),
+        );
+    }
+    out
+}
+
+/// The comparisons the issue asks for, from the rows that ran.
+pub fn compare(rows: &[TierRow]) -> String {
+    let mut out = String::new();
+    let ok = |part: Part, name: &str| {
+        rows.iter()
+            .filter(|r| r.part == part && r.row == name && r.error.is_none())
+            .collect::<Vec<_>>()
+    };
+    for r in ok(Part::Tier, "edge") {
+        if let Some(a) = &r.added {
+            let _ = writeln!(
+                out,
+                "tier, {:?}: an edge adds {:.1} ms at p50 and {:.1} ms at p99 (largest {:.1}) to delivery; the edge costs {} ms of CPU per ledger",
+                r.payload,
+                a.p50_ms,
+                a.p99_ms,
+                a.max_ms,
+                opt(r.edge_cpu_ms, 1)
+            );
+        }
+    }
+    let direct = rows
+        .iter()
+        .find(|r| r.part == Part::Tree && r.row.starts_with("direct") && r.error.is_none());
+    let tree = rows
+        .iter()
+        .find(|r| r.part == Part::Tree && r.row.starts_with("tree") && r.error.is_none());
+    if let (Some(d), Some(t)) = (direct, tree) {
+        if let (Some(dc), Some(tc)) = (d.root_cpu_ms, t.root_cpu_ms) {
+            let _ = writeln!(
+                out,
+                "tree: the root spends {tc:.1} ms per ledger behind {} against {dc:.1} ms with {} direct subscribers ({:.2}x); last subscriber p99 {:.1} ms against {:.1} ms",
+                t.row,
+                d.subscribers,
+                tc / dc,
+                t.delivery.p99_ms,
+                d.delivery.p99_ms
+            );
+        }
+    }
+    let (a, b, h) = (
+        ok(Part::Hedge, "A"),
+        ok(Part::Hedge, "B"),
+        ok(Part::Hedge, "hedged"),
+    );
+    if let (Some(a), Some(b), Some(h)) = (a.first(), b.first(), h.first()) {
+        let _ = writeln!(
+            out,
+            "hedge: p99 {:.1} ms hedged on A and a degraded B, against {:.1} ms on A alone and {:.1} ms on B alone ({:.2}x A's)",
+            h.delivery.p99_ms,
+            a.delivery.p99_ms,
+            b.delivery.p99_ms,
+            h.delivery.p99_ms / a.delivery.p99_ms
+        );
+    }
+    out
+}
+
+/// The rows as CSV.
+pub fn csv(rows: &[TierRow]) -> String {
+    let mut out = String::from(
+        "part,row,payload,subscribers,cadence_ms,ledgers,wire_mb,p50_ms,p99_ms,max_ms,added_p50_ms,added_p99_ms,root_cpu_ms,edge_cpu_ms,error\n",
+    );
+    let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{}",
+            format!("{:?}", r.part).to_lowercase(),
+            r.row,
+            format!("{:?}", r.payload).to_lowercase(),
+            r.subscribers,
+            r.cadence_ms,
+            r.ledgers,
+            r.wire_mb,
+            r.delivery.p50_ms,
+            r.delivery.p99_ms,
+            r.delivery.max_ms,
+            o(r.added.as_ref().map(|a| a.p50_ms)),
+            o(r.added.as_ref().map(|a| a.p99_ms)),
+            o(r.root_cpu_ms),
+            o(r.edge_cpu_ms),
+            r.error.as_deref().unwrap_or("").replace(',', ";"),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fanout::Payload;
+    use crate::tiers::{row, Delivery};
+
+    #[test]
+    fn comparisons_come_from_the_rows() {
+        let mut d = row(Part::Tier, "direct", Payload::Raw, 1, 600.0);
+        d.delivery = Delivery::of(vec![(5, 100.0), (6, 120.0)]);
+        let mut e = row(Part::Tier, "edge", Payload::Raw, 1, 600.0);
+        e.delivery = Delivery::of(vec![(5, 150.0), (6, 200.0)]);
+        e.added = Some(Delivery::of(vec![(5, 50.0), (6, 80.0)]));
+        e.edge_cpu_ms = Some(42.0);
+        let mut t0 = row(Part::Tree, "direct-16", Payload::Compressed, 16, 1500.0);
+        t0.root_cpu_ms = Some(200.0);
+        let mut t1 = row(Part::Tree, "tree-4x4", Payload::Compressed, 16, 1500.0);
+        t1.root_cpu_ms = Some(50.0);
+        let mut bad = row(Part::Hedge, "A+B", Payload::Compressed, 1, 600.0);
+        bad.error = Some("no, really".into());
+        let rows = vec![d, e, t0, t1, bad];
+        let c = compare(&rows);
+        assert!(c.contains("adds 50.0 ms at p50 and 80.0 ms at p99"), "{c}");
+        assert!(c.contains("costs 42.0 ms"), "{c}");
+        assert!(c.contains("(0.25x)"), "{c}");
+        assert!(!c.contains("hedge:"), "{c}");
+        let t = table(&rows);
+        assert!(t.contains("FAILED: no, really"), "{t}");
+        assert_eq!(csv(&rows).lines().count(), 6);
+    }
+}
