@@ -362,6 +362,7 @@ impl Run {
                 stream.finish()?;
                 // Until the receiver has read everything (it closes the connection).
                 let _ = conn.closed().await;
+                eprintln!("quinn sender: {}", path_line(&conn.stats()));
                 endpoint.wait_idle().await;
                 Ok(())
             })
@@ -563,6 +564,24 @@ pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measure
         cpu_ms_per_ledger: total,
         split_ms: split,
     })
+}
+
+/// What a QUIC connection's sender did: the path MTU it reached, packets and how many system
+/// calls carried them (GSO batches), losses, and MTU probes and black holes (which fall back to
+/// 1200-byte packets).
+fn path_line(s: &quinn::ConnectionStats) -> String {
+    format!(
+        "path MTU {} B, {} packets in {} sends ({:.1} per send), {} lost, {} MTU probes ({} lost), {} black holes, {} congestion events",
+        s.path.current_mtu,
+        s.udp_tx.datagrams,
+        s.udp_tx.ios,
+        s.udp_tx.datagrams as f64 / s.udp_tx.ios.max(1) as f64,
+        s.path.lost_packets,
+        s.path.sent_plpmtud_probes,
+        s.path.lost_plpmtud_probes,
+        s.path.black_holes_detected,
+        s.path.congestion_events,
+    )
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
