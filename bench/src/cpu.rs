@@ -56,6 +56,13 @@ pub struct CpuArgs {
     /// transport's own).
     #[arg(long)]
     pub max_mtu: Option<u16>,
+    /// Generic segmentation offload in the quinn row (the `gso` transport setting; default on).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub gso: bool,
+    /// ACK frequency in the quinn row: ack-eliciting packets the receiver may take before it
+    /// must acknowledge (the `ack_eliciting_threshold` transport setting; 0: the standard).
+    #[arg(long, default_value_t = 0)]
+    pub ack_threshold: u32,
     /// Rows to run.
     #[arg(long, value_delimiter = ',', default_value = "quinn,tls-tcp,relay")]
     pub rows: Vec<CpuRow>,
@@ -120,6 +127,8 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     if let Some(mtu) = a.max_mtu {
         transport.max_mtu = mtu;
     }
+    transport.gso = a.gso;
+    transport.ack_eliciting_threshold = a.ack_threshold;
     let dir = tempfile::tempdir().context("temporary directory")?;
     let certs = CertDir::init(&dir.path().join("certs"), 2)?;
     certs.issue_server("relay", &["localhost".into(), "127.0.0.1".into()], 1)?;
