@@ -55,6 +55,11 @@ pub struct RunArgs {
     /// Bytes the retention ring may hold, e.g. 64GiB [default: 64GiB].
     #[arg(long = "retention-bytes")]
     pub retention_bytes: Option<String>,
+    /// Read rate of the ring's scrub, which verifies every stored ledger in the background
+    /// after the relay starts and then every hour, e.g. 32MiB (per second); 0 turns it off
+    /// [default: 32MiB].
+    #[arg(long = "scrub-rate", value_name = "BYTES")]
+    pub scrub_rate: Option<String>,
     /// Client identity allowed to connect (repeatable); without it any certificate from the CA.
     #[arg(long)]
     pub allow: Vec<String>,
@@ -178,6 +183,7 @@ struct FileConfig {
     emit: Option<String>,
     retention: Option<u32>,
     retention_bytes: Option<String>,
+    scrub_rate: Option<String>,
     #[serde(default)]
     allow: Vec<String>,
     metrics: Option<SocketAddr>,
@@ -232,6 +238,8 @@ pub struct RelayConfig {
     pub retention: u32,
     /// Bytes kept.
     pub retention_bytes: u64,
+    /// The ring's scrub: bytes read per second (0: no scrub).
+    pub scrub_rate: u64,
     /// Allowed identities (empty: any from the CA).
     pub allow: Vec<String>,
     /// Metrics address.
@@ -360,6 +368,10 @@ impl RelayConfig {
         let retention_bytes = match pick!(retention_bytes) {
             Some(s) => parse_size(&s).context("--retention-bytes")?,
             None => 64 << 30,
+        };
+        let scrub_rate = match pick!(scrub_rate) {
+            Some(s) => parse_size(&s).context("--scrub-rate")?,
+            None => crate::scrub::DEFAULT_RATE,
         };
         let allow = if args.allow.is_empty() {
             file.allow.clone()
@@ -579,6 +591,7 @@ impl RelayConfig {
             source_options,
             retention,
             retention_bytes,
+            scrub_rate,
             allow,
             metrics: pick!(metrics),
             stale_after,

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod reload;
 pub mod ring;
+pub mod scrub;
 pub mod server;
 pub mod session;
 pub mod source;
@@ -192,6 +193,12 @@ impl Relay {
             backfill: backfill.clone(),
             metrics: metrics.clone(),
         };
+        tokio::spawn(scrub::run(
+            shared.clone(),
+            ring.clone(),
+            config.scrub_rate,
+            shutdown.clone(),
+        ));
         let tcp_baseline_addr = match config.tcp_baseline {
             Some(a) => {
                 let bound = tcp_baseline::spawn(a, auth.clone(), shared.clone(), shutdown.clone())

@@ -75,6 +75,8 @@ counters! {
     ring_resets_total: "Times the ring was emptied because the source started a new run.",
     ring_corrupt_total: "Stored ledgers that failed verification and were not served.",
     ring_repaired_total: "Damaged stored ledgers written again (emitted again by the source, or from the backfill lake).",
+    ring_scrubbed_total: "Stored ledgers the ring's scrub read back and verified (--scrub-rate).",
+    ring_scrub_passes_total: "Passes of the ring's scrub over every stored ledger completed.",
     ring_queue_ledgers: "Complete ledgers waiting for the ring writer (in memory, served from there meanwhile).",
     ring_queue_bytes: "Payload bytes of the ledgers waiting for the ring writer.",
     ring_given_up_total: "Ledgers given up for the ring because its queue was full (the ring then starts a new run).",

@@ -39,6 +39,7 @@ use crate::metrics::{Metrics, SessionInfo};
 mod backfill;
 mod held;
 use backfill::SessionLake;
+pub(crate) use held::damaged;
 pub use held::{held_range, resolve_start, Shared};
 use held::{load, sleep_until_opt};
 

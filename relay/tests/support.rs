@@ -95,6 +95,9 @@ pub fn relay_config(certs: &Path, data: &Path, source: &str) -> RelayConfig {
         cadence: Some("2ms".into()),
         emit: Some("500us".into()),
         heartbeat: Some("50ms".into()),
+        // Tests of a session's read of a damaged ledger find it themselves; the scrub's own
+        // tests turn it on.
+        scrub_rate: Some("0".into()),
         ..RunArgs::default()
     })
     .unwrap()

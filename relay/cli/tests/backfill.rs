@@ -418,3 +418,80 @@ async fn a_damaged_ring_ledger_is_replaced_from_the_backfill_lake() {
     assert_eq!(end.seq, bad);
     relay.stop().await;
 }
+
+/// Issue 13, item 7: the ring's scrub finds a ledger damaged in the middle of the ring that no
+/// subscriber asked for, and writes it again from the backfill lake; the pass goes on to the
+/// newest ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scrub_replaces_a_damaged_ledger_no_one_asked_for() {
+    let want = testnet_ledgers();
+    let place = Place::file();
+    place.fill(&want, 1).await;
+    let dir = TestDir::new();
+    let writer = Running::start(dir.relay_config(&file_source())).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+    let bad = FIRST + 70;
+    damage_ring(&dir.data(), bad);
+    let empty = dir.path().join("empty.xdr");
+    std::fs::write(&empty, b"").unwrap();
+    let mut config = dir.relay_config(&format!("file:{}", empty.display()));
+    config.backfill = Some(backfill_from(&place));
+    config.scrub_rate = 64 << 20;
+    let relay = Running::start(config).await;
+    let m = relay.relay.metrics.clone();
+    eventually(60, "a scrub pass over the whole ring", || {
+        load(&m.ring_scrub_passes_total) >= 1
+    })
+    .await;
+    assert_eq!(load(&m.ring_corrupt_total), 1, "found by the scrub");
+    assert_eq!(
+        load(&m.ring_repaired_total),
+        1,
+        "written again from the lake"
+    );
+    assert!(
+        load(&m.ring_scrubbed_total) >= u64::from(LAST - FIRST),
+        "every other ledger read back: {}",
+        load(&m.ring_scrubbed_total)
+    );
+    let (end, _) = relay.relay.ring.get(bad).unwrap().unwrap();
+    assert_eq!(end.seq, bad);
+    let got = take(dir.sub(&relay, "rpc-1", 2, Start::Seq(bad)), 1, 30)
+        .await
+        .unwrap();
+    assert_identical(&got, &want, bad);
+    relay.stop().await;
+}
+
+/// Without a lake the scrub reports the damaged ledger (`/healthz` names `ring_corrupt`) before
+/// any subscriber asks for it; with `--scrub-rate 0` nothing reads it and nothing is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scrub_reports_damage_without_a_lake_and_can_be_turned_off() {
+    let dir = TestDir::new();
+    let writer = Running::start(dir.relay_config(&file_source())).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+    let bad = FIRST + 20;
+    damage_ring(&dir.data(), bad);
+    let empty = dir.path().join("empty.xdr");
+    std::fs::write(&empty, b"").unwrap();
+    let source = format!("file:{}", empty.display());
+    let mut config = dir.relay_config(&source);
+    config.metrics = Some("127.0.0.1:0".parse().unwrap());
+    let off = Running::start(config.clone()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let m = off.relay.metrics.clone();
+    assert_eq!(load(&m.ring_scrub_passes_total), 0);
+    assert_eq!(load(&m.ring_corrupt_total), 0, "nothing read it");
+    off.stop().await;
+    config.scrub_rate = 64 << 20;
+    let on = Running::start(config).await;
+    let m = on.relay.metrics.clone();
+    eventually(60, "a scrub pass", || load(&m.ring_scrub_passes_total) >= 1).await;
+    assert_eq!(load(&m.ring_corrupt_total), 1);
+    assert_eq!(load(&m.ring_repaired_total), 0, "no lake to repair from");
+    let health = crate::support::http_get(on.relay.metrics_addr.unwrap(), "/healthz").await;
+    assert!(health.contains("\"ring_corrupt\""), "{health}");
+    on.stop().await;
+}

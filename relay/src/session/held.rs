@@ -165,7 +165,12 @@ pub(super) async fn load(shared: &Shared, lake: Option<&SessionLake>, seq: u32) 
 /// relay has a backfill lake that holds the ledger the ring recorded (the same header hash),
 /// served from the lake and written over the damaged copy. Otherwise the session is told it is
 /// corrupt (`Error Internal`, which the subscriber retries and fails over on).
-async fn damaged(shared: &Shared, ring: Option<Arc<Ring>>, seq: u32, detail: String) -> LoadResult {
+pub(crate) async fn damaged(
+    shared: &Shared,
+    ring: Option<Arc<Ring>>,
+    seq: u32,
+    detail: String,
+) -> LoadResult {
     Metrics::add(&shared.metrics.ring_corrupt_total, 1);
     let count = shared.metrics.ring_corrupt_total.load(Ordering::Relaxed);
     warn!(seq, %detail, "stored ledger failed verification: not served from the ring");
