@@ -157,6 +157,11 @@ pub const CLOSE_LINGER: Duration = Duration::from_millis(500);
 /// How often each lane's round trip is read from its connection and given to the sender.
 const LANE_REPORT_EVERY: Duration = Duration::from_millis(50);
 
+/// How often an idle session (nothing queued, nothing in flight) reads its lanes: the per-lane
+/// metrics stay current to within this, and the first report after work resumes refreshes the
+/// round trips.
+const LANE_REPORT_IDLE: Duration = Duration::from_secs(1);
+
 /// Reads frames from a control stream into `tx` until it ends or fails; the last message says
 /// how it ended.
 pub async fn read_control(mut reader: FrameReader, tx: mpsc::Sender<Result<Frame, ControlError>>) {
@@ -324,8 +329,7 @@ impl Session {
         loaded_rx: &mut mpsc::UnboundedReceiver<(u32, LoadResult)>,
     ) -> CloseReason {
         let cancel = self.handle.cancel.clone();
-        let mut report = tokio::time::interval(LANE_REPORT_EVERY);
-        report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_report = tokio::time::Instant::now() + LANE_REPORT_EVERY;
         self.sender.handle_timeout(self.now());
         loop {
             if let Some(reason) = self.carry_out().await {
@@ -393,7 +397,16 @@ impl Session {
                     };
                     self.sender.handle_live(item);
                 }
-                _ = report.tick() => self.report_lanes(),
+                _ = tokio::time::sleep_until(next_report) => {
+                    self.report_lanes();
+                    // Everything the lanes did is in the report just made: an idle session
+                    // needs no fresh round trips, and 20 reports a second of every idle
+                    // session were most of a relay's CPU at the tip (issue 18).
+                    let idle = self.sender.queued() == 0
+                        && self.sender.lanes(self.now()).iter().all(|l| l.outstanding == 0);
+                    next_report = tokio::time::Instant::now()
+                        + if idle { LANE_REPORT_IDLE } else { LANE_REPORT_EVERY };
+                }
                 _ = sleep_until_opt(timeout) => {
                     let now = self.now();
                     self.sender.handle_timeout(now);
