@@ -270,6 +270,10 @@ pub struct RelayConfig {
     /// Runs a `relay:` source (set by the `ledger-relay` binary; without it such a source is
     /// refused at start).
     pub external_source: Option<crate::source::ExternalSource>,
+    /// Where a damaged ring ledger can be fetched again besides the backfill lake: the
+    /// upstream relays of a `relay:` source (set by the `ledger-relay` binary, like
+    /// `external_source`).
+    pub refetch: Option<crate::source::Refetch>,
 }
 
 /// How a relay with a `relay:` source subscribes to its upstreams.
@@ -606,6 +610,7 @@ impl RelayConfig {
             tcp_baseline: pick!(tcp_baseline),
             upstream,
             external_source: None,
+            refetch: None,
         })
     }
 }

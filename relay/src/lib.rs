@@ -191,6 +191,8 @@ impl Relay {
             hub: hub.clone(),
             ring: Some(ring.clone()),
             backfill: backfill.clone(),
+            refetch: config.refetch.clone(),
+            pipeline: config.pipeline.clone(),
             metrics: metrics.clone(),
         };
         tokio::spawn(scrub::run(

@@ -101,7 +101,15 @@ fn main() -> ExitCode {
             Command::Run(args) => {
                 let mut config = RelayConfig::from_args(*args)?;
                 if let Some(up) = config.upstream.clone() {
-                    config.external_source = Some(upstream::external(config.certs.clone(), up));
+                    config.external_source =
+                        Some(upstream::external(config.certs.clone(), up.clone()));
+                    if let ledger_relay::source::SourceSpec::Relay { upstreams } = &config.source {
+                        config.refetch = Some(upstream::refetch(
+                            config.certs.clone(),
+                            up,
+                            upstreams.clone(),
+                        ));
+                    }
                 }
                 let relay = ledger_relay::Relay::start(config, shutdown).await?;
                 relay.wait().await;

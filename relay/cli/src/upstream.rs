@@ -25,7 +25,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use ledger_relay::config::UpstreamConfig;
 use ledger_relay::metrics::Metrics;
-use ledger_relay::source::{ExternalSource, ExternalStart, SourceEvent, SourceSpec};
+use ledger_relay::source::{ExternalSource, ExternalStart, Refetch, SourceEvent, SourceSpec};
 use ledger_relay_subscriber::frame::Start;
 use ledger_relay_subscriber::{connect, Anchor, Credentials, Ledger, RelayAddr, SubscribeConfig};
 
@@ -61,6 +61,51 @@ pub fn external(certs: PathBuf, upstream: UpstreamConfig) -> ExternalSource {
             })
             // As for the relay's other sources: no thread, no relay.
             .expect("cannot create the source thread")
+    }))
+}
+
+/// How long fetching one ledger again from the upstreams may take.
+const REFETCH_WITHIN: Duration = Duration::from_secs(30);
+
+/// Fetching a damaged ring ledger again from the upstream relays `upstreams` (the addresses of
+/// the `relay:` source), as client `upstream.name` with the certificates in `certs`: a
+/// subscription of one lane from that ledger, verified as any subscriber verifies, closed after
+/// the first ledger; it must be the one the ring recorded (same sequence and header hash).
+pub fn refetch(certs: PathBuf, upstream: UpstreamConfig, upstreams: Vec<String>) -> Refetch {
+    Refetch(std::sync::Arc::new(move |seq, hash| {
+        let (certs, name, upstreams) = (certs.clone(), upstream.name.clone(), upstreams.clone());
+        Box::pin(async move {
+            let relays = upstreams
+                .iter()
+                .map(|a| a.parse::<RelayAddr>().map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let credentials = Credentials::from_cert_dir(&certs, &name)
+                .map_err(|e| format!("upstream certificate {name}: {e}"))?;
+            let mut config = SubscribeConfig::new(relays, credentials);
+            config.lanes = 1;
+            config.start = Start::Seq(seq);
+            let mut sub = connect(config).map_err(|e| format!("upstream subscription: {e}"))?;
+            let got = tokio::time::timeout(REFETCH_WITHIN, sub.next()).await;
+            sub.close().await;
+            let ledger = match got {
+                Err(_) => {
+                    return Err(format!(
+                        "no upstream gave ledger {seq} within {REFETCH_WITHIN:?}"
+                    ))
+                }
+                Ok(None) => return Err("the upstream subscription ended".into()),
+                Ok(Some(Err(e))) => return Err(e.to_string()),
+                Ok(Some(Ok(l))) => l,
+            };
+            if ledger.seq != seq || ledger.header_hash != hash {
+                return Err(format!(
+                    "the upstreams' ledger {} is not the one the ring recorded as {seq}",
+                    ledger.seq
+                ));
+            }
+            tracing::info!(seq, "damaged ledger fetched again from the upstream relays");
+            Ok(ledger.data)
+        })
     }))
 }
 

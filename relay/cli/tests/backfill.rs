@@ -360,7 +360,7 @@ async fn the_binary_backfills_from_an_s3_lake() {
 
 /// Flips a byte of the last stored part of ledger `seq` in the ring of a stopped relay whose
 /// data directory is `data`, so that the part fails its checksum.
-fn damage_ring(data: &std::path::Path, seq: u32) {
+pub(crate) fn damage_ring(data: &std::path::Path, seq: u32) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let db = loop {
         match sled::Config::new()

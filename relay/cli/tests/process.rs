@@ -112,6 +112,17 @@ impl RelayProcess {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// SIGTERM, and waits for a clean exit (sessions closed, the ring flushed).
+    pub(crate) async fn sigterm(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the relay stops on SIGTERM")
+            .unwrap();
+        assert!(status.success(), "{status:?}:\n{}", self.log());
+    }
+
     /// SIGKILL: no shutdown, no session closed, no flush.
     pub(crate) async fn kill_9(mut self) {
         self.child.start_kill().unwrap();

@@ -244,3 +244,57 @@ async fn an_edge_relay_fails_over_to_a_second_root() {
     out.sub.close().await;
     drop((b, e));
 }
+
+/// The value of metric `name` in a relay's `/metrics`.
+async fn metric(addr: SocketAddr, name: &str) -> u64 {
+    let text = http_get(addr, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("ledger_relay_{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Issue 13, item 7: a ledger damaged in the middle of an edge relay's ring, with no lake
+/// configured, is fetched again from its root (by the edge's scrub, before anyone asks for it),
+/// checked to be the ledger the ring recorded, written over the damaged copy and served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_repairs_a_damaged_ring_ledger_from_its_root() {
+    let dir = TestDir::new();
+    issue_edge(dir.certs.path());
+    let want = testnet_ledgers();
+    let (root, root_port) = root(&dir, "root", "20ms").await;
+    let (edge_port, metrics) = (free_port(), metrics_addr());
+    let e = edge(&dir, &[root_port], edge_port, metrics).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric(metrics, "ring_newest").await < u64::from(LAST) {
+        assert!(std::time::Instant::now() < deadline, "{}", e.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let oldest = metric(metrics, "ring_oldest").await as u32;
+    assert!(oldest < LAST - 10, "the edge holds a run: {oldest}..{LAST}");
+    let bad = (oldest + LAST) / 2;
+    e.sigterm().await;
+    crate::backfill::damage_ring(&dir.path().join("edge"), bad);
+    let e2 = edge(&dir, &[root_port], edge_port, metrics).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric(metrics, "ring_repaired_total").await < 1 {
+        assert!(std::time::Instant::now() < deadline, "{}", e2.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(metric(metrics, "ring_corrupt_total").await, 1);
+    assert!(e2.log().contains("damaged ledger replaced"), "{}", e2.log());
+    let config = sub_config(
+        vec![local(edge_port)],
+        dir.certs.path(),
+        "rpc-1",
+        2,
+        Start::Seq(bad),
+    );
+    let sub = Collector::start(config, bad + 2);
+    let out = sub.finish(60).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got[0].seq, bad);
+    assert_consecutive_identical(&out.got, &want);
+    out.sub.close().await;
+    drop((root, e2));
+}

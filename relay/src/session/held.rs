@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::frame::Start;
 use ledger_relay_wire::sender::{CloseReason, LoadResult};
 use tokio_util::sync::CancellationToken;
@@ -12,10 +13,12 @@ use tracing::{info, warn};
 
 use super::backfill::{self, SessionLake};
 use crate::health::{self, Reason};
-use crate::hub::{stored_chunks, stored_ledger, Hub};
+use crate::hub::{stored_chunks, stored_ledger, CompleteLedger, Hub};
 use crate::lake::backfill::Backfill;
 use crate::metrics::Metrics;
+use crate::pipeline::{complete_ledger, PipelineConfig};
 use crate::ring::{Ring, RingError};
+use crate::source::Refetch;
 
 /// Shared relay state a session reads.
 #[derive(Clone)]
@@ -26,6 +29,11 @@ pub struct Shared {
     pub ring: Option<Arc<Ring>>,
     /// The lake below the ring (`--backfill`), if any.
     pub backfill: Option<Arc<Backfill>>,
+    /// Where a damaged ring ledger can be fetched again besides the lake (the upstream relays
+    /// of a `relay:` source), if anywhere.
+    pub refetch: Option<Refetch>,
+    /// How ledgers are chunked (for a ledger fetched again).
+    pub pipeline: PipelineConfig,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -160,11 +168,12 @@ pub(super) async fn load(shared: &Shared, lake: Option<&SessionLake>, seq: u32) 
     }
 }
 
-/// A ledger in the ring failed verification on read: counted
+/// A ledger in the ring failed verification on read (by a session or the scrub): counted
 /// (`ledger_relay_ring_corrupt_total`), reported in `/healthz` (`ring_corrupt`), and, when the
-/// relay has a backfill lake that holds the ledger the ring recorded (the same header hash),
-/// served from the lake and written over the damaged copy. Otherwise the session is told it is
-/// corrupt (`Error Internal`, which the subscriber retries and fails over on).
+/// relay has a backfill lake that holds the ledger the ring recorded (the same header hash), or
+/// upstream relays it reads from (a `relay:` source), fetched from there and written over the
+/// damaged copy. Otherwise the session is told it is corrupt (`Error Internal`, which the
+/// subscriber retries and fails over on).
 pub(crate) async fn damaged(
     shared: &Shared,
     ring: Option<Arc<Ring>>,
@@ -182,20 +191,32 @@ pub(crate) async fn damaged(
             detail: detail.clone(),
         },
     );
-    let (Some(ring), Some(backfill)) = (ring, shared.backfill.as_ref()) else {
+    let Some(ring) = ring else {
         return LoadResult::Corrupt { detail };
     };
+    if shared.backfill.is_none() && shared.refetch.is_none() {
+        return LoadResult::Corrupt { detail };
+    }
     let r = ring.clone();
     let hash = match tokio::task::spawn_blocking(move || r.stored_hash(seq)).await {
         Ok(Ok(Some(h))) => h,
         _ => return LoadResult::Corrupt { detail },
     };
-    let ledger = match backfill.fetch_one(seq, Some(hash)).await {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(seq, error = %e, "the backfill lake cannot replace the damaged ledger");
-            return LoadResult::Corrupt { detail };
+    let mut found = None;
+    if let Some(backfill) = shared.backfill.as_ref() {
+        match backfill.fetch_one(seq, Some(hash)).await {
+            Ok(l) => found = Some((l, "the backfill lake")),
+            Err(e) => warn!(seq, error = %e, "the backfill lake cannot replace the damaged ledger"),
         }
+    }
+    if let (None, Some(refetch)) = (&found, shared.refetch.as_ref()) {
+        match from_upstream(&shared.pipeline, refetch, seq, hash).await {
+            Ok(l) => found = Some((l, "an upstream relay")),
+            Err(e) => warn!(seq, error = %e, "no upstream relay can replace the damaged ledger"),
+        }
+    }
+    let Some((ledger, from)) = found else {
+        return LoadResult::Corrupt { detail };
     };
     let l = ledger.clone();
     let repaired =
@@ -203,13 +224,43 @@ pub(crate) async fn damaged(
     match repaired {
         Ok(Ok(())) => {
             Metrics::add(&shared.metrics.ring_repaired_total, 1);
-            info!(seq, "damaged ledger replaced from the backfill lake");
+            info!(seq, from, "damaged ledger replaced");
             shared.metrics.health.clear(health::RING_CORRUPT);
         }
         Ok(Err(e)) => warn!(seq, error = %e, "damaged ledger not written again"),
         Err(e) => warn!(seq, error = %e, "damaged ledger not written again"),
     }
     LoadResult::Complete(ledger)
+}
+
+/// Ledger `seq` fetched again from the upstream relays, checked to be the one the ring
+/// recorded (`hash`), and chunked as the pipeline chunks.
+async fn from_upstream(
+    pipeline: &PipelineConfig,
+    refetch: &Refetch,
+    seq: u32,
+    hash: [u8; 32],
+) -> Result<Arc<CompleteLedger>, String> {
+    let raw = (refetch.0)(seq, hash).await?;
+    let pipeline = pipeline.clone();
+    tokio::task::spawn_blocking(move || {
+        let info = ledger_relay_wire::header::peek_header(&raw)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "the upstream's ledger is cut short".to_owned())?;
+        if info.ledger_seq != seq || info.hash != hash {
+            return Err(format!(
+                "the upstream's ledger {} is not the one the ring recorded as {seq}",
+                info.ledger_seq
+            ));
+        }
+        let mut comp = Compressor::new(pipeline.codec, pipeline.zstd_level);
+        let now = crate::source::now_ns();
+        Ok(Arc::new(complete_ledger(
+            &raw, &info, &pipeline, &mut comp, now, now,
+        )))
+    })
+    .await
+    .map_err(|e| format!("chunking task failed: {e}"))?
 }
 
 /// [`load`] from memory and the ring only.
@@ -304,6 +355,8 @@ mod tests {
             hub,
             ring: Some(ring),
             backfill: None,
+            refetch: None,
+            pipeline: PipelineConfig::default(),
             metrics: Metrics::new(),
         };
         for seq in [1, 50, 100] {
@@ -336,6 +389,8 @@ mod tests {
             hub,
             ring: Some(ring),
             backfill: None,
+            refetch: None,
+            pipeline: PipelineConfig::default(),
             metrics: Metrics::new(),
         };
         // Healthy: ledger 5 is below what the relay holds (12, in memory).

@@ -375,6 +375,24 @@ impl fmt::Debug for ExternalSource {
     }
 }
 
+/// Fetches one ledger again from where a `relay:` source reads it (its upstream relays), to
+/// repair the ring: called with the ledger's sequence and the header hash the ring recorded for
+/// it, it returns the raw `LedgerCloseMeta`, verified by the fetcher as any subscriber verifies
+/// a ledger, or why it could not. The caller checks the sequence and the hash again.
+#[derive(Clone)]
+pub struct Refetch(pub std::sync::Arc<RefetchFn>);
+
+/// What a [`Refetch`] calls: (sequence, header hash) to the raw ledger, or why not.
+pub type RefetchFn = dyn Fn(u32, [u8; 32]) -> futures::future::BoxFuture<'static, Result<Bytes, String>>
+    + Send
+    + Sync;
+
+impl fmt::Debug for Refetch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Refetch")
+    }
+}
+
 /// Runs the source on its own OS thread(s) until it ends or `shutdown` is cancelled.
 ///
 /// Reading core's pipe must never wait on the consumer, so `events` is unbounded. The source
