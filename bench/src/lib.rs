@@ -23,7 +23,9 @@ pub mod lake;
 pub mod lanes;
 pub mod load;
 pub mod netem;
+pub mod perlane;
 pub mod proc;
+pub mod projection;
 pub mod remote;
 pub mod report;
 pub mod ring_disk;
@@ -441,10 +443,13 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         }
         b
     };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rows = Vec::new();
     for sc in &list {
         bar.set_message(sc.name.clone());
-        rows.push(scenario::run(&mut env, &settings, sc));
+        let mut row = scenario::run(&mut env, &settings, sc);
+        row.projection = projection::project(&row, &settings, args.ledger_bytes as f64, cores);
+        rows.push(row);
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -519,6 +524,18 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
     );
     let rows = run(&args)?;
     print!("{}", report::table(&rows));
+    let lanes = perlane::table(&rows);
+    if !lanes.is_empty() {
+        print!("\n{lanes}(* lost: packets the subscriber sent, the acknowledgement path; the data direction's losses are the relay's)\n");
+    }
+    let projected = projection::table(&rows);
+    if !projected.is_empty() {
+        print!(
+            "\nprojection at {} bytes per ledger on {} cores (formula: bench/RESULTS.md):\n{projected}",
+            args.ledger_bytes,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+    }
     let targets = report::targets(&rows);
     if !targets.is_empty() {
         print!("\ntargets (issue 6), from this run's rows:\n{targets}");
@@ -531,7 +548,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         report::write(p, &serde_json::to_string_pretty(&json)?)?;
     }
     if let Some(dir) = &args.plots {
-        match report::plots(&rows, dir) {
+        match report::plots(&rows, dir, s.shape.flow_bps) {
             Ok(files) => eprintln!("ledger-bench: plots: {}", files.join(", ")),
             Err(e) => eprintln!("ledger-bench: no plots: {e:#}"),
         }

@@ -42,6 +42,27 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// CPU seconds of process `pid`'s live threads, summed by thread name (`comm`).
+pub fn thread_cpu_seconds(pid: u32) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let name = match (stat.find('('), stat.rfind(')')) {
+            (Some(a), Some(b)) if a < b => stat[a + 1..b].to_owned(),
+            _ => continue,
+        };
+        if let Some(cpu) = stat_cpu_seconds(&stat) {
+            *out.entry(name).or_insert(0.0) += cpu;
+        }
+    }
+    out
+}
+
 /// User plus system CPU seconds in the text of a `/proc/PID/stat` (or `/proc/PID/task/TID/stat`)
 /// file.
 pub fn stat_cpu_seconds(stat: &str) -> Option<f64> {

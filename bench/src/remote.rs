@@ -358,7 +358,7 @@ pub fn main(args: &RemoteArgs) -> anyhow::Result<()> {
         crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
     }
     if let Some(dir) = &args.plots {
-        match crate::report::plots(&report.rows, dir) {
+        match crate::report::plots(&report.rows, dir, 0) {
             Ok(files) => eprintln!("ledger-bench: plots: {}", files.join(", ")),
             Err(e) => eprintln!("ledger-bench: no plots: {e:#}"),
         }

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 use crate::scenario::{Kind, Mode, Row};
@@ -81,7 +82,9 @@ pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
         "scenario,network,kind,lanes,codec,payload,subscribers,ledgers,p50_ms,p90_ms,p99_ms,max_ms,\
 inter_p50_ms,inter_max_ms,goodput_mib_s,throughput_mib_s,transfer_mib_s,streams_per_lane,store_and_forward,catch_up,raw_bytes,wire_bytes,ratio,relay_cpu_ms_per_ledger,\
-sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
+sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,relay_path_cpu_ms_per_ledger,sub_run_cpu_ms_per_ledger,\
+cpu_real_ms_per_ledger,cores,cpu_add_ms,wire_add_ms,projected_p50_ms,projected_p99_ms,moonshot_p99_ms,moonshot,\
+lane_rx_mb,lane_rtt_ms,lane_mtu,error\n",
     );
     for r in rows {
         let m = &r.summary;
@@ -99,7 +102,7 @@ sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
         };
         let _ = writeln!(
             s,
-            "{},{network},{kind},{},{},{payload},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.2},{:.2},{},{},{},{:.0},{:.0},{:.3},{},{},{},{},{:.3},{}",
+            "{},{network},{kind},{},{},{payload},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.2},{:.2},{},{},{},{:.0},{:.0},{:.3},{},{},{},{},{:.3},{},{},{},{},{},{},{}",
             r.scenario.name,
             r.lanes,
             codec(r),
@@ -125,10 +128,21 @@ sub_cpu_ms_per_ledger,bound_ms,p99_over_bound,wall_s,error\n",
             opt(r.bound_ms, 3).replace('-', ""),
             opt(r.p99_over_bound, 3).replace('-', ""),
             r.wall_s,
+            opt(r.relay_path_cpu_ms, 3).replace('-', ""),
+            opt(r.sub_run_cpu_ms, 3).replace('-', ""),
+            crate::projection::csv_fields(r),
+            lane_list(r, |l| format!("{:.3}", l.rx_bytes as f64 / 1e6)),
+            lane_list(r, |l| format!("{:.3}", l.rtt_ms)),
+            lane_list(r, |l| l.mtu_bytes.to_string()),
             r.error.as_deref().unwrap_or("").replace([',', '\n'], ";"),
         );
     }
     s
+}
+
+/// A per-lane figure of the row's first subscriber, lanes separated by `;`.
+fn lane_list(r: &Row, f: impl Fn(&crate::perlane::LaneFig) -> String) -> String {
+    r.per_lane.iter().map(f).collect::<Vec<_>>().join(";")
 }
 
 /// Loads a TrueType font for plot text. The `ab_glyph` backend of plotters needs the font's
@@ -149,8 +163,11 @@ pub(crate) fn register_font() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the three plots as SVG and PNG into `dir`. Returns the files written.
-pub fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
+/// Writes the plots as SVG and PNG into `dir`: delivery-cdf, throughput-vs-lanes (with the
+/// ideal line on the emulated network), lanes-rx (bytes per lane of each row) and fanout-cost.
+/// Returns the files written.
+/// `flow_bps`: the emulated per-flow cap (0: none, no ideal line).
+pub fn plots(rows: &[Row], dir: &Path, flow_bps: u64) -> anyhow::Result<Vec<String>> {
     register_font()?;
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
@@ -158,11 +175,66 @@ pub fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
     // Catch-up rows' delivery times are queueing behind the ring, not latency.
     let live: Vec<&Row> = ok.iter().copied().filter(|r| !mode(r).catch_up).collect();
     cdf(&live, dir, &mut written)?;
-    lanes(&ok, dir, &mut written)?;
+    lanes(&ok, dir, flow_bps, &mut written)?;
+    if ok.iter().any(|r| r.per_lane.len() > 1) {
+        lane_bars(&ok, dir, &mut written)?;
+    }
     if ok.iter().any(|r| r.scenario.name.starts_with("fanout")) {
         fanout(&ok, dir, &mut written)?;
     }
     Ok(written)
+}
+
+/// Ten colours far apart (Tableau 10), so that neighbouring series do not look alike.
+pub(crate) const COLOURS: [RGBColor; 10] = [
+    RGBColor(78, 121, 167),
+    RGBColor(242, 142, 43),
+    RGBColor(225, 87, 89),
+    RGBColor(118, 183, 178),
+    RGBColor(89, 161, 79),
+    RGBColor(237, 201, 72),
+    RGBColor(176, 122, 161),
+    RGBColor(255, 157, 167),
+    RGBColor(156, 117, 95),
+    RGBColor(64, 64, 64),
+];
+
+/// Series `i`'s colour and dash (dash length and gap in pixels; `None`: solid): the ten colours
+/// solid, then dashed, then in short dashes, so up to 30 series differ in colour or dash.
+pub(crate) fn series_style(i: usize) -> (RGBColor, Option<(u32, u32)>) {
+    let dash = match (i / COLOURS.len()) % 3 {
+        0 => None,
+        1 => Some((10, 5)),
+        _ => Some((3, 4)),
+    };
+    (COLOURS[i % COLOURS.len()], dash)
+}
+
+/// Draws `$pts` on `$chart` in series `$i`'s style, with `$label` in the legend drawn the same
+/// way.
+macro_rules! styled_line {
+    ($chart:expr, $pts:expr, $i:expr, $label:expr) => {{
+        let (colour, dash) = series_style($i);
+        let style = colour.stroke_width(2);
+        match dash {
+            None => {
+                $chart
+                    .draw_series(LineSeries::new($pts, style))
+                    .map_err(err)?
+                    .label($label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+            }
+            Some((len, gap)) => {
+                $chart
+                    .draw_series(DashedLineSeries::new($pts, len, gap, style))
+                    .map_err(err)?
+                    .label($label)
+                    .legend(move |(x, y)| {
+                        DashedPathElement::new(vec![(x, y), (x + 24, y)], len, gap, style)
+                    });
+            }
+        }
+    }};
 }
 
 macro_rules! both_backends {
@@ -214,19 +286,20 @@ fn cdf(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<(
             .map_err(err)?;
         for (i, r) in rows.iter().enumerate() {
             let n = r.delivery_ms.len() as f64;
-            let color = Palette99::pick(i).stroke_width(2);
-            let pts = r
+            let pts: Vec<(f64, f64)> = r
                 .delivery_ms
                 .iter()
                 .enumerate()
-                .map(|(k, d)| (d.max(0.011), (k + 1) as f64 / n));
-            chart
-                .draw_series(LineSeries::new(pts, color))
-                .map_err(err)?
-                .label(format!("{} ({})", r.scenario.name, r.scenario.network()))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], Palette99::pick(i))
-                });
+                .map(|(k, d)| (d.max(0.011), (k + 1) as f64 / n))
+                .collect();
+            let label = format!(
+                "{} ({}, {} lanes, p99 {:.1} ms)",
+                r.scenario.name,
+                r.scenario.network(),
+                r.lanes,
+                r.summary.p99_ms
+            );
+            styled_line!(chart, pts, i, label);
         }
         chart
             .configure_series_labels()
@@ -240,7 +313,12 @@ fn cdf(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<(
     Ok(())
 }
 
-fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<()> {
+fn lanes(
+    rows: &[&Row],
+    dir: &Path,
+    flow_bps: u64,
+    written: &mut Vec<String>,
+) -> anyhow::Result<()> {
     // One series per (network, codec, payload) among single-subscriber relay rows.
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in rows {
@@ -299,10 +377,19 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
     for (_, v) in series.iter_mut() {
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
+    // The ideal on the emulated network: lanes x the per-flow cap (raw bytes; compressed rows
+    // can exceed it). Loopback has no cap, so no ideal.
+    let cap = flow_bps as f64 / 8.0 / f64::from(1 << 20);
+    let ideal = rows.iter().any(|r| r.scenario.emulated) && cap > 0.0;
     let ymax = series
         .iter()
         .flat_map(|(_, v)| v.iter().map(|p| p.1))
         .fold(1.0f64, f64::max);
+    let ymax = if ideal {
+        ymax.max(8.0 * cap * 0.6)
+    } else {
+        ymax
+    };
     both_backends!(dir, "throughput-vs-lanes", written, |root| {
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(&root)
@@ -318,15 +405,25 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
             .y_desc("MiB/s (live: raw / (delivery + emit); bulk: sustained)")
             .draw()
             .map_err(err)?;
-        for (i, (k, v)) in series.iter().enumerate() {
-            let c = Palette99::pick(i);
+        if ideal {
             chart
-                .draw_series(LineSeries::new(v.clone(), c.stroke_width(2)))
+                .draw_series(DashedLineSeries::new(
+                    vec![(0.0, 0.0), (8.5, 8.5 * cap)],
+                    8,
+                    4,
+                    BLACK.stroke_width(1),
+                ))
                 .map_err(err)?
-                .label(k.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], Palette99::pick(i))
+                .label(format!(
+                    "ideal: lanes x cap ({cap:.1} MiB/s per flow, emulated)"
+                ))
+                .legend(|(x, y)| {
+                    DashedPathElement::new(vec![(x, y), (x + 24, y)], 8, 4, BLACK.stroke_width(1))
                 });
+        }
+        for (i, (k, v)) in series.iter().enumerate() {
+            styled_line!(chart, v.clone(), i, k.clone());
+            let c = series_style(i).0;
             chart
                 .draw_series(v.iter().map(|p| Circle::new(*p, 4, c.filled())))
                 .map_err(err)?;
@@ -336,6 +433,99 @@ fn lanes(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
+    });
+    Ok(())
+}
+
+/// Bytes each lane of a row's first subscriber received, as bars grouped by row, one colour
+/// per lane number (legend), with each row's equal share drawn across its group.
+fn lane_bars(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<()> {
+    let bars: Vec<&Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.per_lane.len() > 1)
+        .collect();
+    let max_lanes = bars.iter().map(|r| r.per_lane.len()).max().unwrap_or(1);
+    let mb_max = bars
+        .iter()
+        .flat_map(|r| r.per_lane.iter().map(|l| l.rx_bytes as f64 / 1e6))
+        .fold(0.001, f64::max);
+    both_backends!(dir, "lanes-rx", written, |root| {
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Bytes received per lane (first subscriber; dashes: equal share)",
+                ("sans-serif", 22),
+            )
+            .margin(12)
+            .x_label_area_size(60)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..(bars.len() as f64), 0f64..mb_max * 1.25)
+            .map_err(err)?;
+        let labels: Vec<String> = bars
+            .iter()
+            .map(|r| format!("{} ({})", r.scenario.name, r.scenario.network()))
+            .collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(bars.len() * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = x.floor() as usize;
+                if (x - i as f64 - 0.5).abs() < 0.01 {
+                    labels.get(i).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .x_label_style(("sans-serif", 12))
+            .y_desc("MB received on the lane (UDP payload)")
+            .draw()
+            .map_err(err)?;
+        for k in 0..max_lanes {
+            let colour = series_style(k).0;
+            let rects: Vec<Rectangle<(f64, f64)>> = bars
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    let l = r.per_lane.get(k)?;
+                    let w = 0.8 / r.per_lane.len() as f64;
+                    let x0 = i as f64 + 0.1 + k as f64 * w;
+                    Some(Rectangle::new(
+                        [(x0, 0.0), (x0 + w * 0.9, l.rx_bytes as f64 / 1e6)],
+                        colour.filled(),
+                    ))
+                })
+                .collect();
+            chart
+                .draw_series(rects)
+                .map_err(err)?
+                .label(format!("lane {k}"))
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], colour.filled())
+                });
+        }
+        for (i, r) in bars.iter().enumerate() {
+            let mean = r.per_lane.iter().map(|l| l.rx_bytes as f64).sum::<f64>()
+                / r.per_lane.len() as f64
+                / 1e6;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(i as f64 + 0.05, mean), (i as f64 + 0.95, mean)],
+                    6,
+                    4,
+                    BLACK.stroke_width(1),
+                ))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
             .label_font(("sans-serif", 12))
             .draw()
             .map_err(err)?;
@@ -516,6 +706,10 @@ mod tests {
             },
             relay_cpu_ms: None,
             sub_cpu_ms: None,
+            relay_path_cpu_ms: None,
+            sub_run_cpu_ms: None,
+            per_lane: Vec::new(),
+            projection: None,
             bound_ms: bound,
             p99_over_bound: bound.map(|b| p99 / b),
             wall_s: f64::NAN,

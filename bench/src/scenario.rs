@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 
 use crate::baseline::Pacing;
 use crate::netem::{Netem, Shape, RELAY_ADDR, SUB_ADDR};
-use crate::proc::{cpu_seconds, kill_all, stop, wait_with_cpu};
+use crate::proc::{cpu_seconds, kill_all, stop, thread_cpu_seconds, wait_with_cpu};
 use crate::stats::{read_csv, summarize, Record, Summary};
 
 /// Ledger payload.
@@ -144,6 +144,16 @@ pub struct Row {
     pub relay_cpu_ms: Option<f64>,
     /// Mean subscriber CPU per ledger, ms (whole process life, handshakes included).
     pub sub_cpu_ms: Option<f64>,
+    /// Relay CPU per ledger on the delivery path, ms: `relay_cpu_ms` (same window) without the
+    /// threads off that path (ring writer, source, lake export, metrics).
+    pub relay_path_cpu_ms: Option<f64>,
+    /// Mean subscriber CPU per ledger, ms, over the same window as `relay_cpu_ms` (after
+    /// warm-up: no start-up or handshakes).
+    pub sub_run_cpu_ms: Option<f64>,
+    /// Each lane of the first subscriber at the end of the run (its `--lane-stats` file).
+    pub per_lane: Vec<crate::perlane::LaneFig>,
+    /// CPU at the real ledger size and the projected EC2 delivery ([`crate::projection`]).
+    pub projection: Option<crate::projection::Projection>,
     /// Model bound on delivery, ms: wire bytes over usable capacity less the overlap with the
     /// emit window, at least one chunk's wire time. `None` without a capacity (loopback).
     pub bound_ms: Option<f64>,
@@ -168,6 +178,10 @@ impl Row {
             summary: Summary::default(),
             relay_cpu_ms: None,
             sub_cpu_ms: None,
+            relay_path_cpu_ms: None,
+            sub_run_cpu_ms: None,
+            per_lane: Vec::new(),
+            projection: None,
             bound_ms: None,
             p99_over_bound: None,
             wall_s: f64::NAN,
@@ -419,6 +433,42 @@ pub(crate) fn wait_log(
     }
 }
 
+/// CPU per ledger over the measured window, ms: the relay's total, the relay's delivery path
+/// and the subscribers' mean (when every subscriber was read at the window's start).
+type WindowCpu = (f64, f64, Option<f64>);
+
+/// Relay threads whose CPU is not on the delivery path (by name prefix): the ring writer, the
+/// source's reader or generator, the lake export and the metrics server.
+const OFF_PATH_THREADS: &[&str] = &["ring-writer", "source-", "lake-export", "metrics"];
+
+/// CPU of the relay's threads and of each subscriber at the start of the measured window.
+#[derive(Default)]
+struct Marks {
+    threads: std::collections::BTreeMap<String, f64>,
+    subs: Vec<Option<f64>>,
+}
+
+impl Marks {
+    fn take(relay_pid: u32, subs: &[Child]) -> Marks {
+        Marks {
+            threads: thread_cpu_seconds(relay_pid),
+            subs: subs.iter().map(|c| cpu_seconds(c.id())).collect(),
+        }
+    }
+}
+
+/// CPU seconds the off-path threads spent between two per-thread readings.
+fn off_path_seconds(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> f64 {
+    after
+        .iter()
+        .filter(|(name, _)| OFF_PATH_THREADS.iter().any(|p| name.starts_with(p)))
+        .map(|(name, c)| (c - before.get(name).copied().unwrap_or(0.0)).max(0.0))
+        .sum()
+}
+
 fn rows_in(path: &Path) -> usize {
     std::fs::read_to_string(path)
         .map(|t| t.lines().count().saturating_sub(1))
@@ -508,7 +558,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     crate::proc::track(&relay);
     let relay_pid = relay.id();
     let mut subs: Vec<Child> = Vec::new();
-    let outcome = (|| -> anyhow::Result<(Option<f64>, Vec<f64>)> {
+    let outcome = (|| -> anyhow::Result<(Option<WindowCpu>, Vec<f64>)> {
         wait_listening(&relay_log, &mut relay, Duration::from_secs(30))?;
         if mode.catch_up {
             let within = Duration::from_secs_f64(f64::from(count) * cadence_ms / 1e3 + 60.0);
@@ -528,6 +578,9 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
                 ])
                 .arg("--stats")
                 .arg(&stats)
+                .arg("--lane-stats")
+                .arg(dir.join(format!("lanes-{i}.csv")))
+                .args(["--lane-stats-interval", "250ms"])
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -543,12 +596,14 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         let deadline =
             Instant::now() + Duration::from_secs_f64(f64::from(count) * s.cadence_ms / 1e3 + 60.0);
         let mut mark: Option<(f64, usize)> = None;
+        let mut marked = Marks::default();
         let mut done: Vec<Option<f64>> = vec![None; subs.len()];
         loop {
             if mark.is_none() {
                 let n = rows_in(&first_stats);
                 if n > s.warmup as usize {
                     mark = cpu_seconds(relay_pid).map(|c| (c, n));
+                    marked = Marks::take(relay_pid, &subs);
                 }
             }
             for (i, c) in subs.iter_mut().enumerate() {
@@ -573,10 +628,24 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        let off_path = off_path_seconds(&marked.threads, &thread_cpu_seconds(relay_pid));
         let relay_cpu = match (mark, cpu_seconds(relay_pid)) {
             (Some((c0, n0)), Some(c1)) => {
                 let n1 = rows_in(&first_stats);
-                (n1 > n0).then(|| (c1 - c0) * 1e3 / (n1 - n0) as f64)
+                (n1 > n0).then(|| {
+                    let per = |secs: f64| secs * 1e3 / (n1 - n0) as f64;
+                    let path = per((c1 - c0 - off_path).max(0.0));
+                    // Each subscriber's CPU after the mark, over the ledgers after it.
+                    let subs_after: Vec<f64> = marked
+                        .subs
+                        .iter()
+                        .zip(&done)
+                        .filter_map(|(m, d)| Some(d.as_ref()? - m.as_ref()?))
+                        .collect();
+                    let sub = (subs_after.len() == done.len())
+                        .then(|| per(subs_after.iter().sum::<f64>() / subs_after.len() as f64));
+                    (per(c1 - c0), path, sub)
+                })
             }
             _ => None,
         };
@@ -588,7 +657,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     kill_all(&mut subs);
     stop(&mut relay, Duration::from_secs(5));
     let (relay_cpu, sub_cpu) = outcome?;
-    row.relay_cpu_ms = relay_cpu;
+    row.relay_cpu_ms = relay_cpu.map(|c| c.0);
+    row.relay_path_cpu_ms = relay_cpu.map(|c| c.1);
+    row.sub_run_cpu_ms = relay_cpu.and_then(|c| c.2);
+    // Per-lane figures: the first subscriber's lane file (absent from older binaries).
+    row.per_lane = crate::perlane::read_lane_file(&dir.join("lanes-0.csv")).unwrap_or_default();
     row.sub_cpu_ms =
         Some(sub_cpu.iter().sum::<f64>() * 1e3 / sub_cpu.len() as f64 / f64::from(count));
     let mut all = Vec::new();

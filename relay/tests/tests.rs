@@ -14,6 +14,7 @@ mod dashboard;
 mod e2e;
 mod faults;
 mod hostile;
+mod lane_metrics;
 mod lanes;
 mod modes;
 mod reload;

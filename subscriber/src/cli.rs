@@ -19,6 +19,10 @@ use crate::ledger::{Ledger, Status};
 use ledger_relay_cli::{LogFormat, Shell};
 use ledger_relay_transport::parse_duration;
 
+mod lane_stats;
+use lane_stats::LaneStatsWriter;
+pub use lane_stats::DEFAULT_LANE_STATS_INTERVAL;
+
 /// Command-line arguments of `ledger-subscribe` (see CONTRACT.md).
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -99,6 +103,16 @@ pub struct Args {
     /// received_unix_ms (when the verified ledger was complete here, by this host's clock).
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
+    /// Write per-lane CSV rows: every --lane-stats-interval, one row per lane with unix_ms,
+    /// relay, lane, up, connections, rx_bytes, rx_packets, tx_bytes, tx_packets, lost_packets,
+    /// congestion_events, black_holes, rtt_ms, min_rtt_ms, cwnd_bytes, mtu_bytes (counters
+    /// cumulative over the run, from each lane's QUIC connection; lost_packets, cwnd and mtu
+    /// are this end's sending side, the acknowledgement path), and a last set at the end.
+    #[arg(long, value_name = "FILE")]
+    pub lane_stats: Option<PathBuf>,
+    /// How often --lane-stats writes its rows, e.g. `1s` or `200ms` [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "lane_stats")]
+    pub lane_stats_interval: Option<Duration>,
     /// Bind lane k to local UDP port BASE+k (default: ephemeral ports).
     #[arg(long, value_name = "BASE")]
     pub lane_ports: Option<u16>,
@@ -177,6 +191,8 @@ pub struct CliConfig {
     pub out: Output,
     /// Per-ledger CSV.
     pub stats: Option<PathBuf>,
+    /// Per-lane CSV (`--lane-stats`), and how often its rows are written.
+    pub lane_stats: Option<(PathBuf, Duration)>,
     /// How progress is shown.
     pub progress: Progress,
     /// How often progress is shown.
@@ -235,6 +251,15 @@ impl Args {
         } else {
             Progress::Summary
         };
+        let lane_interval = self
+            .lane_stats_interval
+            .unwrap_or(DEFAULT_LANE_STATS_INTERVAL);
+        if lane_interval.is_zero() {
+            return Err(SubscribeError::InvalidConfig {
+                field: "lane_stats_interval",
+                reason: "must be positive".into(),
+            });
+        }
         let status_interval = match (self.status_interval, progress) {
             (Some(d), _) if d.is_zero() => {
                 return Err(SubscribeError::InvalidConfig {
@@ -251,6 +276,7 @@ impl Args {
             count: self.count,
             out,
             stats: self.stats,
+            lane_stats: self.lane_stats.map(|p| (p, lane_interval)),
             progress,
             status_interval,
             log_format: self.log_format,
@@ -320,6 +346,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<RunSummary, RunError> {
     let mut sub = connect(config.subscribe.clone())?;
+    let lane_writer = match &config.lane_stats {
+        Some((path, every)) => Some(LaneStatsWriter::start(
+            path.clone(),
+            *every,
+            sub.lane_monitor(),
+        )?),
+        None => None,
+    };
     // Blocking writes (a FIFO waits for its reader) happen on their own thread; the channel is
     // small so a slow reader slows the subscription (and so the relay's sending), not memory.
     let (write_tx, write_rx) = mpsc::channel::<Ledger>(2);
@@ -397,11 +431,16 @@ pub async fn run(
     }
     drop(write_tx);
     let status = sub.status();
+    // The last lane rows while the lanes are still up.
+    let lanes_written = match lane_writer {
+        Some(w) => w.finish().await,
+        None => Ok(()),
+    };
     let closing = sub.close();
     let written = tokio::task::spawn_blocking(move || writer.join());
     let (_, written) = tokio::join!(closing, written);
     let written = match written {
-        Ok(Ok(result)) => result,
+        Ok(Ok(result)) => result.and(lanes_written),
         // The writer thread panicked, or the blocking task was cancelled at runtime shutdown.
         _ => Err(RunError::Output {
             target: "writer thread".into(),

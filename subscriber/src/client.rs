@@ -47,6 +47,18 @@ impl Subscription {
         self.shared.status().clone()
     }
 
+    /// Every lane's figures now (bytes and packets received, round trip, congestion window,
+    /// path MTU...), by relay and lane number: see [`crate::LaneStats`].
+    pub fn lane_stats(&self) -> Vec<crate::LaneStats> {
+        self.shared.lanes.snapshot()
+    }
+
+    /// A handle that reads [`Subscription::lane_stats`] from elsewhere (another task, a
+    /// thread), also after the subscription ends.
+    pub fn lane_monitor(&self) -> crate::LaneMonitor {
+        self.shared.lanes.clone()
+    }
+
     /// Ends the subscription: closes the session's lanes (telling the relay) and waits, at most
     /// about a second, for that to finish. Ledgers not yet taken are dropped.
     pub async fn close(mut self) {
@@ -81,6 +93,15 @@ impl futures::Stream for Subscription {
 /// settings); connection problems show up on the Stream (terminal ones) or in the logs and
 /// [`Subscription::status`] (transient ones, retried).
 pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> {
+    connect_with(config, crate::LaneMonitor::default())
+}
+
+/// [`connect`], recording lane figures in `lanes` (a hedged subscription shares its table with
+/// each relay's subscription).
+pub(crate) fn connect_with(
+    config: SubscribeConfig,
+    lanes: crate::LaneMonitor,
+) -> Result<Subscription, SubscribeError> {
     config.validate()?;
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| SubscribeError::NoRuntime)?;
     let creds = &config.credentials;
@@ -92,7 +113,7 @@ pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> 
         &config.transport,
     )?;
     let (tx, rx) = mpsc::channel(config.channel_capacity);
-    let shared = Arc::new(Shared::new(config, client));
+    let shared = Arc::new(Shared::new(config, client, lanes));
     let cancel = CancellationToken::new();
     let task = if shared.config.hedge && shared.config.relays.len() > 1 {
         runtime.spawn(crate::hedge::supervise(shared.clone(), tx, cancel.clone()))

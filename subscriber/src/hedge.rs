@@ -30,8 +30,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{connect, Subscription};
-use crate::config::{Anchor, RelayAddr, SubscribeConfig};
+use crate::client::{connect_with, Subscription};
+use crate::config::{Anchor, RelayAddr};
 use crate::error::{ErrorChain, SubscribeError, VerifyError};
 use crate::ledger::{Item, Ledger, Shared};
 
@@ -74,7 +74,7 @@ pub(crate) async fn supervise(
     let mut recent: VecDeque<(u32, [u8; 32])> = VecDeque::with_capacity(RECENT);
     let mut sources: Vec<Source> = Vec::new();
     for relay in &config.relays {
-        let sub = match start_one(config, relay, chain.last()) {
+        let sub = match start_one(&shared, relay, chain.last()) {
             Ok(sub) => sub,
             Err(e) => {
                 let _ = tx.send(Err(e)).await;
@@ -128,7 +128,7 @@ pub(crate) async fn supervise(
             Event::Item(i, item) => (i, item),
             Event::Tick => {
                 refresh_status(&shared, &sources);
-                restart_behind(config, &mut sources, chain.last());
+                restart_behind(&shared, &mut sources, chain.last());
                 if let Some(at) = give_up_at {
                     let status = shared.status().clone();
                     if !status.reached && Instant::now() >= at {
@@ -193,7 +193,7 @@ pub(crate) async fn supervise(
                 // This relay is past the next ledger (it started at a later tip, or resumed
                 // after a gap): start it again from the next ledger.
                 tracing::debug!(relay = %source.relay, expected, got, "hedged relay ahead of the next ledger; restarting it there");
-                restart(config, source, chain.last());
+                restart(&shared, source, chain.last());
                 continue;
             }
             Err(e) => {
@@ -243,11 +243,11 @@ fn fork(ledger: &Ledger, recent: &VecDeque<(u32, [u8; 32])>) -> SubscribeError {
 /// A plain subscription to `relay` alone, from the ledger after `last` (anchored to it), or
 /// from the configured start before anything was handed on.
 fn start_one(
-    config: &SubscribeConfig,
+    shared: &Shared,
     relay: &RelayAddr,
     last: Option<(u32, [u8; 32])>,
 ) -> Result<Subscription, SubscribeError> {
-    let mut one = config.clone();
+    let mut one = shared.config.clone();
     one.relays = vec![relay.clone()];
     one.hedge = false;
     // The merge keeps the first-connect deadline for all relays together.
@@ -256,13 +256,14 @@ fn start_one(
         one.start = Start::Seq(seq.saturating_add(1));
         one.anchor = Some(Anchor { seq, hash });
     }
-    connect(one)
+    // Every relay's lanes show in the hedged subscription's lane figures.
+    connect_with(one, shared.lanes.clone())
 }
 
 /// Starts `source`'s subscription again from the ledger after `last`.
-fn restart(config: &SubscribeConfig, source: &mut Source, last: Option<(u32, [u8; 32])>) {
+fn restart(shared: &Shared, source: &mut Source, last: Option<(u32, [u8; 32])>) {
     source.sub = None;
-    match start_one(config, &source.relay, last) {
+    match start_one(shared, &source.relay, last) {
         Ok(sub) => source.sub = Some(sub),
         // The configuration was valid for the first start; a resume point cannot make it
         // invalid, short of the sequence space running out.
@@ -275,14 +276,14 @@ fn restart(config: &SubscribeConfig, source: &mut Source, last: Option<(u32, [u8
 
 /// Restarts the relays more than [`BEHIND_LEDGERS`] behind that delivered nothing for
 /// [`BEHIND_FOR`].
-fn restart_behind(config: &SubscribeConfig, sources: &mut [Source], last: Option<(u32, [u8; 32])>) {
+fn restart_behind(shared: &Shared, sources: &mut [Source], last: Option<(u32, [u8; 32])>) {
     let Some((last_seq, _)) = last else { return };
     for source in sources.iter_mut().filter(|s| s.sub.is_some()) {
         if source.last_seq.saturating_add(BEHIND_LEDGERS) < last_seq
             && source.last_at.elapsed() >= BEHIND_FOR
         {
             tracing::info!(relay = %source.relay, behind = last_seq - source.last_seq, "hedged relay behind and silent; restarting it from the next ledger");
-            restart(config, source, last);
+            restart(shared, source, last);
         }
     }
 }

@@ -72,6 +72,9 @@ pub const RELAY_CERT_WARNING: Duration = Duration::from_secs(30 * 86_400);
 pub(crate) struct Shared {
     pub(crate) config: SubscribeConfig,
     pub(crate) client: quinn::ClientConfig,
+    /// Per-lane figures, shared with the subscription's [`crate::LaneMonitor`]s (and, in a
+    /// hedged subscription, with every relay's own subscription).
+    pub(crate) lanes: crate::LaneMonitor,
     status: Mutex<Status>,
     /// Relays whose expiring certificate was already warned about: once per relay, not once
     /// per reconnect.
@@ -79,10 +82,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: SubscribeConfig, client: quinn::ClientConfig) -> Shared {
+    pub(crate) fn new(
+        config: SubscribeConfig,
+        client: quinn::ClientConfig,
+        lanes: crate::LaneMonitor,
+    ) -> Shared {
         Shared {
             config,
             client,
+            lanes,
             status: Mutex::new(Status::default()),
             warned: Mutex::new(HashSet::new()),
         }

@@ -23,6 +23,8 @@
 //!   dies or whose path degrades costs nothing, no failover timeout is waited out.
 //! - The Stream is bounded: a consumer that ingests slowly stops the lanes being read, QUIC
 //!   flow control stops the relay, and memory stays flat.
+//! - Each lane's QUIC figures (bytes and packets received, round trip, congestion window,
+//!   path MTU) are kept per relay and lane: [`Subscription::lane_stats`], [`LaneMonitor`].
 //! - Lanes, TLS and frame IO come from `ledger-relay-transport`, which the relay shares.
 //! - [`cli`] is `ledger-subscribe`: ledgers written in stellar-core's record-marked framing
 //!   to stdout, a file or a FIFO, so any consumer of core's metadata pipe reads it unchanged.
@@ -88,6 +90,7 @@ mod client;
 pub mod config;
 pub mod error;
 pub mod hedge;
+pub mod lanestats;
 mod ledger;
 mod session;
 pub mod verify;
@@ -95,6 +98,7 @@ pub mod verify;
 pub use client::{connect, Subscription};
 pub use config::{Anchor, Credentials, ParseError, RelayAddr, SubscribeConfig};
 pub use error::{AuthReason, SubscribeError, Transient, VerifyError};
+pub use lanestats::{LaneMonitor, LaneStats};
 pub use ledger::{Item, Ledger, Status};
 /// The frame types (for [`frame::Start`]), re-exported from `ledger-relay-wire`.
 pub use ledger_relay_wire::frame;

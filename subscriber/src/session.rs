@@ -243,6 +243,7 @@ impl<'a> Session<'a> {
                 limits.clone(),
             ));
         }
+        peer.shared.lanes.0.up(peer.addr, 0, &lane0.conn);
         let mut lanes = vec![None; usize::from(accept.lanes)];
         lanes[0] = Some(lane0);
         {
@@ -565,6 +566,11 @@ impl Session<'_> {
             Ctl::LaneUp { lane, conn } => {
                 if let Some(slot) = self.lanes.get_mut(usize::from(lane)) {
                     tracing::debug!(lane, "lane up");
+                    self.peer
+                        .shared
+                        .lanes
+                        .0
+                        .up(self.peer.addr, lane, &conn.conn);
                     *slot = Some(conn);
                     self.peer.shared.status().lanes_up = self.lanes_up();
                 }
@@ -581,9 +587,7 @@ impl Session<'_> {
                 // needed. Lane 0's verdict follows.
                 Failure::Fatal(SubscribeError::BelowRetention { .. }) => {
                     tracing::debug!(lane, "lane closed below retention; lane 0 says why");
-                    if let Some(slot) = self.lanes.get_mut(usize::from(lane)) {
-                        *slot = None;
-                    }
+                    self.lane_gone(lane);
                     self.peer.shared.status().lanes_up = self.lanes_up();
                     Ok(())
                 }
@@ -596,13 +600,19 @@ impl Session<'_> {
                         error = %ErrorChain(&t),
                         "lane lost; the session goes on with the others and the lane rejoins"
                     );
-                    if let Some(slot) = self.lanes.get_mut(usize::from(lane)) {
-                        *slot = None;
-                    }
+                    self.lane_gone(lane);
                     self.peer.shared.status().lanes_up = self.lanes_up();
                     Ok(())
                 }
             },
+        }
+    }
+
+    /// Lane `lane` is down: its slot is emptied and its figures kept.
+    fn lane_gone(&mut self, lane: u8) {
+        if let Some(slot) = self.lanes.get_mut(usize::from(lane)) {
+            *slot = None;
+            self.peer.shared.lanes.0.down(self.peer.addr, lane);
         }
     }
 
@@ -673,6 +683,10 @@ impl Session<'_> {
         // Draining lets the close frames out and frees fixed lane ports for the next session.
         let linger = futures::future::join_all(endpoints.iter().map(|e| e.wait_idle()));
         let _ = tokio::time::timeout(CLOSE_LINGER, linger).await;
+        for lane in 0..self.lanes.len() {
+            // Every lane the session opened, including lane 0, whose slot stays filled.
+            self.peer.shared.lanes.0.down(self.peer.addr, lane as u8);
+        }
 
         let mut end = exit.end;
         if !matches!(end, End::Stopped) {

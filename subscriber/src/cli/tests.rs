@@ -162,3 +162,35 @@ fn status_line_shows_lag_and_lanes() {
     assert!(line.starts_with("seq 100 | lag 3 |"), "{line}");
     assert!(line.contains("lanes 3/4 | relay 127.0.0.1:7000"), "{line}");
 }
+
+#[test]
+fn lane_stats_arguments() {
+    let parse = |extra: &[&str]| {
+        let base = [
+            "ledger-subscribe",
+            "--relay",
+            "r:1",
+            "--certs",
+            "d",
+            "--name",
+            "n",
+        ];
+        Args::try_parse_from(base.iter().chain(extra.iter()).copied())
+    };
+    let a = parse(&[
+        "--lane-stats",
+        "/tmp/l.csv",
+        "--lane-stats-interval",
+        "200ms",
+    ])
+    .unwrap();
+    assert_eq!(a.lane_stats, Some(PathBuf::from("/tmp/l.csv")));
+    assert_eq!(a.lane_stats_interval, Some(Duration::from_millis(200)));
+    assert_eq!(
+        parse(&["--lane-stats", "x"]).unwrap().lane_stats_interval,
+        None
+    );
+    // An interval without the file says nothing: refused.
+    assert!(parse(&["--lane-stats-interval", "1s"]).is_err());
+    assert!(parse(&["--lane-stats", "x", "--lane-stats-interval", "soon"]).is_err());
+}

@@ -1,0 +1,190 @@
+//! Per-lane metrics in a real run on loopback: a 4-lane `ledger-subscribe` (its `cli::run`, in
+//! process) with `--lane-stats` against the relay; the relay's Prometheus lane series and the
+//! subscriber's lane file are present for every lane and move while ledgers flow.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use clap::Parser as _;
+use ledger_relay::config::{RelayConfig, RunArgs};
+use ledger_relay_subscriber::cli::{self, Args};
+use ledger_relay_subscriber::LaneStats;
+
+use crate::support::{eventually, init_tracing, within, Running, TestDir};
+
+const LEDGERS: u64 = 200;
+const LANES: u8 = 4;
+
+/// The relay's `ledger_relay_lane_*` samples: (series, lane) -> value.
+fn lane_series(text: &str) -> BTreeMap<(String, u8), f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("ledger_relay_lane_")) {
+        let Some((key, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some((name, rest)) = key.split_once("{lane=\"") else {
+            continue;
+        };
+        let lane: u8 = rest.trim_end_matches("\"}").parse().unwrap();
+        out.insert((name.to_owned(), lane), value.parse().unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_metrics_move_on_both_ends() {
+    init_tracing();
+    let dir = TestDir::new();
+    // 256 KiB raw ledgers in 16 KiB chunks: 16 chunks a ledger, spread over the four lanes.
+    let config = RelayConfig::from_args(RunArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        certs: Some(dir.certs.path().to_path_buf()),
+        data_dir: Some(dir.data()),
+        source: Some(format!(
+            "synthetic:size=256KiB,ratio=1,count={LEDGERS},start=2"
+        )),
+        cadence: Some("15ms".into()),
+        emit: Some("1ms".into()),
+        heartbeat: Some("50ms".into()),
+        codec: Some("none".into()),
+        chunk_size: Some("16KiB".into()),
+        ..RunArgs::default()
+    })
+    .unwrap();
+    let relay = Running::start(config).await;
+    let lane_file = dir.path().join("lanes.csv");
+    let out = dir.path().join("ledgers.xdr");
+    let args = Args::try_parse_from([
+        "ledger-subscribe",
+        "--relay",
+        &format!("127.0.0.1:{}", relay.relay.addr.port()),
+        "--certs",
+        dir.certs.path().to_str().unwrap(),
+        "--name",
+        "rpc-1",
+        "--from",
+        "2",
+        "--count",
+        &LEDGERS.to_string(),
+        "--lanes",
+        &LANES.to_string(),
+        "--out",
+        out.to_str().unwrap(),
+        "--lane-stats",
+        lane_file.to_str().unwrap(),
+        "--lane-stats-interval",
+        "100ms",
+        "--quiet",
+    ])
+    .unwrap();
+    // In this task, beside the checks (the run's future need not be Send).
+    let run = cli::run(args.into_config().unwrap(), std::future::pending());
+
+    // Two reads of the relay's series while ledgers flow: every lane's counters grew.
+    let m = relay.relay.metrics.clone();
+    let out_at = |n: u64| {
+        let m = m.clone();
+        move || m.ledgers_out_total.load(Ordering::Relaxed) >= n
+    };
+    let reads = async {
+        eventually(60, "40 ledgers sent", out_at(40)).await;
+        let first = lane_series(&m.render());
+        eventually(60, "120 ledgers sent", out_at(120)).await;
+        // The sessions report their lanes every 50 ms.
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        (first, lane_series(&m.render()))
+    };
+    let (summary, (first, second)) = within(120, "the subscriber finishes", async {
+        tokio::join!(run, reads)
+    })
+    .await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.ledgers, LEDGERS);
+    for lane in 0..LANES {
+        let at = |s: &BTreeMap<(String, u8), f64>, name: &str| -> f64 {
+            *s.get(&(format!("ledger_relay_{name}"), lane))
+                .unwrap_or_else(|| panic!("no ledger_relay_{name} for lane {lane}"))
+        };
+        for counter in [
+            "lane_bytes_sent_total",
+            "lane_packets_sent_total",
+            "lane_delivered_bytes_total",
+            "lane_busy_seconds_total",
+        ] {
+            assert!(
+                at(&second, counter) > at(&first, counter),
+                "{counter} of lane {lane} did not move: {} then {}",
+                at(&first, counter),
+                at(&second, counter)
+            );
+        }
+        assert!(at(&second, "lane_rtt_seconds") > 0.0, "lane {lane}");
+        assert!(at(&second, "lane_cwnd_bytes") > 0.0, "lane {lane}");
+        assert!(at(&second, "lane_mtu_bytes") >= 1200.0, "lane {lane}");
+    }
+    assert!(
+        !second.keys().any(|(_, lane)| *lane >= LANES),
+        "no series for lanes no session opened"
+    );
+
+    relay.stop().await;
+
+    // The lane file: the header, rows for lanes 0..4 only, and each lane's received bytes and
+    // packets growing over the run, with its path figures filled in.
+    let text = std::fs::read_to_string(&lane_file).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(LaneStats::CSV_HEADER));
+    let header: Vec<&str> = LaneStats::CSV_HEADER.split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let mut per_lane: BTreeMap<u8, Vec<Vec<String>>> = BTreeMap::new();
+    for line in lines {
+        let f: Vec<String> = line.split(',').map(str::to_owned).collect();
+        assert_eq!(f.len(), header.len(), "{line}");
+        per_lane
+            .entry(f[col("lane")].parse().unwrap())
+            .or_default()
+            .push(f);
+    }
+    assert_eq!(
+        per_lane.keys().copied().collect::<Vec<u8>>(),
+        (0..LANES).collect::<Vec<u8>>()
+    );
+    for (lane, rows) in &per_lane {
+        assert!(rows.len() >= 3, "lane {lane}: {} rows", rows.len());
+        let n = |row: &Vec<String>, name: &str| -> f64 { row[col(name)].parse().unwrap() };
+        let (first, last) = (&rows[0], &rows[rows.len() - 1]);
+        for counter in ["rx_bytes", "rx_packets", "tx_packets"] {
+            assert!(
+                n(last, counter) > n(first, counter),
+                "lane {lane}: {counter} did not move"
+            );
+            // Cumulative: never decreasing.
+            assert!(
+                rows.windows(2)
+                    .all(|w| n(&w[1], counter) >= n(&w[0], counter)),
+                "lane {lane}: {counter} went down"
+            );
+        }
+        // Rows in between moved too, not only the last one: at least one interval of the run
+        // saw the lane receive.
+        let moving = rows
+            .windows(2)
+            .filter(|w| n(&w[1], "rx_bytes") > n(&w[0], "rx_bytes"))
+            .count();
+        assert!(
+            moving >= 2,
+            "lane {lane}: rx_bytes moved in {moving} intervals"
+        );
+        // Most of a 256 KiB ledger's 16 chunks go over the lanes: a lane carries its share.
+        assert!(
+            n(last, "rx_bytes") > (LEDGERS * 256 * 1024 / u64::from(LANES) / 4) as f64,
+            "lane {lane}: {} bytes",
+            n(last, "rx_bytes")
+        );
+        assert!(n(last, "rtt_ms") > 0.0, "lane {lane}");
+        assert!(n(last, "cwnd_bytes") > 0.0, "lane {lane}");
+        assert!(n(last, "mtu_bytes") >= 1200.0, "lane {lane}");
+        assert_eq!(n(last, "up"), 1.0, "lane {lane} is up at the last rows");
+        assert!(n(last, "connections") >= 1.0, "lane {lane}");
+    }
+}
