@@ -175,12 +175,9 @@ async fn lane_metrics_move_on_both_ends() {
             moving >= 2,
             "lane {lane}: rx_bytes moved in {moving} intervals"
         );
-        // Most of a 256 KiB ledger's 16 chunks go over the lanes: a lane carries its share.
-        assert!(
-            n(last, "rx_bytes") > (LEDGERS * 256 * 1024 / u64::from(LANES) / 4) as f64,
-            "lane {lane}: {} bytes",
-            n(last, "rx_bytes")
-        );
+        // How evenly the lanes share the bytes is the striper's, asserted in the sender's
+        // simulator (wire/tests/sender_sim.rs); a real run on a loaded machine only shows that
+        // every lane carries data, which the counters above do.
         assert!(n(last, "rtt_ms") > 0.0, "lane {lane}");
         assert!(n(last, "cwnd_bytes") > 0.0, "lane {lane}");
         assert!(n(last, "mtu_bytes") >= 1200.0, "lane {lane}");
