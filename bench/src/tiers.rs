@@ -235,6 +235,19 @@ fn span(a: &TiersArgs, cadence: f64, connect_s: f64) -> Span {
     }
 }
 
+/// A root relay with the synthetic source of `s`; a subscriber may ask for a ledger up to
+/// `start_wait` ahead of its newest.
+fn root(
+    bin: &Path,
+    certs: &Path,
+    dir: &Path,
+    s: &RelaySettings,
+    start_wait: &str,
+) -> anyhow::Result<RelayProc> {
+    let wait = ["--start-wait".to_owned(), start_wait.to_owned()];
+    RelayProc::start_with(bin, certs, dir, s, &wait, &[])
+}
+
 /// An edge relay fed by `upstream` with client certificate `name`.
 fn edge(
     bin: &Path,
@@ -400,15 +413,8 @@ fn tier(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<Tier
     let sp = span(a, a.cadence_ms, 5.0);
     let s = settings(a, payload, a.cadence_ms, sp.last);
     let mut p = Procs::default();
-    let wait = vec!["--start-wait".to_owned(), "120s".to_owned()];
-    p.relays.push(RelayProc::start_with(
-        &relay_bin,
-        &certs,
-        &dir.join("root"),
-        &s,
-        &wait,
-        &[],
-    )?);
+    p.relays
+        .push(root(&relay_bin, &certs, &dir.join("root"), &s, "120s")?);
     let e = edge(
         &relay_bin,
         &certs,
@@ -470,15 +476,8 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
     let sp = span(a, cadence, 4.0 + 0.15 * f64::from(n + edges));
     let s = settings(a, payload, cadence, sp.last);
     let mut p = Procs::default();
-    let wait = vec!["--start-wait".to_owned(), "300s".to_owned()];
-    p.relays.push(RelayProc::start_with(
-        &relay_bin,
-        &certs,
-        &dir.join("root"),
-        &s,
-        &wait,
-        &[],
-    )?);
+    p.relays
+        .push(root(&relay_bin, &certs, &dir.join("root"), &s, "300s")?);
     for e in 0..edges {
         let cert = format!("sub-{}", n + e);
         let r = edge(
