@@ -69,14 +69,13 @@ enum Pass {
 /// One pass over the ring's range as it is when each ledger is read (ledgers pruned meanwhile
 /// are skipped; ledgers written meanwhile are included up to the newest at the pass's start).
 async fn pass(shared: &Shared, ring: &Arc<Ring>, rate: u64, shutdown: &CancellationToken) -> Pass {
-    let Some((_, newest)) = ring.range() else {
+    let Some((mut seq, newest)) = ring.range() else {
         return Pass::Done {
             ledgers: 0,
             damaged: 0,
         };
     };
     let (mut ledgers, mut damaged) = (0, 0);
-    let mut seq = ring.range().map_or(newest, |r| r.0);
     while seq <= newest {
         if shutdown.is_cancelled() {
             return Pass::Stopped;
