@@ -3,55 +3,49 @@
 //! recompression.
 //!
 //! What it does: stores one complete ledger at a time (its
-//! [`LedgerEnd`](ledger_relay_wire::frame::LedgerEnd) and its chunks) in one
-//! atomic sled batch together with the pruning that ledger causes, flushes at every ledger
-//! boundary, serves a ledger only after every stored value passes its checksum and the chunk set
-//! is complete, refuses to splice two runs or mix two networks, and repairs a torn last ledger
-//! after a crash. What it does not do: decompress, check the ledger's own checksum or hash chain
-//! against its bytes (the pipeline and the subscriber do that), or run on the source's path: the
-//! API is synchronous and the relay calls it from a dedicated writer thread.
+//! [`LedgerEnd`](ledger_relay_wire::frame::LedgerEnd) and its chunks): the chunks in a file of
+//! their own, then the ledger's record in one atomic sled batch together with the pruning that
+//! ledger causes, flushed at every ledger boundary. It serves a ledger only after every stored
+//! value passes its checksum and the chunk set is complete, refuses to splice two runs or mix
+//! two networks, and repairs a torn last ledger after a crash. What it does not do: decompress,
+//! check the ledger's own checksum or hash chain against its bytes (the pipeline and the
+//! subscriber do that), or run on the source's path: the API is synchronous and the relay calls
+//! it from a dedicated writer thread.
 //!
-//! # Storage layout
+//! # Storage layout: payloads in files, an index in sled
 //!
-//! One sled tree (the default one, so that a ledger, its pruning and the epoch can share one
-//! atomic batch): metadata (format version, epoch, network), one record per ledger and its
-//! chunks cut into parts. What the keys and values hold, and how they are read back with every
-//! checksum, key and length checked, is [`ledger_relay_wire::stored`]: bytes read back from disk
-//! are hostile input, so their decoding lives in the sans-IO crate and is fuzzed there.
+//! `DIR/db` and its siblings are a sled store with the metadata (format version, epoch,
+//! network) and one record of about 130 bytes per ledger. `DIR/ledgers/<epoch>-<seq>.parts` is
+//! one file per held ledger: its chunks cut into sealed parts. What the records, parts and
+//! files hold, and how they are read back with every checksum, key and length checked, is
+//! [`ledger_relay_wire::stored`]: bytes read back from disk are hostile input, so their decoding
+//! lives in the sans-IO crate and is fuzzed there.
 //!
-//! # Sizing: 64 KiB parts, 8 MiB segments, a 10 ms flusher
-//!
-//! sled 0.34 writes any log item larger than `segment_size / 4` to its own blob file, which is
-//! never fsynced, and in a measured ring with 2 MiB values disk use grew to 15x the live bytes
-//! (see `shared/NOTES.md`). The item that matters is not the value but the *leaf node* image sled
-//! writes when it consolidates or splits a page, and sled splits a leaf only by count (above 16
-//! entries), never by size. So the largest leaf image is 17 values plus keys: with parts of at
-//! most 64 KiB that is about 1.1 MiB, below the 2 MiB blob threshold of 8 MiB segments, for any
-//! chunk size, including 4 MiB raw chunks. [`SEGMENT_SIZE`] is persisted by sled and reopening
-//! with another value fails, so it is a constant, never configuration.
-//!
-//! Disk use is then set by sled's segment cleaner, which only drains a segment once at most half
-//! of it is live and runs only in sled's flusher thread, at least one page per flusher period.
-//! Measured with 14.5 MiB ledgers of 256 KiB chunks, 20 kept (290 MiB live), one ledger per
-//! 200 ms (`ring_disk_use` in `relay/tests/ring.rs`): disk is 1.8-1.9x live on average at steady
-//! state, at most 1.99x (2.4x with 16 MiB segments, 128 KiB parts and a 100 ms flusher; 2.95x
-//! with a 1 s flusher); with 80 kept (1.16 GiB live) 1.42x, at most 1.45x, as sled's fixed
-//! floor of a few segments weighs less. Appending as fast as possible (about 250 MB/s, far above
-//! the network's 3 MB/s) outruns the cleaner and holds near 2.9x.
+//! Why files (format 2): a payload is written once, read a few times and deleted whole when its
+//! ledger leaves the ring, a file's life rather than a B-tree value's. In format 1 the parts
+//! were sled values: sled writes every value through its log and its segment cleaner rewrites
+//! live values until a segment is half empty, so disk use settled near 2x the live bytes (2.9x
+//! in a burst) and the ring's writer cost about 110 ms of CPU per raw 14.5 MiB ledger
+//! (`bench/RESULTS.md`). A file costs one copy into the page cache and its pruning is an
+//! `unlink`; sled's store holds only records, a few MB for 10,000 ledgers.
 //!
 //! # Crash consistency
 //!
-//! A sled batch is recovered atomically and every append ends with a flush, so after `kill -9`
-//! the store holds every ledger whose [`Ring::append`] returned. [`Ring::open`] still repairs
-//! defensively: it keeps only the newest run of records that are readable, consecutive and
-//! hash-linked, fully verifies the newest ledger (dropping it, and then the one before, while it
-//! is torn), and deletes chunk parts that no kept record owns at either end of the range.
+//! An append writes the ledger's file under a temporary name, `fdatasync`s it, renames it to its
+//! name and syncs the directory; only then does it commit the record (and the pruning) in one
+//! sled batch and flush; then it unlinks the pruned ledgers' files. So after `kill -9` or a
+//! power cut the store holds every ledger whose [`Ring::append`] returned, and every record
+//! names a whole file. [`Ring::open`] still repairs defensively: it keeps only the newest run of
+//! records that are readable, consecutive and hash-linked, fully verifies the newest ledger
+//! (dropping it, and then the one before, while it is torn), and removes every file no kept
+//! record owns (temporary files, files of pruned, reset or dropped ledgers).
 //!
 //! # Modules
 //!
-//! `open` opens the store and repairs what a crash left, `read` reads a held ledger back through
-//! [`ledger_relay_wire::stored::PartReader`], and `write` appends, prunes, resets and reopens
-//! the store after a failed write.
+//! `open` opens the store and repairs what a crash left, `files` writes, reads and removes the
+//! ledger files, `read` reads a held ledger back through
+//! [`ledger_relay_wire::stored::read_file`], and `write` appends, prunes, resets and reopens the
+//! store after a failed write.
 
 use std::collections::VecDeque;
 use std::fs;
@@ -61,9 +55,12 @@ use std::time::{Duration, Instant};
 
 pub use ledger_relay_wire::stored::{StoredChunk, FORMAT_VERSION, PART_MAX};
 
+mod files;
 mod open;
 mod read;
 mod write;
+
+pub use files::{ledger_file, LEDGERS_DIR};
 
 #[cfg(test)]
 use write::validate;
@@ -71,10 +68,8 @@ use write::validate;
 #[cfg(test)]
 mod tests;
 
-/// sled segment size, persisted by sled in the store. 8 MiB puts the blob threshold (a quarter of
-/// it, 2 MiB) well above the largest leaf image (17 parts, about 1.1 MiB; see the module doc), and
-/// measured lower disk use than 16 MiB (1.73x against 2.01x live over 200 ledgers of
-/// `ring_disk_use`).
+/// sled segment size, persisted by sled in the store (format 1 chose it for payloads in sled;
+/// the records of format 2 are far below any size that matters to sled).
 pub const SEGMENT_SIZE: usize = 8 << 20;
 
 /// Default number of ledgers kept: about 14 hours of the public network.
@@ -83,16 +78,13 @@ pub const DEFAULT_MAX_LEDGERS: u32 = 10_000;
 /// Default cap on live bytes: 64 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 30;
 
-/// sled's page cache. Replays mostly read recent ledgers, which are the recently written pages;
-/// sled's 1 GiB default is more memory than the relay should spend on it.
-pub const CACHE_BYTES: u64 = 256 << 20;
+/// sled's page cache: it holds only the records (about 130 bytes per ledger), so a little is
+/// plenty; ledger files are read through the kernel's page cache.
+pub const CACHE_BYTES: u64 = 16 << 20;
 
-/// sled's background flusher period. That thread is also sled's only segment cleaner, and it
-/// rewrites at least one page per period, so the period bounds how fast the space of pruned
-/// ledgers comes back: measured with 14.5 MiB ledgers, 20 kept, 1000 ms gave 2.95x live, 100 ms
-/// 2.4x, 10 ms 2.0x (1.73x with 8 MiB segments), 2 ms no better. Appends flush explicitly, so
-/// this is not about durability.
-const FLUSH_EVERY_MS: u64 = 10;
+/// sled's background flusher period. Appends flush explicitly, so this is not about durability;
+/// the thread is also sled's segment cleaner, which has only the records to clean.
+const FLUSH_EVERY_MS: u64 = 500;
 
 /// Environment variable that overrides sled's segment size and flusher period, for measuring
 /// them with `ledger-bench ring-disk` (`segment_mib=N,flush_ms=N`, either or both). Not for
@@ -142,7 +134,7 @@ const RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// Where the ring lives and how much it keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingConfig {
-    /// The sled database directory (created if missing).
+    /// The ring's directory: sled's store and `ledgers/` (created if missing).
     pub dir: PathBuf,
     /// Ledgers kept, at least 1 (default [`DEFAULT_MAX_LEDGERS`]).
     pub max_ledgers: u32,
@@ -178,7 +170,8 @@ pub struct RingStats {
     /// Bytes of the stored values of the held ledgers (payload parts and records, with their
     /// headers and checksums; keys and sled's own overhead excluded).
     pub live_bytes: u64,
-    /// Size of every file under the sled directory (walked; 0 for files that vanish meanwhile).
+    /// Size of the ring directory: sled's files (walked; 0 for files that vanish meanwhile)
+    /// and the held ledgers' files.
     pub disk_bytes: u64,
     /// Run counter: bumped by every [`Ring::reset`].
     pub epoch: u64,
@@ -215,7 +208,10 @@ pub enum RingError {
         configured: String,
     },
     /// The store was written in a format this version does not read.
-    #[error("ring format version {found} is not supported (expected {expected})")]
+    #[error(
+        "ring format version {found} is not supported (expected {expected}); move the ring \
+         directory away to start an empty ring"
+    )]
     Format {
         /// Version found in the store.
         found: u32,
@@ -280,8 +276,10 @@ fn hex8(h: &[u8; 32]) -> String {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     seq: u32,
-    parts: u32,
+    /// Stored bytes, as its record counts them (the retention bound's unit).
     bytes: u64,
+    /// Length of its file.
+    file: u64,
 }
 
 #[derive(Debug)]
@@ -291,6 +289,8 @@ struct State {
     /// Header hash of the newest held ledger.
     newest_hash: [u8; 32],
     live_bytes: u64,
+    /// Length of the held ledgers' files.
+    file_bytes: u64,
     epoch: u64,
 }
 
@@ -306,6 +306,8 @@ impl State {
 pub struct Ring {
     /// The store; `None` while it is closed after a failed write (see [`Ring::append`]).
     db: RwLock<Option<sled::Db>>,
+    /// The ledger files.
+    files: files::Files,
     dir: PathBuf,
     max_ledgers: u32,
     max_bytes: u64,
@@ -322,6 +324,17 @@ pub struct Ring {
     state: RwLock<State>,
     #[cfg(test)]
     hook: HookCell,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        write::close_store(
+            self.db
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+    }
 }
 
 /// Test-only pauses inside IO.
@@ -365,9 +378,11 @@ impl Ring {
         self.network.as_deref()
     }
 
-    /// Sizes: held range and bytes from memory, disk use by walking the directory.
+    /// Sizes: held range and bytes from memory; disk use is sled's files, walked, and the held
+    /// ledgers' files, counted as they are written (walking 10,000 of them at every append
+    /// would cost the writer more than the append).
     pub fn stats(&self) -> RingStats {
-        let (oldest, newest, ledgers, live_bytes, epoch) = {
+        let (oldest, newest, ledgers, live_bytes, file_bytes, epoch) = {
             let st = self.read_state();
             let range = st.range();
             (
@@ -375,6 +390,7 @@ impl Ring {
                 range.map(|r| r.1),
                 st.held.len() as u64,
                 st.live_bytes,
+                st.file_bytes,
                 st.epoch,
             )
         };
@@ -383,7 +399,7 @@ impl Ring {
             newest,
             ledgers,
             live_bytes,
-            disk_bytes: dir_size(&self.dir),
+            disk_bytes: dir_size(&self.dir, Some(LEDGERS_DIR)) + file_bytes,
             epoch,
         }
     }
@@ -425,15 +441,17 @@ impl Ring {
     }
 }
 
-/// Total length of the files under `dir`, recursively; unreadable entries count as 0.
-fn dir_size(dir: &Path) -> u64 {
+/// Total length of the files under `dir`, recursively, but for the directory `skip` right under
+/// it; unreadable entries count as 0.
+fn dir_size(dir: &Path, skip: Option<&str>) -> u64 {
     let Ok(entries) = fs::read_dir(dir) else {
         return 0;
     };
     entries
         .flatten()
         .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(t) if t.is_dir() && skip.is_some_and(|s| e.file_name() == s) => 0,
+            Ok(t) if t.is_dir() => dir_size(&e.path(), None),
             Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
             Err(_) => 0,
         })

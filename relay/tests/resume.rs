@@ -9,9 +9,8 @@
 //! which typed error ended the stream.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ledger_relay::ring::SEGMENT_SIZE;
 use ledger_relay_subscriber::{SubscribeError, VerifyError};
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::frame::Start;
@@ -136,45 +135,28 @@ async fn a_relay_fed_another_networks_ledgers_breaks_the_chain_and_nothing_follo
     b.stop().await;
 }
 
-/// A second handle on a stopped relay's ring store, for tampering. Retries while the closed
-/// ring's sled threads still hold the store's lock.
-fn sled_handle(dir: &Path) -> sled::Db {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match sled::Config::new()
-            .path(dir)
-            .segment_size(SEGMENT_SIZE)
-            .open()
-        {
-            Ok(db) => return db,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => panic!("open sled: {e}"),
-        }
-    }
-}
-
-/// Flips the last byte of the last stored part of ledger `seq` (a payload byte). With `reseal`,
+/// Flips the last byte of ledger `seq`'s file (a payload byte of its last part). With `reseal`,
 /// the part's checksum is recomputed, so the ring's own checks pass and only the subscriber's
 /// reassembler (the ledger's checksum in its end record) can catch it.
 fn tamper(data: &Path, seq: u32, reseal: bool) {
-    let db = sled_handle(&data.join("ring"));
-    let mut prefix = b"c".to_vec();
-    prefix.extend_from_slice(&seq.to_be_bytes());
-    let (key, value) = db
-        .scan_prefix(&prefix)
-        .last()
-        .expect("the ledger is stored")
-        .unwrap();
-    let mut value = value.to_vec();
-    let at = value.len() - 1;
-    value[at] ^= 0x5a;
+    let path =
+        ledger_relay::ring::ledger_file(&data.join("ring"), seq).expect("the ledger is stored");
+    let mut v = std::fs::read(&path).unwrap();
+    let at = v.len() - 1;
+    v[at] ^= 0x5a;
     if reseal {
-        // `xxh3-64(body) || body` (relay/src/ring.rs).
-        let sum = ledger_relay_wire::checksum(&value[8..]);
-        value[..8].copy_from_slice(&sum.to_be_bytes());
+        // Each part is `len u32 || xxh3-64(body) || body` (ledger_relay_wire::stored); the
+        // last one runs to the end of the file.
+        let (mut off, mut last) = (0, 0);
+        while off < v.len() {
+            let len = u32::from_be_bytes(v[off..off + 4].try_into().unwrap()) as usize;
+            last = off + 4;
+            off = last + len;
+        }
+        let sum = ledger_relay_wire::checksum(&v[last + 8..]);
+        v[last..last + 8].copy_from_slice(&sum.to_be_bytes());
     }
-    db.insert(key, value).unwrap();
-    db.flush().unwrap();
+    std::fs::write(&path, v).unwrap();
 }
 
 /// A relay on `source` that compresses (and stores) with `codec`.

@@ -7,7 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ledger_relay::ring::{Ring, RingConfig, RingError, StoredChunk, PART_MAX, SEGMENT_SIZE};
+use ledger_relay::ring::{
+    ledger_file, Ring, RingConfig, RingError, StoredChunk, LEDGERS_DIR, PART_MAX, SEGMENT_SIZE,
+};
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::frame::LedgerEnd;
 use rand::Rng;
@@ -92,6 +94,46 @@ fn assert_held(ring: &Ring, seq: u32) {
 
 fn config(dir: &Path) -> RingConfig {
     RingConfig::new(dir)
+}
+
+/// The names in a ring's `ledgers/` directory, sorted.
+fn ledger_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join(LEDGERS_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The names ledgers `seqs` of run `epoch` have, sorted.
+fn names(epoch: u64, seqs: impl IntoIterator<Item = u32>) -> Vec<String> {
+    let mut names: Vec<String> = seqs
+        .into_iter()
+        .map(|s| format!("{epoch}-{s}.parts"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Where each part's stored value starts in a ledger file, and its length (each part is
+/// `len u32 || value`, `ledger_relay_wire::stored`).
+fn part_values(file: &[u8]) -> Vec<(usize, usize)> {
+    let (mut out, mut off) = (Vec::new(), 0);
+    while off < file.len() {
+        let len = u32::from_be_bytes(file[off..off + 4].try_into().unwrap()) as usize;
+        out.push((off + 4, len));
+        off += 4 + len;
+    }
+    out
+}
+
+/// Changes ledger `seq`'s file in the closed ring at `dir` with `edit`.
+fn edit_file(dir: &Path, seq: u32, edit: impl FnOnce(&mut Vec<u8>)) {
+    let path = ledger_file(dir, seq).expect("the ledger has a file");
+    let mut bytes = std::fs::read(&path).unwrap();
+    edit(&mut bytes);
+    std::fs::write(&path, bytes).unwrap();
 }
 
 /// A second handle on a ring's store, for tampering. Retries while the dropped `Ring`'s sled
@@ -182,10 +224,9 @@ fn prunes_by_count() {
     let live = ring.stats().live_bytes;
     drop(ring);
 
-    // Nothing of the pruned ledgers is left in the store.
+    // Nothing of the pruned ledgers is left: neither records nor files.
+    assert_eq!(ledger_files(tmp.path()), names(0, 8..=12));
     let db = sled_handle(tmp.path());
-    let first_part = db.scan_prefix(b"c").next().unwrap().unwrap().0;
-    assert_eq!(&first_part[1..5], &8u32.to_be_bytes());
     assert_eq!(db.scan_prefix(b"l").count(), 5);
     drop(db);
 
@@ -284,11 +325,9 @@ fn refuses_discontinuities_and_writes_nothing() {
         (before.live_bytes, before.ledgers)
     );
     drop(ring);
+    assert_eq!(ledger_files(tmp.path()), names(0, 10..=11));
     let db = sled_handle(tmp.path());
     for seq in [12u32, 13] {
-        let mut prefix = b"c".to_vec();
-        prefix.extend_from_slice(&seq.to_be_bytes());
-        assert_eq!(db.scan_prefix(&prefix).count(), 0, "parts of {seq}");
         let mut key = b"l".to_vec();
         key.extend_from_slice(&seq.to_be_bytes());
         assert!(db.get(&key).unwrap().is_none(), "record of {seq}");
@@ -334,21 +373,13 @@ fn reset_bumps_epoch_and_empties() {
     assert_eq!(ring.range(), Some((500, 501)));
     assert!(ring.get(3).unwrap().is_none());
     drop(ring);
-    let db = sled_handle(tmp.path());
     assert_eq!(
-        db.scan_prefix(b"c").count(),
-        parts_of(&[500, 501]),
-        "old parts left behind"
+        ledger_files(tmp.path()),
+        names(1, [500, 501]),
+        "old files left behind"
     );
+    let db = sled_handle(tmp.path());
     assert_eq!(db.scan_prefix(b"l").count(), 2);
-}
-
-/// Stored parts of these ledgers: a chunk takes one part per started `PART_MAX` bytes of payload.
-fn parts_of(seqs: &[u32]) -> usize {
-    seqs.iter()
-        .flat_map(|&s| sizes_for(s))
-        .map(|len| len.div_ceil(PART_MAX).max(1))
-        .sum()
 }
 
 #[test]
@@ -438,13 +469,6 @@ fn invalid_config_is_refused() {
     ));
 }
 
-/// Keys of the parts of `seq`, in order.
-fn part_keys(db: &sled::Db, seq: u32) -> Vec<sled::IVec> {
-    let mut prefix = b"c".to_vec();
-    prefix.extend_from_slice(&seq.to_be_bytes());
-    db.scan_prefix(&prefix).map(|kv| kv.unwrap().0).collect()
-}
-
 /// A ring holding ledgers 1..=5, closed.
 fn closed_ring_of_five(dir: &Path) {
     let ring = Ring::open(&config(dir)).unwrap();
@@ -458,19 +482,15 @@ fn damaged_chunk_is_corrupt_never_returned() {
     for what in ["payload", "identity", "checksum"] {
         let tmp = tempfile::tempdir().unwrap();
         closed_ring_of_five(tmp.path());
-        let db = sled_handle(tmp.path());
-        let keys = part_keys(&db, 3);
-        let key = &keys[keys.len() - 1];
-        let mut value = db.get(key).unwrap().unwrap().to_vec();
-        let at = match what {
-            "checksum" => 3,      // inside the stored checksum
-            "identity" => 8 + 6,  // inside the part's sequence and number
-            _ => value.len() / 2, // payload
-        };
-        value[at] ^= 0x10;
-        db.insert(key, value).unwrap();
-        db.flush().unwrap();
-        drop(db);
+        edit_file(tmp.path(), 3, |file| {
+            let (start, len) = *part_values(file).last().unwrap();
+            let at = match what {
+                "checksum" => 3,     // inside the stored checksum
+                "identity" => 8 + 6, // inside the part's sequence and number
+                _ => len / 2,        // payload
+            };
+            file[start + at] ^= 0x10;
+        });
 
         let ring = Ring::open(&config(tmp.path())).unwrap();
         assert_eq!(
@@ -491,66 +511,77 @@ fn damaged_chunk_is_corrupt_never_returned() {
 }
 
 #[test]
-fn misplaced_or_missing_parts_are_corrupt() {
+fn misplaced_short_or_missing_files_are_corrupt() {
     let tmp = tempfile::tempdir().unwrap();
     closed_ring_of_five(tmp.path());
-    let db = sled_handle(tmp.path());
-    // Ledger 2: its first part replaced by ledger 4's first part (valid checksum, wrong key).
-    let k2 = part_keys(&db, 2);
-    let k4 = part_keys(&db, 4);
-    db.insert(&k2[0], db.get(&k4[0]).unwrap().unwrap()).unwrap();
-    // Ledger 3: its last part deleted.
-    let k3 = part_keys(&db, 3);
-    db.remove(&k3[k3.len() - 1]).unwrap();
-    db.flush().unwrap();
-    drop(db);
+    // Ledger 2's file holds ledger 4's parts, cut or padded to ledger 2's length (valid
+    // checksums, wrong ledger).
+    let two_len = std::fs::metadata(ledger_file(tmp.path(), 2).unwrap())
+        .unwrap()
+        .len() as usize;
+    let mut four = std::fs::read(ledger_file(tmp.path(), 4).unwrap()).unwrap();
+    four.resize(two_len, 0);
+    std::fs::write(ledger_file(tmp.path(), 2).unwrap(), four).unwrap();
+    // Ledger 3's file without its last part.
+    edit_file(tmp.path(), 3, |file| {
+        let (start, _) = *part_values(file).last().unwrap();
+        file.truncate(start - 4);
+    });
+    // Ledger 4's file gone.
+    std::fs::remove_file(ledger_file(tmp.path(), 4).unwrap()).unwrap();
 
     let ring = Ring::open(&config(tmp.path())).unwrap();
-    assert!(matches!(
-        ring.get(2),
-        Err(RingError::Corrupt { seq: 2, .. })
-    ));
+    match ring.get(2) {
+        Err(RingError::Corrupt { seq: 2, detail }) => {
+            assert!(detail.contains("another key"), "{detail}")
+        }
+        other => panic!("{:?}", other.map(|o| o.map(|l| l.0))),
+    }
     match ring.get(3) {
         Err(RingError::Corrupt { seq: 3, detail }) => {
+            assert!(detail.contains("ledger file of"), "{detail}")
+        }
+        other => panic!("{:?}", other.map(|o| o.map(|l| l.0))),
+    }
+    match ring.get(4) {
+        Err(RingError::Corrupt { seq: 4, detail }) => {
             assert!(detail.contains("missing"), "{detail}")
         }
         other => panic!("{:?}", other.map(|o| o.map(|l| l.0))),
     }
-    assert_held(&ring, 4);
+    assert_held(&ring, 5);
 }
 
 #[test]
 fn open_repairs_a_torn_newest_ledger_and_orphans() {
-    // A record whose chunks are incomplete.
+    // A newest ledger whose file is torn, and files no record owns: a ledger written past the
+    // newest (a crash before its record), one below the oldest (a crash before pruning removed
+    // it), one of an older run (a crash in a reset), and one half written. A file that is not
+    // the ring's is left alone.
     let tmp = tempfile::tempdir().unwrap();
     closed_ring_of_five(tmp.path());
-    let db = sled_handle(tmp.path());
-    let k5 = part_keys(&db, 5);
-    db.remove(&k5[k5.len() - 1]).unwrap();
-    // Orphan parts past the newest and before the oldest.
-    let (mut past, mut before) = (b"c".to_vec(), b"c".to_vec());
-    past.extend_from_slice(&[0, 0, 0, 6, 0, 0, 0, 0]);
-    before.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 9]);
-    db.insert(&past, &b"orphan"[..]).unwrap();
-    db.insert(&before, &b"orphan"[..]).unwrap();
-    db.flush().unwrap();
-    drop(db);
+    edit_file(tmp.path(), 5, |file| file.truncate(file.len() - 1));
+    let ledgers = tmp.path().join(LEDGERS_DIR);
+    for orphan in ["0-6.parts", "0-0.parts", "7-3.parts", "0-9.tmp"] {
+        std::fs::write(ledgers.join(orphan), b"orphan").unwrap();
+    }
+    std::fs::write(ledgers.join("notes.txt"), b"an operator's").unwrap();
 
     let ring = Ring::open(&config(tmp.path())).unwrap();
     assert_eq!(ring.range(), Some((1, 4)));
     for seq in 1..=4 {
         assert_held(&ring, seq);
     }
+    let mut want = names(0, 1..=4);
+    want.push("notes.txt".into());
+    assert_eq!(ledger_files(tmp.path()), want);
     append_seq(&ring, 5);
     append_seq(&ring, 6);
     assert_held(&ring, 5);
     assert_held(&ring, 6);
     drop(ring);
-    let db = sled_handle(tmp.path());
-    assert!(db.get(&before).unwrap().is_none());
-    drop(db);
 
-    // A newest record that does not decode, with its chunks present.
+    // A newest record that does not decode, with its file present.
     let tmp = tempfile::tempdir().unwrap();
     closed_ring_of_five(tmp.path());
     let db = sled_handle(tmp.path());
@@ -562,11 +593,12 @@ fn open_repairs_a_torn_newest_ledger_and_orphans() {
     drop(db);
     let ring = Ring::open(&config(tmp.path())).unwrap();
     assert_eq!(ring.range(), Some((1, 4)));
+    assert_eq!(ledger_files(tmp.path()), names(0, 1..=4));
     append_seq(&ring, 5);
     assert_held(&ring, 5);
     drop(ring);
 
-    // A broken record in the middle: only the newest consecutive run is kept.
+    // A broken record in the middle: only the newest consecutive run is kept, with its files.
     let tmp = tempfile::tempdir().unwrap();
     closed_ring_of_five(tmp.path());
     let db = sled_handle(tmp.path());
@@ -582,8 +614,33 @@ fn open_repairs_a_torn_newest_ledger_and_orphans() {
         assert_held(&ring, seq);
     }
     drop(ring);
+    assert_eq!(ledger_files(tmp.path()), names(0, 3..=5));
+}
+
+/// A store of another format (version 1 kept payloads in sled) is refused with a message that
+/// says what to do, and nothing in it is changed.
+#[test]
+fn a_store_of_another_format_is_refused_and_left_as_it_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    closed_ring_of_five(tmp.path());
     let db = sled_handle(tmp.path());
-    assert!(part_keys(&db, 1).is_empty() && part_keys(&db, 2).is_empty());
+    db.insert(b"mformat", ledger_relay_wire::stored::seal_u32(1))
+        .unwrap();
+    db.flush().unwrap();
+    drop(db);
+    match Ring::open(&config(tmp.path())) {
+        Err(
+            e @ RingError::Format {
+                found: 1,
+                expected: 2,
+            },
+        ) => assert!(
+            e.to_string().contains("move the ring directory away"),
+            "{e}"
+        ),
+        other => panic!("{:?}", other.map(|r| r.range())),
+    }
+    assert_eq!(ledger_files(tmp.path()), names(0, 1..=5));
 }
 
 const CRASH_DIR_ENV: &str = "LEDGER_RELAY_RING_CRASH_DIR";
@@ -742,11 +799,10 @@ fn fill(
     }
 }
 
-/// Disk use stays bounded while the ring turns over 30 times. sled keeps a floor of five to eight
-/// [`SEGMENT_SIZE`] segments whatever the live bytes (measured: 40-64 MiB for 10 MiB live), so a
-/// ratio alone says little at this size; the bound is `2 x live + 12 segments` (116 MiB), with
-/// room for a cleaner slowed by parallel tests, while a store that reclaims nothing (the
-/// blob-file failure of sled's defaults) passes 300 MiB here.
+/// Disk use stays at the live bytes while the ring turns over 30 times: each ledger is one file,
+/// pruning unlinks it, and sled holds only the records (about 130 bytes each). The bound is
+/// live + a tenth + 4 MiB for sled's own files; format 1, with the payloads in sled, measured
+/// 40-64 MiB here for 10 MiB live (sled's floor of segments and its cleaner's 2x).
 #[test]
 fn disk_use_stays_bounded() {
     let tmp = tempfile::tempdir().unwrap();
@@ -764,7 +820,7 @@ fn disk_use_stays_bounded() {
     });
     let s = ring.stats();
     assert_eq!(s.ledgers, 10);
-    let bound = 2 * s.live_bytes + 12 * SEGMENT_SIZE as u64;
+    let bound = s.live_bytes + s.live_bytes / 10 + (4 << 20);
     eprintln!(
         "ring disk use: {} disk / {} live = {:.2}, worst {} (bound {bound})",
         s.disk_bytes,

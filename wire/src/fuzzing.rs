@@ -322,10 +322,12 @@ pub fn lake_names(data: &[u8]) {
 /// re-encodes to parts that read back to the same ledger.
 pub fn stored(data: &[u8]) {
     use crate::stored::{
-        check_chunks, encode_parts, record_seq, seal, unseal_str, unseal_u32, unseal_u64,
+        check_chunks, encode_file, read_file, record_seq, seal, unseal_str, unseal_u32, unseal_u64,
         PartReader, Record,
     };
 
+    // The same bytes as a ledger file.
+    stored_file(data);
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
@@ -382,17 +384,52 @@ pub fn stored(data: &[u8]) {
     );
     assert_eq!(check_chunks(&end, &chunks), Ok(()));
     // The writer's encoding reads back to the same ledger.
-    let again = encode_parts(seq, &chunks);
-    let mut reader = PartReader::new(Record {
-        parts: again.len() as u32,
+    let again = encode_file(seq, &chunks);
+    let record = Record {
+        parts: again.parts,
+        bytes: again.stored,
         ..r
-    });
-    for (_, v) in &again {
-        // An error here is the finding: the writer's own parts must read back.
-        reader.push(v).expect("the writer's parts read back");
-    }
-    let (_, back) = reader.finish().expect("the writer's ledger reads back");
+    };
+    // An error here is the finding: the writer's own file must read back.
+    let (_, back) = read_file(record, &again.bytes).expect("the writer's ledger reads back");
     assert_eq!(back, chunks);
+}
+
+/// A ledger file as the ring reads it from disk: any bytes against a record built from the
+/// first 16 (parts and stored bytes; the end record of a small ledger). Whatever is refused is
+/// refused with an error; what is read holds no more payload than the file, and its chunks tile
+/// the ledger.
+pub fn stored_file(data: &[u8]) {
+    use crate::stored::{check_chunks, file_len, file_parts, read_file, Record};
+
+    let Some((counts, file)) = data.split_first_chunk::<12>() else {
+        return;
+    };
+    let [p0, p1, p2, p3, b @ ..] = *counts;
+    let record = Record {
+        end: crate::frame::LedgerEnd {
+            seq: 1,
+            chunk_count: 2,
+            raw_len: 300,
+            checksum: 0,
+            header_hash: [1; 32],
+            previous_hash: [0; 32],
+            first_byte_ns: 0,
+            last_byte_ns: 0,
+        },
+        parts: u32::from_be_bytes([p0, p1, p2, p3]),
+        bytes: u64::from_be_bytes(b),
+    };
+    let _ = file_len(&record);
+    for v in file_parts(file).take(1000).flatten() {
+        assert!(v.len() <= crate::stored::PART_LEN_MAX);
+    }
+    if let Ok((end, chunks)) = read_file(record, file) {
+        assert_eq!(end, record.end);
+        let held: usize = chunks.iter().map(|c| c.payload.len()).sum();
+        assert!(held <= file.len());
+        assert_eq!(check_chunks(&end, &chunks), Ok(()));
+    }
 }
 
 /// The relay's session state machine: bytes become a sequence of inputs (lanes joining and
@@ -640,6 +677,7 @@ mod tests {
         }
         super::stored(&seed);
         super::stored(&stored_seed());
+        super::stored_file(&stored_file_seed());
         super::lake_batch(&seed);
         super::lake_names(&seed);
         super::lake_names(b"FFF0BDBF--1000000.xdr.zst");
@@ -686,6 +724,43 @@ mod tests {
             data.extend_from_slice(&v);
         }
         data
+    }
+
+    /// A whole ledger file for `stored_file`: two raw chunks of 100 and 200 bytes.
+    fn stored_file_seed() -> Vec<u8> {
+        use crate::stored::{encode_file, StoredChunk};
+        let chunk = |index: u32, raw_offset: u64, len: u32| StoredChunk {
+            index,
+            raw_offset,
+            raw_len: len,
+            codec: crate::compress::Codec::None,
+            payload: bytes::Bytes::from(vec![0xAB; len as usize]),
+        };
+        let file = encode_file(1, &[chunk(0, 0, 100), chunk(1, 100, 200)]);
+        let mut data = file.parts.to_be_bytes().to_vec();
+        data.extend_from_slice(&file.stored.to_be_bytes());
+        data.extend_from_slice(&file.bytes);
+        data
+    }
+
+    #[test]
+    fn the_stored_file_seed_reads_back_whole() {
+        use crate::stored::{read_file, Record};
+        let data = stored_file_seed();
+        let (counts, file) = data.split_at(12);
+        let record = Record {
+            end: crate::frame::LedgerEnd {
+                seq: 1,
+                chunk_count: 2,
+                raw_len: 300,
+                header_hash: [1; 32],
+                ..Default::default()
+            },
+            parts: u32::from_be_bytes(counts[..4].try_into().unwrap()),
+            bytes: u64::from_be_bytes(counts[4..].try_into().unwrap()),
+        };
+        let (_, chunks) = read_file(record, file).unwrap();
+        assert_eq!(chunks.len(), 2);
     }
 
     #[test]

@@ -3,28 +3,33 @@
 //! Bytes read back from disk are hostile input as much as bytes from the network: a torn write,
 //! a flipped bit, a value moved under another key or written by another version. Everything that
 //! turns stored bytes back into a ledger lives here, bounded and typed, so that it can be fuzzed
-//! (`wire::fuzzing::stored`); the ring in `ledger-relay` (`relay/src/ring.rs`) does the sled IO,
+//! (`wire::fuzzing::stored`); the ring in `ledger-relay` (`relay/src/ring.rs`) does the sled and file IO,
 //! the locking, pruning and repair.
 //!
 //! # Layout
 //!
-//! One sled tree. Integers are big-endian so that key order is sequence order.
+//! Two places, both under the ring's directory: a sled tree holds the metadata and one small
+//! record per ledger; each ledger's chunks are in a file of their own (`ledgers/` in
+//! `relay/src/ring.rs`), written once and deleted whole when the ledger leaves the ring. sled
+//! integers are big-endian so that key order is sequence order.
 //!
-//! | key | value body |
+//! | sled key | value body |
 //! |---|---|
 //! | `mformat` | format version, `u32` ([`FORMAT_VERSION`]) |
 //! | `mepoch` | run counter, `u64`, bumped by every reset of the ring |
 //! | `mnetwork` | network name, UTF-8 (absent: never configured) |
 //! | `l` seq `u32` | ledger [`Record`]: the [`LedgerEnd`] body as [`crate::frame`] encodes it (104 bytes), the number of parts (`u32`) and the ledger's stored bytes (`u64`) |
-//! | `c` seq `u32` part `u32` | one part of one chunk (below) |
 //!
-//! Every value is `xxh3-64(body) u64 || body` ([`seal`]) and is checked on every read
-//! ([`unseal`]). A ledger's chunks are cut into parts of at most [`PART_MAX`] payload bytes,
-//! numbered 0.. across the whole ledger so that pruning can delete a ledger's keys from its
-//! record alone, without reading its chunks. A part's body starts with its own sequence and part
-//! number (so a value moved under another key is caught) and a kind byte: a chunk's first part
-//! carries the chunk's index, codec, raw offset, raw length and payload length before its first
-//! payload bytes; continuation parts carry only payload bytes.
+//! Every sled value and every part is `xxh3-64(body) u64 || body` ([`seal`]) and is checked on
+//! every read ([`unseal`]). A ledger's chunks are cut into parts of at most [`PART_MAX`] payload
+//! bytes, numbered 0.. across the whole ledger. A part's body starts with its own sequence and
+//! part number (so a part of another ledger, or out of place, is caught) and a kind byte: a
+//! chunk's first part carries the chunk's index, codec, raw offset, raw length and payload
+//! length before its first payload bytes; continuation parts carry only payload bytes.
+//!
+//! A ledger file ([`encode_file`], [`read_file`]) is the ledger's parts in order, each behind
+//! its length (`u32`, big-endian, [`FILE_PREFIX_LEN`] bytes). Its length follows from the
+//! record ([`file_len`]), so a torn or overlong file is refused before it is read.
 
 use bytes::Bytes;
 
@@ -32,14 +37,16 @@ use crate::checksum;
 use crate::compress::Codec;
 use crate::frame::{LedgerEnd, LEDGER_END_LEN};
 
-/// Stored format version; the ring refuses a store written with another one.
-pub const FORMAT_VERSION: u32 = 1;
+/// Stored format version; the ring refuses a store written with another one. Version 1 kept the
+/// parts in sled too; version 2 keeps them in one file per ledger.
+pub const FORMAT_VERSION: u32 = 2;
 
-/// Largest number of payload bytes in one stored part. The ring's sled store writes any item
-/// larger than a quarter of its segment to a blob file of its own, and its largest item is a
-/// leaf of 17 values: with 64 KiB parts that stays near 1.1 MiB, below the 2 MiB threshold of
-/// the ring's 8 MiB segments, whatever the chunk size (see `relay/src/ring.rs`).
+/// Largest number of payload bytes in one stored part: a damaged part costs at most this much
+/// to find, and a reader never needs more than one part's worth of a chunk it cannot place.
 pub const PART_MAX: usize = 64 << 10;
+
+/// Bytes in front of every part in a ledger file: the part's stored length, `u32` big-endian.
+pub const FILE_PREFIX_LEN: usize = 4;
 
 /// Key of the format version.
 pub const META_FORMAT: &[u8] = b"mformat";
@@ -49,8 +56,6 @@ pub const META_EPOCH: &[u8] = b"mepoch";
 pub const META_NETWORK: &[u8] = b"mnetwork";
 /// First byte of every record key.
 pub const RECORD_PREFIX: u8 = b'l';
-/// First byte of every part key.
-pub const PART_PREFIX: u8 = b'c';
 
 /// The checksum in front of every value.
 pub const SEAL_LEN: usize = 8;
@@ -123,6 +128,34 @@ pub enum StoredError {
         found: u32,
         /// The ledger of its key.
         key: u32,
+    },
+    /// A record counts fewer stored bytes than a record takes, or more parts than its bytes
+    /// can hold: no file can be its ledger's.
+    #[error("record counts {bytes} stored bytes in {parts} parts")]
+    RecordCounts {
+        /// Stored bytes it counts.
+        bytes: u64,
+        /// Parts it counts.
+        parts: u32,
+    },
+    /// A ledger's file is missing.
+    #[error("ledger file missing")]
+    FileMissing,
+    /// A ledger file is not as long as its record says.
+    #[error("ledger file of {len} bytes, its record says {expected}")]
+    FileLength {
+        /// The file's length.
+        len: u64,
+        /// The length its record gives.
+        expected: u64,
+    },
+    /// A part's length in a ledger file is 0, larger than any part, or runs past the file.
+    #[error("part {part} of a ledger file claims {len} bytes")]
+    PartLength {
+        /// Its number.
+        part: u32,
+        /// The length it claims (or the bytes left, when the length itself is cut short).
+        len: u64,
     },
     /// A part the record counts is not stored.
     #[error("part {part} missing")]
@@ -261,22 +294,6 @@ pub fn record_seq(key: &[u8]) -> Option<u32> {
         [RECORD_PREFIX, rest @ ..] => <[u8; 4]>::try_from(rest).ok().map(u32::from_be_bytes),
         _ => None,
     }
-}
-
-/// The key of part `part` of ledger `seq`.
-pub fn part_key(seq: u32, part: u32) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[..5].copy_from_slice(&parts_prefix(seq));
-    k[5..].copy_from_slice(&part.to_be_bytes());
-    k
-}
-
-/// The prefix every part key of ledger `seq` starts with.
-pub fn parts_prefix(seq: u32) -> [u8; 5] {
-    let mut k = [0u8; 5];
-    k[0] = PART_PREFIX;
-    k[1..].copy_from_slice(&seq.to_be_bytes());
-    k
 }
 
 /// A value: `xxh3-64(body)` followed by the body `fill` writes.
@@ -444,16 +461,37 @@ pub fn check_chunks(end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), Store
     tiling.finish(end)
 }
 
-/// The parts of ledger `seq`'s chunks, numbered from 0, with their keys, in key order. The
-/// chunks must have passed [`check_chunks`] (each payload fits its `u32` raw length).
-pub fn encode_parts(seq: u32, chunks: &[StoredChunk]) -> Vec<([u8; 9], Vec<u8>)> {
-    let mut out = Vec::new();
+/// A ledger's file as [`encode_file`] makes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerFile {
+    /// The file's bytes.
+    pub bytes: Vec<u8>,
+    /// Parts in it.
+    pub parts: u32,
+    /// The ledger's stored bytes, as its [`Record`] counts them: every part (checksum
+    /// included, length prefix excluded) and the record itself.
+    pub stored: u64,
+}
+
+/// Ledger `seq`'s file: its chunks' parts, numbered from 0, each behind its length. The chunks
+/// must have passed [`check_chunks`] (each payload fits its `u32` raw length). One buffer, sized
+/// up front, and one copy of each payload byte.
+pub fn encode_file(seq: u32, chunks: &[StoredChunk]) -> LedgerFile {
+    let per_part = FILE_PREFIX_LEN + SEAL_LEN + PART_ID_LEN;
+    let size: usize = chunks
+        .iter()
+        .map(|c| {
+            let parts = c.payload.len().div_ceil(PART_MAX).max(1);
+            c.payload.len() + parts * per_part + CHUNK_HEADER_LEN
+        })
+        .sum();
+    let mut out = Vec::with_capacity(size);
     let mut part = 0u32;
     for chunk in chunks {
         let payload = &chunk.payload[..];
         let mut pieces = payload.chunks(PART_MAX);
         let first = pieces.next().unwrap_or(&[]);
-        let value = seal(|b| {
+        framed(&mut out, |b| {
             put_part_id(b, seq, part, PART_START);
             b.extend_from_slice(&chunk.index.to_be_bytes());
             b.push(chunk.codec as u8);
@@ -463,18 +501,118 @@ pub fn encode_parts(seq: u32, chunks: &[StoredChunk]) -> Vec<([u8; 9], Vec<u8>)>
             b.extend_from_slice(&(payload.len() as u32).to_be_bytes());
             b.extend_from_slice(first);
         });
-        out.push((part_key(seq, part), value));
         part += 1;
         for piece in pieces {
-            let value = seal(|b| {
+            framed(&mut out, |b| {
                 put_part_id(b, seq, part, PART_CONTINUE);
                 b.extend_from_slice(piece);
             });
-            out.push((part_key(seq, part), value));
             part += 1;
         }
     }
-    out
+    let prefixes = u64::from(part) * FILE_PREFIX_LEN as u64;
+    let stored = out.len() as u64 - prefixes + RECORD_LEN as u64;
+    LedgerFile {
+        bytes: out,
+        parts: part,
+        stored,
+    }
+}
+
+/// Appends `len || xxh3-64(body) || body` to `out`, the body being what `fill` appends.
+fn framed(out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
+    let at = out.len();
+    out.extend_from_slice(&[0; FILE_PREFIX_LEN + SEAL_LEN]);
+    fill(out);
+    let body = at + FILE_PREFIX_LEN + SEAL_LEN;
+    let sum = checksum(&out[body..]);
+    // A part is at most PART_LEN_MAX bytes.
+    let len = (out.len() - at - FILE_PREFIX_LEN) as u32;
+    out[at..at + FILE_PREFIX_LEN].copy_from_slice(&len.to_be_bytes());
+    out[at + FILE_PREFIX_LEN..body].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// The length of `record`'s ledger file: its stored bytes less the record, plus a length prefix
+/// per part. [`StoredError::RecordCounts`] if no file can have them.
+pub fn file_len(record: &Record) -> Result<u64, StoredError> {
+    let bad = StoredError::RecordCounts {
+        bytes: record.bytes,
+        parts: record.parts,
+    };
+    let values = record
+        .bytes
+        .checked_sub(RECORD_LEN as u64)
+        .ok_or(bad.clone())?;
+    // Every part is at least a checksum and its id.
+    if values < u64::from(record.parts) * (SEAL_LEN + PART_ID_LEN) as u64 {
+        return Err(bad);
+    }
+    values
+        .checked_add(u64::from(record.parts) * FILE_PREFIX_LEN as u64)
+        .ok_or(bad)
+}
+
+/// The stored values of a ledger file, in order, each checked only for its length (0 < len
+/// <= [`PART_LEN_MAX`], within the file); after an error it yields nothing more.
+#[derive(Debug)]
+pub struct FileParts<'a> {
+    rest: &'a [u8],
+    part: u32,
+}
+
+/// The stored values of ledger file `file`.
+pub fn file_parts(file: &[u8]) -> FileParts<'_> {
+    FileParts {
+        rest: file,
+        part: 0,
+    }
+}
+
+impl<'a> Iterator for FileParts<'a> {
+    type Item = Result<&'a [u8], StoredError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let part = self.part;
+        let bad = |len: u64| Some(Err(StoredError::PartLength { part, len }));
+        let Some((len, rest)) = self.rest.split_first_chunk::<FILE_PREFIX_LEN>() else {
+            let left = self.rest.len() as u64;
+            self.rest = &[];
+            return bad(left);
+        };
+        let len = u32::from_be_bytes(*len) as usize;
+        if len == 0 || len > PART_LEN_MAX || len > rest.len() {
+            self.rest = &[];
+            return bad(len as u64);
+        }
+        let (value, rest) = rest.split_at(len);
+        self.rest = rest;
+        self.part += 1;
+        Some(Ok(value))
+    }
+}
+
+/// Reads `record`'s ledger back from its file: the file's length against the record's, then
+/// every part as [`PartReader`] checks it. Memory: the chunks' payloads, at most the file's
+/// length.
+pub fn read_file(
+    record: Record,
+    file: &[u8],
+) -> Result<(LedgerEnd, Vec<StoredChunk>), StoredError> {
+    let expected = file_len(&record)?;
+    if file.len() as u64 != expected {
+        return Err(StoredError::FileLength {
+            len: file.len() as u64,
+            expected,
+        });
+    }
+    let mut reader = PartReader::new(record);
+    for value in file_parts(file) {
+        reader.push(value?)?;
+    }
+    reader.finish()
 }
 
 fn put_part_id(b: &mut Vec<u8>, seq: u32, part: u32, kind: u8) {
@@ -524,7 +662,7 @@ impl PartReader {
         self.record.parts - self.next_part
     }
 
-    /// The next part's number: the key to read next is [`part_key`] of the ledger and this.
+    /// The next part's number.
     pub fn next_part(&self) -> u32 {
         self.next_part
     }

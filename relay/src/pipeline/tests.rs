@@ -340,20 +340,14 @@ fn the_ring_queue_is_bounded() {
     handle.join();
 }
 
-/// Overwrites one byte of ledger `seq`'s first stored chunk part in the ring store at `dir`
-/// (closed), so that its checksum fails.
+/// Overwrites the last byte of ledger `seq`'s file in the (closed) ring at `dir`, so that its
+/// last part's checksum fails.
 fn damage(dir: &std::path::Path, seq: u32) {
-    let db = sled::Config::new()
-        .path(dir)
-        .segment_size(crate::ring::SEGMENT_SIZE)
-        .open()
-        .unwrap();
-    let key = ledger_relay_wire::stored::part_key(seq, 0);
-    let mut v = db.get(key).unwrap().unwrap().to_vec();
+    let path = crate::ring::ledger_file(dir, seq).expect("the ledger is stored");
+    let mut v = std::fs::read(&path).unwrap();
     let at = v.len() - 1;
     v[at] ^= 0x55;
-    db.insert(key, v).unwrap();
-    db.flush().unwrap();
+    std::fs::write(&path, v).unwrap();
 }
 
 /// Issue 13, item 5: a ledger whose stored copy is damaged, emitted again by the source (core

@@ -12,11 +12,11 @@ use tracing::{info, warn};
 
 use ledger_relay_wire::header::ChainVerifier;
 use ledger_relay_wire::stored::{
-    part_key, parts_prefix, record_key, record_seq, seal, seal_u32, seal_u64, unseal_str,
-    unseal_u32, unseal_u64, Record, META_EPOCH, META_FORMAT, META_NETWORK, PART_PREFIX,
-    RECORD_PREFIX,
+    file_len, record_key, record_seq, seal, seal_u32, seal_u64, unseal_str, unseal_u32, unseal_u64,
+    Record, META_EPOCH, META_FORMAT, META_NETWORK, RECORD_PREFIX,
 };
 
+use super::files::{Files, Name};
 use super::read::{read_ledger, ReadFail};
 use super::{
     sled_tuning, Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FORMAT_VERSION,
@@ -52,6 +52,7 @@ impl Ring {
             .cache_capacity(CACHE_BYTES)
             .flush_every_ms(Some(flush_every_ms))
             .open()?;
+        let files = Files::open(&cfg.dir)?;
 
         let mut batch = sled::Batch::default();
         let mut dirty = false;
@@ -153,9 +154,6 @@ impl Ring {
         for (key, rec) in dropped_records {
             warn!(key = ?key, readable = rec.is_some(), "ring: dropping a record outside the newest consecutive run");
             batch.remove(key.as_slice());
-            if let Some(seq) = record_seq(key) {
-                remove_all_parts(&db, &mut batch, seq)?;
-            }
             dirty = true;
         }
         let mut kept: Vec<Record> = records[keep_from..skip_top]
@@ -165,36 +163,17 @@ impl Ring {
 
         // The newest ledger must verify completely; a torn one is dropped.
         while let Some(last) = kept.last().copied() {
-            match read_ledger(&db, last.end.seq, Some(last)) {
+            match read_ledger(&db, &files, epoch, last.end.seq, Some(last)) {
                 Ok(_) => break,
                 Err(ReadFail::Sled(e)) => return Err(e.into()),
+                Err(ReadFail::Io(e)) => return Err(e),
                 Err(ReadFail::Corrupt(detail)) => {
                     warn!(seq = last.end.seq, %detail, "ring: dropping a torn newest ledger");
                     batch.remove(&record_key(last.end.seq)[..]);
-                    remove_all_parts(&db, &mut batch, last.end.seq)?;
                     dirty = true;
                     kept.pop();
                 }
             }
-        }
-
-        // Parts that no kept record owns, below the oldest or past the newest's last part.
-        let (below, above) = match (kept.first(), kept.last()) {
-            (Some(first), Some(last)) => (
-                part_key(first.end.seq, 0),
-                part_key(last.end.seq, last.parts),
-            ),
-            _ => (part_key(0, 0), part_key(0, 0)),
-        };
-        for kv in db.range([PART_PREFIX].as_slice()..below.as_slice()) {
-            let (k, _) = kv?;
-            batch.remove(k);
-            dirty = true;
-        }
-        for kv in db.range(above.as_slice()..[PART_PREFIX + 1].as_slice()) {
-            let (k, _) = kv?;
-            batch.remove(k);
-            dirty = true;
         }
 
         if dirty {
@@ -202,17 +181,46 @@ impl Ring {
             db.flush()?;
         }
 
+        // Files no kept record owns: a ledger written when the relay stopped before its record
+        // was committed, or pruned or reset before its file was removed, or of a dropped record.
+        let owned = |e: u64, seq: u32| {
+            e == epoch
+                && kept.first().map(|r| r.end.seq) <= Some(seq)
+                && Some(seq) <= kept.last().map(|r| r.end.seq)
+        };
+        let mut removed = 0usize;
+        for (path, name) in files.list()? {
+            match name {
+                Name::Ledger { epoch: e, seq } if owned(e, seq) => {}
+                Name::Ledger { .. } | Name::Partial => {
+                    fs::remove_file(&path).map_err(|source| RingError::Io {
+                        path: path.clone(),
+                        source,
+                    })?;
+                    removed += 1;
+                }
+                Name::Other => {
+                    warn!(path = %path.display(), "ring: a file that is not the ring's, left alone");
+                }
+            }
+        }
+        if removed > 0 {
+            info!(removed, "ring: removed ledger files no record owns");
+            files.sync_dir()?;
+        }
+
         let held: VecDeque<Held> = kept
             .iter()
             .map(|r| Held {
                 seq: r.end.seq,
-                parts: r.parts,
                 bytes: r.bytes,
+                file: file_len(r).unwrap_or(0),
             })
             .collect();
         let state = State {
             newest_hash: kept.last().map(|r| r.end.header_hash).unwrap_or_default(),
             live_bytes: held.iter().map(|h| h.bytes).sum(),
+            file_bytes: held.iter().map(|h| h.file).sum(),
             held,
             epoch,
         };
@@ -226,6 +234,7 @@ impl Ring {
         );
         Ok(Ring {
             db: RwLock::new(Some(db)),
+            files,
             dir: cfg.dir.clone(),
             max_ledgers: cfg.max_ledgers,
             max_bytes: cfg.max_bytes,
@@ -237,15 +246,6 @@ impl Ring {
             hook: super::HookCell::default(),
         })
     }
-}
-
-/// Adds the removal of every stored part of `seq` to `batch` (repair path: reads the keys).
-fn remove_all_parts(db: &sled::Tree, batch: &mut sled::Batch, seq: u32) -> Result<(), RingError> {
-    for kv in db.scan_prefix(parts_prefix(seq)) {
-        let (k, _) = kv?;
-        batch.remove(k);
-    }
-    Ok(())
 }
 
 /// Waits, up to [`RELEASE_WAIT`], until nothing holds sled's lock on `path` (a `Ring` of this

@@ -1,14 +1,17 @@
-//! Reading a held ledger back: the sled reads, with every stored value checked by
-//! [`PartReader`] (`ledger_relay_wire::stored`).
+//! Reading a held ledger back: its record from sled, its chunks from its file, with every
+//! stored value checked by [`ledger_relay_wire::stored::read_file`].
 
 use ledger_relay_wire::frame::LedgerEnd;
-use ledger_relay_wire::stored::{part_key, record_key, PartReader, Record, StoredError};
+use ledger_relay_wire::stored::{record_key, Record, StoredError};
 
+use super::files::Files;
 use super::{Ring, RingError, StoredChunk};
 
 /// Why reading a ledger failed.
 pub(super) enum ReadFail {
     Sled(sled::Error),
+    /// Reading the ledger's file failed (not: it is missing or short, which is corrupt).
+    Io(RingError),
     Corrupt(StoredError),
 }
 
@@ -28,6 +31,7 @@ impl ReadFail {
     fn into_error(self, seq: u32) -> RingError {
         match self {
             ReadFail::Sled(e) => RingError::Sled(e),
+            ReadFail::Io(e) => e,
             ReadFail::Corrupt(e) => RingError::Corrupt {
                 seq,
                 detail: e.to_string(),
@@ -55,7 +59,7 @@ impl Ring {
         };
         let db = self.db()?;
         self.pause("get:file");
-        let got = read_ledger(&db, seq, None).map_err(|e| e.into_error(seq));
+        let got = read_ledger(&db, &self.files, epoch, seq, None).map_err(|e| e.into_error(seq));
         let still_held = {
             let st = self.read_state();
             st.epoch == epoch && st.range().is_some_and(|(oldest, _)| oldest <= seq)
@@ -67,9 +71,12 @@ impl Ring {
     }
 }
 
-/// Reads a ledger and verifies every value. `record` skips re-reading an already decoded record.
+/// Reads ledger `seq` of run `epoch` and verifies every value. `record` skips re-reading an
+/// already decoded record.
 pub(super) fn read_ledger(
     db: &sled::Tree,
+    files: &Files,
+    epoch: u64,
     seq: u32,
     record: Option<Record>,
 ) -> Result<(LedgerEnd, Vec<StoredChunk>), ReadFail> {
@@ -80,15 +87,7 @@ pub(super) fn read_ledger(
             Record::decode(seq, &v)?
         }
     };
-    let mut parts = PartReader::new(record);
-    while parts.remaining() > 0 {
-        let part = parts.next_part();
-        let v = db
-            .get(part_key(seq, part))?
-            .ok_or(StoredError::PartMissing { part })?;
-        parts.push(&v)?;
-    }
-    Ok(parts.finish()?)
+    files.read(epoch, record)
 }
 
 impl Ring {

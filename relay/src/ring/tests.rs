@@ -1,20 +1,11 @@
-//! Unit tests of the ring's sizing and of what `append` accepts (the stored encodings are tested
+//! Unit tests of the ring's settings and of what `append` accepts (the stored encodings are tested
 //! in `ledger_relay_wire::stored`, the ring itself in `relay/tests/ring.rs`).
 
 use bytes::Bytes;
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::frame::LedgerEnd;
-use ledger_relay_wire::stored::PART_LEN_MAX;
 
 use super::*;
-
-#[test]
-fn largest_leaf_image_stays_below_the_blob_threshold() {
-    // sled splits a leaf above 16 entries; its blob threshold is segment_size / 4 minus the
-    // segment and message headers (20 + 32 bytes).
-    let largest_leaf = 17 * (PART_LEN_MAX + 9 + 16);
-    assert!(largest_leaf < SEGMENT_SIZE / 4 - 52, "{largest_leaf}");
-}
 
 /// `append` refuses sequence 0 and, as [`RingError::BadRecord`], any ledger whose chunks do not
 /// tile it (the tiling rule's own cases are `check_chunks_rejects_inconsistent_ledgers` in

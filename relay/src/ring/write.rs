@@ -7,15 +7,16 @@ use std::time::Instant;
 use ledger_relay_wire::frame::LedgerEnd;
 use ledger_relay_wire::header::ChainVerifier;
 use ledger_relay_wire::stored::{
-    check_chunks, encode_parts, part_key, record_key, seal_u64, Record, META_EPOCH, RECORD_LEN,
+    check_chunks, encode_file, record_key, seal_u64, Record, META_EPOCH,
 };
 use tracing::info;
 
 use super::{Held, Ring, RingConfig, RingError, StoredChunk, REOPEN_EVERY};
 
 impl Ring {
-    /// Appends one complete ledger, in one sled batch together with the pruning it causes
-    /// (oldest ledgers beyond `max_ledgers` or `max_bytes`), then flushes; the ledger is visible
+    /// Appends one complete ledger: its file first (durable), then its record in one sled
+    /// batch together with the pruning it causes (oldest ledgers beyond `max_ledgers` or
+    /// `max_bytes`), then flushes and removes the pruned ledgers' files; the ledger is visible
     /// to [`Ring::range`] and [`Ring::get`] only once flushed.
     ///
     /// It must continue the ring: `end.seq == newest + 1` and `end.previous_hash` equal to the
@@ -23,15 +24,16 @@ impl Ring {
     /// it returns [`RingError::Discontinuity`] and writes nothing; a ledger whose chunks do not
     /// match its end record is [`RingError::BadRecord`], also writing nothing.
     ///
-    /// If the store fails to write (disk full or read-only), the error is returned and the
-    /// store is closed: sled 0.34 refuses every write after a failed one (its error is global
-    /// to the store and cleared only by opening it again). Later appends (and resets) open it
-    /// again, at most every [`REOPEN_EVERY`] (until then they fail with
-    /// [`RingError::Unavailable`]), which also repairs what the failed write left; the ring
-    /// then holds what the disk kept. While the store is closed the held range stays as it
-    /// was and [`Ring::get`] fails with [`RingError::Unavailable`]. The caller keeps the
-    /// ledgers that failed and appends them again once the store is back (the relay's ring
-    /// writer does, within a bound), so that the run goes on without a gap.
+    /// If the disk fails (full or read-only), the error is returned ([`RingError::Io`] for the
+    /// ledger's file, [`RingError::Sled`] for its record) and later appends (and resets) are
+    /// let through at most every [`REOPEN_EVERY`] (until then they fail with
+    /// [`RingError::Unavailable`]), each closing the store and opening it again first: sled
+    /// 0.34 refuses every write after a failed one (its error is global to the store and
+    /// cleared only by opening it again), nothing stays open on a failed disk, and opening
+    /// repairs what the failed write left; the ring then holds what the disk kept. While the store is closed the held range
+    /// stays as it was and [`Ring::get`] fails with [`RingError::Unavailable`]. The caller
+    /// keeps the ledgers that failed and appends them again once the disk is back (the relay's
+    /// ring writer does, within a bound), so that the run goes on without a gap.
     pub fn append(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         self.reopen_if_failed()?;
@@ -61,57 +63,52 @@ impl Ring {
             }
         }
 
-        // The new ledger's values.
-        let mut batch = sled::Batch::default();
-        let values = encode_parts(end.seq, chunks);
-        // The record counts parts in a u32: a ledger (the relay bounds its size) has far fewer
-        // than 2^32 parts of 64 KiB.
-        let parts = values.len() as u32;
-        let mut bytes = 0u64;
-        for (key, value) in values {
-            bytes += value.len() as u64;
-            batch.insert(&key[..], value);
-        }
-        // Every record has the same length, so a record can count its own bytes.
-        bytes += RECORD_LEN as u64;
+        // The new ledger's file, durable before its record is committed: a record always
+        // names a whole file (a crash in between leaves a file no record owns, which the next
+        // open removes).
+        let epoch = self.read_state().epoch;
+        let file = encode_file(end.seq, chunks);
+        self.pause("append:file");
+        self.files.write(epoch, end.seq, &file.bytes)?;
+        let (parts, bytes, file_len) = (file.parts, file.stored, file.bytes.len() as u64);
+        drop(file);
         let record = Record {
             end: *end,
             parts,
             bytes,
         };
+        let mut batch = sled::Batch::default();
         batch.insert(&record_key(end.seq)[..], record.encode());
 
         // Pruning, oldest first, never the new ledger. The writer lock keeps `held` as it was
         // checked above.
-        let dropped = {
+        let dropped: Vec<u32> = {
             let st = self.read_state();
             let mut count = st.held.len() as u64 + 1;
             let mut live = st.live_bytes + bytes;
-            let mut dropped = 0;
+            let mut dropped = Vec::new();
             for old in &st.held {
                 if count <= u64::from(self.max_ledgers) && live <= self.max_bytes {
                     break;
                 }
                 batch.remove(&record_key(old.seq)[..]);
-                for part in 0..old.parts {
-                    batch.remove(&part_key(old.seq, part)[..]);
-                }
                 live -= old.bytes;
                 count -= 1;
-                dropped += 1;
+                dropped.push(old.seq);
             }
             dropped
         };
 
         // Pruned ledgers disappear before the batch deletes them (a reader that raced the
         // deletion then reports them absent, see `get`), the new one after the flush; no lock
-        // is held across sled IO. Should the batch fail, the store is reopened before the next
+        // is held across IO. Should the batch fail, the store is reopened before the next
         // write and `held` read back from disk.
         {
             let mut st = self.write_state();
-            for _ in 0..dropped {
+            for _ in 0..dropped.len() {
                 if let Some(old) = st.held.pop_front() {
                     st.live_bytes -= old.bytes;
+                    st.file_bytes -= old.file;
                 }
             }
         }
@@ -120,14 +117,19 @@ impl Ring {
         // A ledger whose flush failed is not published: whether the disk has it is known only
         // once the store is reopened (which reads back what it holds).
         self.db()?.flush()?;
+        // The pruned ledgers' records are gone for good: their files go too.
+        for seq in dropped {
+            self.files.remove(epoch, seq);
+        }
         let mut st = self.write_state();
         st.held.push_back(Held {
             seq: end.seq,
-            parts,
             bytes,
+            file: file_len,
         });
         st.newest_hash = end.header_hash;
         st.live_bytes += bytes;
+        st.file_bytes += file_len;
         Ok(())
     }
 
@@ -145,28 +147,29 @@ impl Ring {
 
     fn reset_locked(&self) -> Result<(), RingError> {
         // The run is forgotten (and the epoch bumped, for readers) before the batch deletes
-        // it; no lock is held across sled IO. Should the batch fail, the store is reopened
-        // before the next write and what it still holds is read back.
+        // it; no lock is held across IO. Should the batch fail, the store is reopened before
+        // the next write and what it still holds is read back.
         let mut batch = sled::Batch::default();
-        let (epoch, dropped) = {
+        let (epoch, gone) = {
             let mut st = self.write_state();
-            for old in &st.held {
-                batch.remove(&record_key(old.seq)[..]);
-                for part in 0..old.parts {
-                    batch.remove(&part_key(old.seq, part)[..]);
-                }
+            let gone: Vec<u32> = st.held.iter().map(|h| h.seq).collect();
+            for seq in &gone {
+                batch.remove(&record_key(*seq)[..]);
             }
-            let dropped = st.held.len();
             st.held.clear();
             st.live_bytes = 0;
+            st.file_bytes = 0;
             st.newest_hash = [0; 32];
             st.epoch += 1;
-            (st.epoch, dropped)
+            (st.epoch, gone)
         };
         batch.insert(META_EPOCH, seal_u64(epoch));
         self.db()?.apply_batch(batch)?;
-        info!(epoch, dropped, "ring reset");
+        info!(epoch, dropped = gone.len(), "ring reset");
         self.db()?.flush()?;
+        for seq in gone {
+            self.files.remove(epoch - 1, seq);
+        }
         Ok(())
     }
 
@@ -203,45 +206,45 @@ impl Ring {
         else {
             return Err(not_held(self.newest()));
         };
-        let mut batch = sled::Batch::default();
-        for part in 0..old.parts {
-            batch.remove(&part_key(old.seq, part)[..]);
-        }
-        let values = encode_parts(end.seq, chunks);
-        let parts = values.len() as u32;
-        let mut bytes = RECORD_LEN as u64;
-        for (key, value) in values {
-            bytes += value.len() as u64;
-            batch.insert(&key[..], value);
-        }
+        // The new copy replaces the damaged file whole (a rename), then its record follows. A
+        // crash in between leaves the new file under the old record: read as corrupt, and
+        // repaired again.
+        let epoch = self.read_state().epoch;
+        let file = encode_file(end.seq, chunks);
+        self.files.write(epoch, end.seq, &file.bytes)?;
+        let (parts, bytes, file_len) = (file.parts, file.stored, file.bytes.len() as u64);
+        drop(file);
         let record = Record {
             end: *end,
             parts,
             bytes,
         };
-        batch.insert(&record_key(end.seq)[..], record.encode());
-        self.db()?.apply_batch(batch)?;
+        self.db()?
+            .insert(&record_key(end.seq)[..], record.encode())?;
         self.db()?.flush()?;
         let mut st = self.write_state();
         // Not pruned meanwhile: the writer lock is held.
         if let Some(h) = st.held.iter_mut().find(|h| h.seq == end.seq) {
-            h.parts = parts;
             h.bytes = bytes;
+            h.file = file_len;
         }
         st.live_bytes = st.live_bytes - old.bytes + bytes;
+        st.file_bytes = st.file_bytes - old.file + file_len;
         info!(seq = end.seq, "ring: damaged ledger written again");
         Ok(())
     }
 
     /// Remembers a failed write (called under the writer lock).
     fn note_failure(&self, r: &Result<(), RingError>) {
-        if let Err(RingError::Sled(_) | RingError::Unavailable) = r {
+        if let Err(RingError::Sled(_) | RingError::Io { .. } | RingError::Unavailable) = r {
             *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         }
     }
 
     /// After a failed write, closes the store and opens it again (called under the writer
-    /// lock), at most every [`REOPEN_EVERY`]; see [`Ring::append`].
+    /// lock), at most every [`REOPEN_EVERY`]; see [`Ring::append`]. Also after a failed ledger
+    /// file, though sled itself may be fine: a relay that keeps nothing open on a failed disk
+    /// lets the operator unmount it, check it and mount it again.
     fn reopen_if_failed(&self) -> Result<(), RingError> {
         let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(at) = *failed else {
@@ -262,20 +265,34 @@ impl Ring {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         // sled releases its lock on the store when the last handle goes.
-        drop(old);
-        let Ring { db, state, .. } = Ring::open(&RingConfig {
+        close_store(old);
+        let fresh = Ring::open(&RingConfig {
             dir: self.dir.clone(),
             max_ledgers: self.max_ledgers,
             max_bytes: self.max_bytes,
             network: self.network.clone(),
         })?;
         let mut st = self.write_state();
-        *st = state.into_inner().unwrap_or_else(PoisonError::into_inner);
-        *self.db.write().unwrap_or_else(PoisonError::into_inner) =
-            db.into_inner().unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut *st, &mut *fresh.write_state());
+        *self.db.write().unwrap_or_else(PoisonError::into_inner) = fresh
+            .db
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         *failed = None;
         info!(range = ?st.range(), "ring store reopened after a failed write");
         Ok(())
+    }
+}
+
+/// Drops a sled store. sled syncs a store that has not failed when it is dropped and panics if
+/// that fails (a disk turned read-only meanwhile); the panic is contained here, so that a relay
+/// stopping on a read-only disk stops cleanly (what the disk kept is what `open` reads back).
+pub(super) fn close_store(db: Option<sled::Db>) {
+    if let Some(db) = db {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db))).is_err() {
+            tracing::warn!("ring store: sled failed to sync while closing");
+        }
     }
 }
 

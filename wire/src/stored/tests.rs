@@ -27,13 +27,19 @@ fn chunk(index: u32, raw_offset: u64, raw_len: u32, codec: Codec, len: usize) ->
     }
 }
 
-/// Reads the parts back as the ring does.
-fn read_back(
-    record: Record,
-    parts: &[([u8; 9], Vec<u8>)],
-) -> Result<Vec<StoredChunk>, StoredError> {
+/// The values (parts) of ledger `seq`'s file, in order.
+fn encode_parts(seq: u32, chunks: &[StoredChunk]) -> Vec<Vec<u8>> {
+    let file = encode_file(seq, chunks);
+    file_parts(&file.bytes)
+        .map(|v| v.map(<[u8]>::to_vec))
+        .collect::<Result<_, _>>()
+        .unwrap_or_default()
+}
+
+/// Reads the parts back one by one, as `read_file` does.
+fn read_back(record: Record, parts: &[Vec<u8>]) -> Result<Vec<StoredChunk>, StoredError> {
     let mut r = PartReader::new(record);
-    for (_, v) in parts {
+    for v in parts {
         r.push(v)?;
     }
     r.finish().map(|(e, chunks)| {
@@ -118,31 +124,12 @@ fn record_under_another_key_or_damaged_is_refused() {
 }
 
 #[test]
-fn keys_sort_by_sequence_then_part() {
-    let mut keys = vec![
-        part_key(256, 0),
-        part_key(1, 300),
-        part_key(255, 7),
-        part_key(1, 2),
-        part_key(u32::MAX, 0),
-    ];
-    keys.sort();
-    assert_eq!(
-        keys,
-        vec![
-            part_key(1, 2),
-            part_key(1, 300),
-            part_key(255, 7),
-            part_key(256, 0),
-            part_key(u32::MAX, 0)
-        ]
-    );
+fn record_keys_sort_by_sequence() {
     assert!(record_key(9) < record_key(10));
     assert!(record_key(0x00ff_ffff) < record_key(0x0100_0000));
     assert_eq!(record_seq(&record_key(0xdead_beef)), Some(0xdead_beef));
-    assert_eq!(record_seq(&part_key(1, 1)), None);
+    assert_eq!(record_seq(b"c\0\0\0\x01"), None);
     assert_eq!(record_seq(b"l123"), None);
-    assert!(part_key(7, 0).starts_with(&parts_prefix(7)));
 }
 
 #[test]
@@ -170,11 +157,10 @@ fn parts_round_trip_across_part_boundaries() {
     assert_eq!(check_chunks(&e, &chunks), Ok(()));
     let parts = encode_parts(5, &chunks);
     assert_eq!(parts.len(), 4 + 1 + 1 + 1);
-    for (i, (k, v)) in parts.iter().enumerate() {
-        assert_eq!(*k, part_key(5, i as u32));
+    for v in &parts {
         assert!(v.len() <= PART_LEN_MAX);
     }
-    let stored: u64 = parts.iter().map(|(_, v)| v.len() as u64).sum();
+    let stored: u64 = parts.iter().map(|v| v.len() as u64).sum();
     let record = Record {
         end: e,
         parts: parts.len() as u32,
@@ -203,7 +189,7 @@ fn parts_that_are_damaged_missing_or_misplaced_are_refused() {
     assert_eq!(read_back(record, &parts).map(|c| c.len()), Ok(2));
 
     let mut flipped = parts.clone();
-    flipped[1].1[12] ^= 1;
+    flipped[1][12] ^= 1;
     assert_eq!(
         read_back(record, &flipped),
         Err(StoredError::PartChecksum { part: 1 })
@@ -231,7 +217,7 @@ fn parts_that_are_damaged_missing_or_misplaced_are_refused() {
         Err(StoredError::ChunkIncomplete { index: 0 })
     );
     // The chunk after the first one's continuation taken away: the first is cut short.
-    let cut = vec![parts[0].clone(), (parts[2].0, relabel(&parts[2].1, 1))];
+    let cut = vec![parts[0].clone(), relabel(&parts[2], 1)];
     let two = Record { parts: 2, ..record };
     assert_eq!(
         read_back(two, &cut),
@@ -239,9 +225,9 @@ fn parts_that_are_damaged_missing_or_misplaced_are_refused() {
     );
     // More parts than the record counts.
     let mut r = PartReader::new(Record { parts: 1, ..record });
-    assert_eq!(r.push(&parts[0].1), Ok(()));
+    assert_eq!(r.push(&parts[0]), Ok(()));
     assert_eq!(
-        r.push(&parts[1].1),
+        r.push(&parts[1]),
         Err(StoredError::ExtraPart { part: 1, parts: 1 })
     );
     // A record that counts fewer chunks or raw bytes than the parts hold.
@@ -354,4 +340,132 @@ fn check_chunks_rejects_inconsistent_ledgers() {
     for (name, e, chunks) in cases {
         assert!(check_chunks(&e, &chunks).is_err(), "{name}");
     }
+}
+
+/// Four chunks across part boundaries (as in `parts_round_trip_across_part_boundaries`).
+fn four_chunks() -> (LedgerEnd, Vec<StoredChunk>) {
+    let big = PART_MAX as u32 * 2 + 5;
+    let chunks = vec![
+        chunk(0, 0, big, Codec::None, big as usize),
+        chunk(1, u64::from(big), 1000, Codec::Zstd, 10),
+        chunk(2, u64::from(big) + 1000, 10, Codec::Lz4, 0),
+        chunk(3, u64::from(big) + 1010, 7, Codec::None, 7),
+    ];
+    let e = LedgerEnd {
+        chunk_count: 4,
+        raw_len: u64::from(big) + 1017,
+        ..end(9)
+    };
+    (e, chunks)
+}
+
+#[test]
+fn a_ledger_file_reads_back_and_counts_what_its_record_says() {
+    let (e, chunks) = four_chunks();
+    let file = encode_file(9, &chunks);
+    assert_eq!(file.parts, 3 + 1 + 1 + 1);
+    // The capacity was sized exactly: one allocation.
+    assert_eq!(file.bytes.capacity(), file.bytes.len());
+    let values = encode_parts(9, &chunks);
+    let stored: u64 = values.iter().map(|v| v.len() as u64).sum::<u64>() + RECORD_LEN as u64;
+    assert_eq!(file.stored, stored);
+    let record = Record {
+        end: e,
+        parts: file.parts,
+        bytes: file.stored,
+    };
+    assert_eq!(file_len(&record), Ok(file.bytes.len() as u64));
+    assert_eq!(read_file(record, &file.bytes), Ok((e, chunks)));
+}
+
+#[test]
+fn a_torn_long_or_damaged_ledger_file_is_refused() {
+    let (e, chunks) = four_chunks();
+    let file = encode_file(9, &chunks);
+    let record = Record {
+        end: e,
+        parts: file.parts,
+        bytes: file.stored,
+    };
+    let len = file.bytes.len() as u64;
+    // Torn: any shorter file, and a longer one.
+    for cut in [0, 1, 4, 100, file.bytes.len() - 1] {
+        assert_eq!(
+            read_file(record, &file.bytes[..cut]),
+            Err(StoredError::FileLength {
+                len: cut as u64,
+                expected: len
+            })
+        );
+    }
+    let mut long = file.bytes.clone();
+    long.push(0);
+    assert!(matches!(
+        read_file(record, &long),
+        Err(StoredError::FileLength { .. })
+    ));
+    // A payload byte flipped: its part's checksum.
+    let mut flipped = file.bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    assert_eq!(
+        read_file(record, &flipped),
+        Err(StoredError::PartChecksum { part: 5 })
+    );
+    // A length prefix that runs past the file, is 0, or is larger than any part.
+    for bad in [u32::MAX, 0, PART_LEN_MAX as u32 + 1] {
+        let mut b = file.bytes.clone();
+        b[..4].copy_from_slice(&bad.to_be_bytes());
+        assert_eq!(
+            read_file(record, &b),
+            Err(StoredError::PartLength {
+                part: 0,
+                len: u64::from(bad)
+            })
+        );
+    }
+    // Another ledger's file under this record.
+    let other = encode_file(10, &chunks);
+    assert_eq!(
+        read_file(record, &other.bytes),
+        Err(StoredError::PartKey { part: 0 })
+    );
+}
+
+#[test]
+fn a_record_no_file_can_match_is_refused_before_reading() {
+    let (e, _) = four_chunks();
+    for (bytes, parts) in [(0, 0), (RECORD_LEN as u64 - 1, 0), (RECORD_LEN as u64, 1)] {
+        let record = Record {
+            end: e,
+            parts,
+            bytes,
+        };
+        assert_eq!(
+            read_file(record, &[]),
+            Err(StoredError::RecordCounts { bytes, parts })
+        );
+    }
+    // Counts whose file length would overflow a u64.
+    let (bytes, parts) = (u64::MAX, u32::MAX);
+    let record = Record {
+        end: e,
+        parts,
+        bytes,
+    };
+    assert_eq!(
+        read_file(record, &[0; 8]),
+        Err(StoredError::RecordCounts { bytes, parts })
+    );
+}
+
+#[test]
+fn file_parts_stop_at_the_first_bad_length() {
+    let mut parts = file_parts(&[0, 0, 0, 2, 9, 9, 0, 0]);
+    assert_eq!(parts.next(), Some(Ok(&[9u8, 9][..])));
+    assert_eq!(
+        parts.next(),
+        Some(Err(StoredError::PartLength { part: 1, len: 2 }))
+    );
+    assert_eq!(parts.next(), None);
 }
