@@ -443,59 +443,79 @@ fn lanes(
 /// Bytes each lane of a row's first subscriber received, as bars grouped by row, one colour
 /// per lane number (legend), with each row's equal share drawn across its group.
 fn lane_bars(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<()> {
-    let bars: Vec<&Row> = rows
+    let groups: Vec<(String, Vec<f64>)> = rows
         .iter()
-        .copied()
         .filter(|r| r.per_lane.len() > 1)
+        .map(|r| {
+            (
+                format!("{} ({})", r.scenario.name, r.scenario.network()),
+                r.per_lane.iter().map(|l| l.rx_bytes as f64 / 1e6).collect(),
+            )
+        })
         .collect();
-    let max_lanes = bars.iter().map(|r| r.per_lane.len()).max().unwrap_or(1);
-    let mb_max = bars
+    per_lane_bars(
+        dir,
+        "lanes-rx",
+        "Bytes received per lane (first subscriber; dashes: equal share)",
+        "MB received on the lane (UDP payload)",
+        &groups,
+        written,
+    )
+}
+
+/// One group of bars per row, a bar per lane (MB), each group's equal share (its mean) dashed
+/// across it: the plot of how evenly lanes were used, for `lanes-rx` here and `lanes-bytes` of
+/// `ledger-bench lanes`.
+pub fn per_lane_bars(
+    dir: &Path,
+    name: &str,
+    caption: &str,
+    y_desc: &str,
+    groups: &[(String, Vec<f64>)],
+    written: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let max_lanes = groups.iter().map(|g| g.1.len()).max().unwrap_or(1);
+    let mb_max = groups
         .iter()
-        .flat_map(|r| r.per_lane.iter().map(|l| l.rx_bytes as f64 / 1e6))
+        .flat_map(|g| g.1.iter().copied())
         .fold(0.001, f64::max);
-    both_backends!(dir, "lanes-rx", written, |root| {
+    let n = groups.len().max(1);
+    both_backends!(dir, name, written, |root| {
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "Bytes received per lane (first subscriber; dashes: equal share)",
-                ("sans-serif", 22),
-            )
+            .caption(caption, ("sans-serif", 22))
             .margin(12)
             .x_label_area_size(60)
             .y_label_area_size(60)
-            .build_cartesian_2d(0f64..(bars.len() as f64), 0f64..mb_max * 1.25)
+            .build_cartesian_2d(0f64..(n as f64), 0f64..mb_max * 1.25)
             .map_err(err)?;
-        let labels: Vec<String> = bars
-            .iter()
-            .map(|r| format!("{} ({})", r.scenario.name, r.scenario.network()))
-            .collect();
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(bars.len() * 2 + 1)
+            .x_labels(n * 2 + 1)
             .x_label_formatter(&|x| {
                 let i = x.floor() as usize;
                 if (x - i as f64 - 0.5).abs() < 0.01 {
-                    labels.get(i).cloned().unwrap_or_default()
+                    groups.get(i).map(|g| g.0.clone()).unwrap_or_default()
                 } else {
                     String::new()
                 }
             })
             .x_label_style(("sans-serif", 12))
-            .y_desc("MB received on the lane (UDP payload)")
+            .y_desc(y_desc)
             .draw()
             .map_err(err)?;
         for k in 0..max_lanes {
             let colour = series_style(k).0;
-            let rects: Vec<Rectangle<(f64, f64)>> = bars
+            let rects: Vec<Rectangle<(f64, f64)>> = groups
                 .iter()
                 .enumerate()
-                .filter_map(|(i, r)| {
-                    let l = r.per_lane.get(k)?;
-                    let w = 0.8 / r.per_lane.len() as f64;
+                .filter_map(|(i, g)| {
+                    let mb = *g.1.get(k)?;
+                    let w = 0.8 / g.1.len() as f64;
                     let x0 = i as f64 + 0.1 + k as f64 * w;
                     Some(Rectangle::new(
-                        [(x0, 0.0), (x0 + w * 0.9, l.rx_bytes as f64 / 1e6)],
+                        [(x0, 0.0), (x0 + w * 0.9, mb)],
                         colour.filled(),
                     ))
                 })
@@ -508,10 +528,8 @@ fn lane_bars(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Re
                     Rectangle::new([(x, y - 5), (x + 14, y + 5)], colour.filled())
                 });
         }
-        for (i, r) in bars.iter().enumerate() {
-            let mean = r.per_lane.iter().map(|l| l.rx_bytes as f64).sum::<f64>()
-                / r.per_lane.len() as f64
-                / 1e6;
+        for (i, g) in groups.iter().enumerate() {
+            let mean = g.1.iter().sum::<f64>() / g.1.len().max(1) as f64;
             chart
                 .draw_series(DashedLineSeries::new(
                     vec![(i as f64 + 0.05, mean), (i as f64 + 0.95, mean)],

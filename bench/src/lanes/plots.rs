@@ -6,7 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::{LaneMode, LaneRow, MIB};
-use crate::report::{both_backends, err, register_font, series_style};
+use crate::report::{both_backends, err, per_lane_bars, register_font, series_style};
 
 /// Goodput against lanes per mode with the ideal line (lanes x cap), and each row's bytes per
 /// lane as bars. Returns the files written.
@@ -80,81 +80,53 @@ pub fn plots(rows: &[LaneRow], dir: &Path, flow_mbit: f64) -> anyhow::Result<Vec
             .draw()
             .map_err(err)?;
     });
-    let bars: Vec<&LaneRow> = rows.iter().filter(|r| r.error.is_none()).collect();
-    let mb_max = bars
+    let groups: Vec<(String, Vec<f64>)> = rows
         .iter()
-        .flat_map(|r| r.per_lane.iter().map(|l| l.delivered_bytes / 1e6))
-        .fold(1.0, f64::max);
-    both_backends!(dir, "lanes-bytes", written, |root| {
-        root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "Bytes carried per lane, each row (dashes: equal share)",
-                ("sans-serif", 22),
+        .filter(|r| r.error.is_none())
+        .map(|r| {
+            (
+                format!("{} #{}", r.label(), r.run),
+                r.per_lane.iter().map(|l| l.delivered_bytes / 1e6).collect(),
             )
-            .margin(12)
-            .x_label_area_size(90)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..(bars.len().max(1) as f64), 0f64..mb_max * 1.15)
-            .map_err(err)?;
-        let labels: Vec<String> = bars
-            .iter()
-            .map(|r| format!("{} #{}", r.label(), r.run))
-            .collect();
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(bars.len().max(1))
-            .x_label_formatter(&|x| labels.get(x.floor() as usize).cloned().unwrap_or_default())
-            .x_label_style(("sans-serif", 11))
-            .y_desc("MB acknowledged on the lane")
-            .draw()
-            .map_err(err)?;
-        let max_lanes = bars.iter().map(|r| r.per_lane.len()).max().unwrap_or(0);
-        for k in 0..max_lanes {
-            let colour = series_style(k).0;
-            let rects: Vec<Rectangle<(f64, f64)>> = bars
-                .iter()
-                .enumerate()
-                .filter_map(|(i, r)| {
-                    let l = r.per_lane.get(k)?;
-                    let w = 0.8 / r.per_lane.len().max(1) as f64;
-                    let x0 = i as f64 + 0.1 + k as f64 * w;
-                    Some(Rectangle::new(
-                        [(x0, 0.0), (x0 + w * 0.9, l.delivered_bytes / 1e6)],
-                        colour.filled(),
-                    ))
-                })
-                .collect();
-            chart
-                .draw_series(rects)
-                .map_err(err)?
-                .label(format!("lane {k}"))
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], colour.filled())
-                });
-        }
-        // Each row's equal share (its mean), dashed across its group.
-        for (i, r) in bars.iter().enumerate() {
-            let n = r.per_lane.len().max(1) as f64;
-            let mean = r.per_lane.iter().map(|l| l.delivered_bytes).sum::<f64>() / n / 1e6;
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(i as f64 + 0.05, mean), (i as f64 + 0.95, mean)],
-                    6,
-                    4,
-                    BLACK.stroke_width(1),
-                ))
-                .map_err(err)?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(err)?;
-    });
+        })
+        .collect();
+    per_lane_bars(
+        dir,
+        "lanes-bytes",
+        "Bytes carried per lane, each row (dashes: equal share)",
+        "MB acknowledged on the lane",
+        &groups,
+        &mut written,
+    )?;
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::report::per_lane_bars;
+
+    /// The per-lane plot draws a bar per lane of every group, in both formats.
+    #[test]
+    fn per_lane_bars_draw_a_bar_per_lane_of_every_group() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::report::register_font().unwrap();
+        let groups = vec![
+            ("live l4 #1".to_string(), vec![20.2, 31.8, 30.1, 24.0]),
+            ("live l2 #1".to_string(), vec![48.0, 48.1]),
+        ];
+        let mut written = Vec::new();
+        per_lane_bars(dir.path(), "bars", "caption", "MB", &groups, &mut written).unwrap();
+        assert_eq!(written.len(), 2, "{written:?}");
+        let svg = std::fs::read_to_string(dir.path().join("bars.svg")).unwrap();
+        // plotters draws each bar as a filled <rect>; the legend adds one per lane, the
+        // background and the legend box two more.
+        let rects = svg.matches("<rect").count();
+        assert!(rects >= 6 + 4, "{rects} rects");
+        assert!(
+            std::fs::metadata(dir.path().join("bars.png"))
+                .unwrap()
+                .len()
+                > 0
+        );
+    }
 }
