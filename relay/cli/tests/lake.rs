@@ -301,12 +301,7 @@ impl RelayProcess {
     }
 
     pub(crate) async fn sigterm(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("the relay stops on SIGTERM")
-            .unwrap();
+        let status = crate::process::sigterm_and_wait(&mut self.child).await;
         assert!(status.success(), "{status:?}:\n{}", self.log());
     }
 }

@@ -114,12 +114,7 @@ impl RelayProcess {
 
     /// SIGTERM, and waits for a clean exit (sessions closed, the ring flushed).
     pub(crate) async fn sigterm(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("the relay stops on SIGTERM")
-            .unwrap();
+        let status = sigterm_and_wait(&mut self.child).await;
         assert!(status.success(), "{status:?}:\n{}", self.log());
     }
 
@@ -129,6 +124,18 @@ impl RelayProcess {
         let status = self.child.wait().await.unwrap();
         assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
     }
+}
+
+/// Sends a relay process SIGTERM and waits (30 s at most) for it to exit.
+pub(crate) async fn sigterm_and_wait(
+    child: &mut tokio::process::Child,
+) -> std::process::ExitStatus {
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("the relay runs") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the relay stops on SIGTERM")
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
