@@ -271,8 +271,9 @@ pub fn spread(subs: &[Vec<crate::stats::Record>], seqs: std::ops::RangeInclusive
     }
 }
 
-/// Whether every stats file holds ledger `seq` (or a later one).
-fn all_have(stats: &[PathBuf], seq: u32) -> bool {
+/// Whether every stats file holds ledger `seq` (or a later one); the fanout and tiers benches
+/// wait on it.
+pub(crate) fn all_have(stats: &[PathBuf], seq: u32) -> bool {
     stats.iter().all(|p| {
         read_stats_lenient(p)
             .map(|r| r.last().is_some_and(|r| r.seq >= seq))

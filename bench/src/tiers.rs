@@ -305,10 +305,7 @@ fn wait_all(
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
-        let have = stats
-            .iter()
-            .all(|p| read_stats_lenient(p).is_ok_and(|r| r.last().is_some_and(|r| r.seq >= seq)));
-        if have {
+        if crate::fanout::all_have(stats, seq) {
             return Ok(());
         }
         for (i, c) in subs.iter_mut().enumerate() {
