@@ -411,11 +411,8 @@ pub fn stored_file(data: &[u8]) {
             seq: 1,
             chunk_count: 2,
             raw_len: 300,
-            checksum: 0,
             header_hash: [1; 32],
-            previous_hash: [0; 32],
-            first_byte_ns: 0,
-            last_byte_ns: 0,
+            ..Default::default()
         },
         parts: u32::from_be_bytes([p0, p1, p2, p3]),
         bytes: u64::from_be_bytes(b),
