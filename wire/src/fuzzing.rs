@@ -400,22 +400,10 @@ pub fn stored(data: &[u8]) {
 /// refused with an error; what is read holds no more payload than the file, and its chunks tile
 /// the ledger.
 pub fn stored_file(data: &[u8]) {
-    use crate::stored::{check_chunks, file_len, file_parts, read_file, Record};
+    use crate::stored::{check_chunks, file_len, file_parts, read_file};
 
-    let Some((counts, file)) = data.split_first_chunk::<12>() else {
+    let Some((record, file)) = stored_file_record(data) else {
         return;
-    };
-    let [p0, p1, p2, p3, b @ ..] = *counts;
-    let record = Record {
-        end: crate::frame::LedgerEnd {
-            seq: 1,
-            chunk_count: 2,
-            raw_len: 300,
-            header_hash: [1; 32],
-            ..Default::default()
-        },
-        parts: u32::from_be_bytes([p0, p1, p2, p3]),
-        bytes: u64::from_be_bytes(b),
     };
     let _ = file_len(&record);
     for v in file_parts(file).take(1000).flatten() {
@@ -427,6 +415,25 @@ pub fn stored_file(data: &[u8]) {
         assert!(held <= file.len());
         assert_eq!(check_chunks(&end, &chunks), Ok(()));
     }
+}
+
+/// The record `stored_file` reads a file against, from the input's first 12 bytes (parts
+/// `u32`, stored bytes `u64`): a small ledger of 2 chunks and 300 raw bytes; and the rest.
+fn stored_file_record(data: &[u8]) -> Option<(crate::stored::Record, &[u8])> {
+    let (counts, file) = data.split_first_chunk::<12>()?;
+    let [p0, p1, p2, p3, b @ ..] = *counts;
+    let record = crate::stored::Record {
+        end: crate::frame::LedgerEnd {
+            seq: 1,
+            chunk_count: 2,
+            raw_len: 300,
+            header_hash: [1; 32],
+            ..Default::default()
+        },
+        parts: u32::from_be_bytes([p0, p1, p2, p3]),
+        bytes: u64::from_be_bytes(b),
+    };
+    Some((record, file))
 }
 
 /// The relay's session state machine: bytes become a sequence of inputs (lanes joining and
@@ -742,21 +749,9 @@ mod tests {
 
     #[test]
     fn the_stored_file_seed_reads_back_whole() {
-        use crate::stored::{read_file, Record};
         let data = stored_file_seed();
-        let (counts, file) = data.split_at(12);
-        let record = Record {
-            end: crate::frame::LedgerEnd {
-                seq: 1,
-                chunk_count: 2,
-                raw_len: 300,
-                header_hash: [1; 32],
-                ..Default::default()
-            },
-            parts: u32::from_be_bytes(counts[..4].try_into().unwrap()),
-            bytes: u64::from_be_bytes(counts[4..].try_into().unwrap()),
-        };
-        let (_, chunks) = read_file(record, file).unwrap();
+        let (record, file) = super::stored_file_record(&data).unwrap();
+        let (_, chunks) = crate::stored::read_file(record, file).unwrap();
         assert_eq!(chunks.len(), 2);
     }
 
