@@ -229,6 +229,15 @@ async fn connection_session_and_lane_limits_are_enforced() {
     for _ in 0..4 {
         idle.push(raw_connect(&relay, tls_client(&certs, "rpc-1")).await);
     }
+    // A client sees its handshake complete before the relay counts the connection as
+    // validated: until it does, a validated 7th attempt is admitted and the idle connection
+    // refused instead (the cap holds either way). Wait for the relay's count.
+    let m = &relay.relay.metrics;
+    eventually(5, "the idle connections counted as validated", || {
+        m.handshakes_unvalidated.load(Ordering::Relaxed) == 0
+            && m.connections_open.load(Ordering::Relaxed) == 6
+    })
+    .await;
     let settings = ledger_relay_transport::TransportSettings::default();
     let socket =
         ledger_relay_transport::udp_socket("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
