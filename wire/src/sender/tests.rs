@@ -460,7 +460,11 @@ fn a_lane_takes_no_more_than_its_target() {
     let t = transmits(&mut s, MS);
     let info = s.lanes(MS)[0];
     assert!(t.len() < 100, "late binding: the rest waits in the queue");
-    assert!(info.outstanding >= info.target && info.outstanding < info.target + 10_100);
+    // Unmeasured, the lane is held to one chunk: units go on while they fit within it.
+    assert!(
+        info.outstanding <= info.target && info.outstanding + 10_100 > info.target,
+        "{info:?}"
+    );
     s.handle_stream_done(t[0].stream, true, 2 * MS);
     assert_eq!(transmits(&mut s, 2 * MS).len(), 1, "one out, one in");
 }
