@@ -1099,6 +1099,12 @@ proptest! {
         // it would finish later (seen: a 4 MB/s lane idle for 80 ms beside three 1 MB/s lanes
         // on their first 123 KiB chunk); fast lanes ramp for several round trips. So each lane
         // may also be off by the bytes of `startup_slack`.
+        //
+        // Known limit, open: `SIM_SEED=2 SIM_CASES=1000` and `SIM_SEED=4 SIM_CASES=1000` find
+        // sets with two or three 1 MB/s lanes and ~510 KiB chunks (half a second per chunk,
+        // as long as the whole transfer), where a fast lane measured only from short units
+        // is left idle and the transfer takes 2-2.7x its bound. Seeds 1, 3, 5 and 6 pass
+        // 1000 cases each.
         check(sc, 0.05, Shares::Within5AfterStartup);
     }
 }
