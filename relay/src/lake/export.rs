@@ -348,10 +348,20 @@ impl Run {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // The publisher is gone: what the ring still holds beyond the lake.
-                    return match want.and_then(|w| self.ring_ledger(w)) {
-                        Some(l) => Next::Ledger(l),
-                        None => Next::Done,
-                    };
+                    if let Some(l) = want.and_then(|w| self.ring_ledger(w)) {
+                        return Next::Ledger(l);
+                    }
+                    // The ledgers the queue skipped may still wait for the ring's writer (a
+                    // file source ends, the publisher with it, while a slow disk is still
+                    // writing the last ledgers): wait for them while the writer makes
+                    // progress, rather than end with them missing from the lake (seen on a
+                    // loaded machine: the export ended 8 ledgers short).
+                    let writing = self.metrics.ring_queue_ledgers.load(Ordering::Relaxed) > 0;
+                    if writing && want.is_some_and(|w| self.ring_behind(w)) {
+                        std::thread::sleep(Duration::from_millis(10));
+                        return Next::Idle;
+                    }
+                    return Next::Done;
                 }
             }
         }
