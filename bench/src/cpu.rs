@@ -56,6 +56,10 @@ pub struct CpuArgs {
     /// transport's own).
     #[arg(long)]
     pub max_mtu: Option<u16>,
+    /// UDP payload the QUIC rows take the path to carry (the `min_mtu` transport setting):
+    /// the floor quinn's black-hole detection falls back to.
+    #[arg(long)]
+    pub min_mtu: Option<u16>,
     /// Generic segmentation offload in the quinn row (the `gso` transport setting; default on).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub gso: bool,
@@ -126,6 +130,9 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let mut transport = TransportSettings::default();
     if let Some(mtu) = a.max_mtu {
         transport.max_mtu = mtu;
+    }
+    if let Some(mtu) = a.min_mtu {
+        transport.min_mtu = mtu;
     }
     transport.gso = a.gso;
     transport.ack_eliciting_threshold = a.ack_threshold;
@@ -529,6 +536,9 @@ impl Run {
             .args(["--size", &a.size, "--cadence", &a.cadence]);
         if let Some(mtu) = a.max_mtu {
             cmd.args(["--max-mtu", &mtu.to_string()]);
+        }
+        if let Some(mtu) = a.min_mtu {
+            cmd.args(["--min-mtu", &mtu.to_string()]);
         }
         let out = cmd
             .stderr(std::process::Stdio::inherit())

@@ -60,6 +60,15 @@ pub struct TransportSettings {
     /// then raises it (to 1452 on a 1500-byte Ethernet path, or up to the jumbo-frame size
     /// within a VPC).
     pub initial_mtu: u16,
+    /// UDP payload the network is known to carry (default 1200, the QUIC minimum): where
+    /// quinn's black-hole detection falls back to after a burst of lost large packets, and
+    /// the floor of the first packets. On a path known to carry jumbo frames (within an EC2
+    /// VPC), 8952 with `max_mtu = 8952` keeps every packet large; a lower value lets a burst
+    /// of ordinary losses drop the lane to 1200-byte packets for a minute (`bench/RESULTS.md`,
+    /// "Levers"; on loopback, kept at 8952 it cost more CPU, not less, since quinn declared a
+    /// third of the large packets lost). Too high for the real path, and packets of that size
+    /// are simply lost.
+    pub min_mtu: u16,
     /// Generic segmentation offload (default on): quinn hands the kernel up to 64 KiB of
     /// packets per send call, which roughly halves the CPU cost of sending.
     pub gso: bool,
@@ -68,9 +77,9 @@ pub struct TransportSettings {
     /// find the 9001-byte jumbo frames EC2 carries within a VPC, and every packet costs the
     /// same header processing, encryption set-up and acknowledgement work whatever its size;
     /// but measured on loopback here, bare quinn at 8952 cost about 26% more CPU per ledger
-    /// than at 1500, not less (bench/RESULTS.md, "Levers"). quinn's black-hole detection
-    /// falling back to 1200-byte packets would explain that and is not yet verified, so it is
-    /// not the default.
+    /// than at 1500, not less: quinn's black-hole detection took loss bursts for an MTU black
+    /// hole and fell back to 1200-byte packets (bench/RESULTS.md, "Levers"; see `min_mtu`),
+    /// so it is not the default.
     pub max_mtu: u16,
     /// Whether a lane interleaves its open streams fairly (default off). Off, a lane sends
     /// its streams in the order they were opened, so each chunk completes as early as its
@@ -99,6 +108,7 @@ impl Default for TransportSettings {
             idle_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(2),
             initial_mtu: 1200,
+            min_mtu: 1200,
             gso: true,
             max_mtu: 1452,
             fair_streams: false,
@@ -123,7 +133,8 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
             IdleTimeout::try_from(s.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX)),
         ))
         .keep_alive_interval((!s.keep_alive.is_zero()).then_some(s.keep_alive))
-        .initial_mtu(s.initial_mtu.max(1200))
+        .initial_mtu(s.initial_mtu.max(s.min_mtu).max(1200))
+        .min_mtu(s.min_mtu.max(1200))
         .mtu_discovery_config(Some(mtu_discovery(s)))
         .enable_segmentation_offload(s.gso)
         .send_fairness(s.fair_streams)
@@ -140,7 +151,7 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
 
 fn mtu_discovery(s: &TransportSettings) -> MtuDiscoveryConfig {
     let mut m = MtuDiscoveryConfig::default();
-    m.upper_bound(s.max_mtu.max(1200));
+    m.upper_bound(s.max_mtu.max(s.min_mtu).max(1200));
     m
 }
 
@@ -148,7 +159,7 @@ fn mtu_discovery(s: &TransportSettings) -> MtuDiscoveryConfig {
 pub fn endpoint_config(s: &TransportSettings) -> quinn::EndpointConfig {
     let mut e = quinn::EndpointConfig::default();
     // Within 1200..=65527 by the clamp, which is all quinn refuses.
-    let _ = e.max_udp_payload_size(s.max_mtu.clamp(1200, 65_527));
+    let _ = e.max_udp_payload_size(s.max_mtu.max(s.min_mtu).clamp(1200, 65_527));
     e
 }
 

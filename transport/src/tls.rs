@@ -9,13 +9,18 @@ use rustls::server::danger::ClientCertVerifier;
 
 use crate::settings::{server_transport_config, transport_config, TransportSettings};
 
-/// The rustls crypto provider both ends use: always ring, built explicitly.
+/// The rustls crypto provider both ends use: ring, built explicitly (aws-lc-rs only in a
+/// build with this crate's `aws-lc-rs` feature, which exists to measure it against ring).
 ///
 /// quinn's `rustls-ring` feature and rustls' own defaults can leave two providers compiled in
 /// and no unambiguous process default, so nothing here relies on
 /// `CryptoProvider::get_default`.
 pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    #[cfg(feature = "aws-lc-rs")]
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    #[cfg(not(feature = "aws-lc-rs"))]
+    let provider = rustls::crypto::ring::default_provider();
+    Arc::new(provider)
 }
 
 /// Why a TLS configuration could not be built.

@@ -136,6 +136,9 @@ fn transport_config_takes_the_settings() {
     s.keep_alive = std::time::Duration::ZERO;
     s.initial_mtu = 0;
     transport::transport_config(&s);
+    s.min_mtu = u16::MAX;
+    transport::transport_config(&s);
+    transport::endpoint_config(&s);
 }
 
 #[tokio::test]

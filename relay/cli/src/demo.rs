@@ -51,6 +51,11 @@ pub struct DemoArgs {
     /// setting; default the transport's own, 1452): 8952 for EC2's 9001-byte jumbo frames.
     #[arg(long)]
     pub max_mtu: Option<u16>,
+    /// UDP payload both ends take the path to carry (the `min_mtu` transport setting; default
+    /// 1200): where a lane falls back after a burst of lost large packets. With `--max-mtu`,
+    /// the same value keeps a jumbo-frame path's packets large.
+    #[arg(long)]
+    pub min_mtu: Option<u16>,
 }
 
 /// What a thread of this process does, from its name: `source` (the synthetic source standing
@@ -117,6 +122,9 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
     config.source = SourceSpec::Synthetic(spec);
     if let Some(mtu) = args.max_mtu {
         config.transport.max_mtu = mtu;
+    }
+    if let Some(mtu) = args.min_mtu {
+        config.transport.min_mtu = mtu;
     }
     eprintln!(
         "generating {} synthetic ledgers of {:.1} MiB (zstd ratio {}) ...",
