@@ -149,17 +149,23 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
     t
 }
 
+/// The largest UDP payload a lane searches for and accepts: `max_mtu`, never below `min_mtu`
+/// or QUIC's 1200.
+fn mtu_ceiling(s: &TransportSettings) -> u16 {
+    s.max_mtu.max(s.min_mtu).max(1200)
+}
+
 fn mtu_discovery(s: &TransportSettings) -> MtuDiscoveryConfig {
     let mut m = MtuDiscoveryConfig::default();
-    m.upper_bound(s.max_mtu.max(s.min_mtu).max(1200));
+    m.upper_bound(mtu_ceiling(s));
     m
 }
 
 /// The endpoint configuration of a lane: it accepts datagrams up to [`TransportSettings::max_mtu`].
 pub fn endpoint_config(s: &TransportSettings) -> quinn::EndpointConfig {
     let mut e = quinn::EndpointConfig::default();
-    // Within 1200..=65527 by the clamp, which is all quinn refuses.
-    let _ = e.max_udp_payload_size(s.max_mtu.max(s.min_mtu).clamp(1200, 65_527));
+    // Within 1200..=65527, which is all quinn refuses.
+    let _ = e.max_udp_payload_size(mtu_ceiling(s).min(65_527));
     e
 }
 
