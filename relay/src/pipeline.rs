@@ -432,6 +432,7 @@ pub fn update_ring_metrics(ring: &Ring, metrics: &Metrics) {
     Metrics::set(&metrics.ring_oldest, u64::from(stats.oldest.unwrap_or(0)));
     Metrics::set(&metrics.ring_newest, u64::from(stats.newest.unwrap_or(0)));
     Metrics::set(&metrics.ring_ledgers, stats.ledgers);
+    Metrics::set(&metrics.ring_runs, stats.runs);
     Metrics::set(&metrics.ring_bytes, stats.live_bytes);
     Metrics::set(&metrics.ring_disk_bytes, stats.disk_bytes);
 }

@@ -7,7 +7,14 @@
 //! their own, then the ledger's record in one atomic sled batch together with the pruning that
 //! ledger causes, flushed at every ledger boundary. It serves a ledger only after every stored
 //! value passes its checksum and the chunk set is complete, refuses to splice two runs or mix
-//! two networks, and repairs a torn last ledger after a crash. What it does not do: decompress,
+//! two networks, and repairs a torn last ledger after a crash.
+//!
+//! It holds runs: ledgers that are consecutive and hash-linked. A ledger that comes after a
+//! gap (the relay was down while its source went on, or its writer's queue gave ledgers up)
+//! starts a new run beside the old ones ([`Ring::append_after_gap`]); they are read, pruned
+//! (oldest first, across runs) and reopened like the rest. Only a ledger that cannot stand
+//! beside what is held (the source went back, or is on another chain) empties the ring
+//! ([`Ring::reset`]). What it does not do: decompress,
 //! check the ledger's own checksum or hash chain against its bytes (the pipeline and the
 //! subscriber do that), or run on the source's path: the API is synchronous and the relay calls
 //! it from a dedicated writer thread.
@@ -35,8 +42,10 @@
 //! name and syncs the directory; only then does it commit the record (and the pruning) in one
 //! sled batch and flush; then it unlinks the pruned ledgers' files. So after `kill -9` or a
 //! power cut the store holds every ledger whose [`Ring::append`] returned, and every record
-//! names a whole file. [`Ring::open`] still repairs defensively: it keeps only the newest run of
-//! records that are readable, consecutive and hash-linked, fully verifies the newest ledger
+//! names a whole file. [`Ring::open`] still repairs defensively: it keeps, from the newest down,
+//! the records that are readable and, within each run, consecutive and hash-linked (a gap in
+//! the sequences separates two runs; consecutive ledgers that do not link, or an unreadable
+//! record, end what is kept), fully verifies the newest ledger
 //! (dropping it, and then the one before, while it is torn), and removes every file no kept
 //! record owns (temporary files, files of pruned, reset or dropped ledgers).
 //!
@@ -173,7 +182,10 @@ pub struct RingStats {
     /// Size of the ring directory: sled's files (walked; 0 for files that vanish meanwhile)
     /// and the held ledgers' files.
     pub disk_bytes: u64,
-    /// Run counter: bumped by every [`Ring::reset`].
+    /// Runs held: 1 while what is held is consecutive, more after gaps (see
+    /// [`Ring::append_after_gap`]), 0 when empty.
+    pub runs: u64,
+    /// Reset counter: bumped by every [`Ring::reset`].
     pub epoch: u64,
 }
 
@@ -267,6 +279,11 @@ pub enum RingError {
     },
 }
 
+/// Whether ledger `seq` comes after a gap behind ledger `newest`: later than the one after it.
+fn after_gap(newest: u32, seq: u32) -> bool {
+    newest.checked_add(1).is_some_and(|next| seq > next)
+}
+
 /// The first bytes of a hash in hex, for messages.
 fn hex8(h: &[u8; 32]) -> String {
     h[..8].iter().map(|b| format!("{b:02x}")).collect()
@@ -284,7 +301,8 @@ struct Held {
 
 #[derive(Debug)]
 struct State {
-    /// Held ledgers, oldest first, consecutive.
+    /// Held ledgers, oldest first: consecutive and hash-linked within a run, runs separated by
+    /// gaps (see [`Ring::append_after_gap`]).
     held: VecDeque<Held>,
     /// Header hash of the newest held ledger.
     newest_hash: [u8; 32],
@@ -297,6 +315,26 @@ struct State {
 impl State {
     fn range(&self) -> Option<(u32, u32)> {
         Some((self.held.front()?.seq, self.held.back()?.seq))
+    }
+
+    fn holds(&self, seq: u32) -> bool {
+        self.held.binary_search_by_key(&seq, |h| h.seq).is_ok()
+    }
+
+    fn next_held(&self, seq: u32) -> Option<u32> {
+        let i = self.held.partition_point(|h| h.seq < seq);
+        self.held.get(i).map(|h| h.seq)
+    }
+
+    fn runs(&self) -> Vec<(u32, u32)> {
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for h in &self.held {
+            match runs.last_mut() {
+                Some(run) if run.1.checked_add(1) == Some(h.seq) => run.1 = h.seq,
+                _ => runs.push((h.seq, h.seq)),
+            }
+        }
+        runs
     }
 }
 
@@ -362,9 +400,27 @@ impl Ring {
             .ok_or(RingError::Unavailable)
     }
 
-    /// `(oldest, newest)` held, from memory.
+    /// `(oldest, newest)` held, from memory. With more than one run (see
+    /// [`Ring::append_after_gap`]) the ledgers between two runs are not held: ask
+    /// [`Ring::holds`], [`Ring::next_held`] or [`Ring::runs`].
     pub fn range(&self) -> Option<(u32, u32)> {
         self.read_state().range()
+    }
+
+    /// Whether ledger `seq` is held, from memory.
+    pub fn holds(&self, seq: u32) -> bool {
+        self.read_state().holds(seq)
+    }
+
+    /// The oldest ledger held at or after `seq`, from memory.
+    pub fn next_held(&self, seq: u32) -> Option<u32> {
+        self.read_state().next_held(seq)
+    }
+
+    /// The runs held, oldest first, each `(oldest, newest)`: ledgers that are consecutive and
+    /// hash-linked, with a gap before the next run.
+    pub fn runs(&self) -> Vec<(u32, u32)> {
+        self.read_state().runs()
     }
 
     /// The newest sequence held and its header hash, from memory.
@@ -382,7 +438,7 @@ impl Ring {
     /// ledgers' files, counted as they are written (walking 10,000 of them at every append
     /// would cost the writer more than the append).
     pub fn stats(&self) -> RingStats {
-        let (oldest, newest, ledgers, live_bytes, file_bytes, epoch) = {
+        let (oldest, newest, ledgers, live_bytes, file_bytes, runs, epoch) = {
             let st = self.read_state();
             let range = st.range();
             (
@@ -391,6 +447,7 @@ impl Ring {
                 st.held.len() as u64,
                 st.live_bytes,
                 st.file_bytes,
+                st.runs().len() as u64,
                 st.epoch,
             )
         };
@@ -399,6 +456,7 @@ impl Ring {
             newest,
             ledgers,
             live_bytes,
+            runs,
             disk_bytes: dir_size(&self.dir, Some(LEDGERS_DIR)) + file_bytes,
             epoch,
         }

@@ -80,12 +80,11 @@ async fn pass(shared: &Shared, ring: &Arc<Ring>, rate: u64, shutdown: &Cancellat
         if shutdown.is_cancelled() {
             return Pass::Stopped;
         }
-        // Pruned while the pass went on: continue from the oldest.
-        if let Some((oldest, _)) = ring.range() {
-            seq = seq.max(oldest);
-        }
-        if seq > newest {
-            break;
+        // The next ledger held: past a gap between two runs, or from the oldest if the pass
+        // fell behind the pruning.
+        match ring.next_held(seq) {
+            Some(next) if next <= newest => seq = next,
+            _ => break,
         }
         let r = ring.clone();
         let got = tokio::task::spawn_blocking(move || r.get(seq)).await;

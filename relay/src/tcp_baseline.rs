@@ -219,7 +219,7 @@ async fn complete_ledger(
             return Ok(l);
         }
         if let Some(ring) = shared.ring.clone() {
-            if ring.range().is_some_and(|(a, b)| (a..=b).contains(&seq)) {
+            if ring.holds(seq) {
                 let got = tokio::task::spawn_blocking(move || ring.get(seq))
                     .await
                     .map_err(|e| format!("ring read task: {e}"))?

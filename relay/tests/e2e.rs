@@ -156,6 +156,65 @@ async fn a_restarted_relay_serves_what_it_held() {
     relay.stop().await;
 }
 
+/// Issue 13, item 2, end to end: a relay restarted after its source went on without it (core
+/// ran while the relay was down) keeps the run it held beside the new one. A subscriber is
+/// served from either run and is told, with a typed error it can fail over on, that the
+/// ledgers between them are not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_keeps_the_old_run_and_serves_both() {
+    let dir = TestDir::new();
+    let want = testnet_ledgers();
+    let records = testnet_records(320);
+    let write = |name: &str, range: std::ops::Range<usize>| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, records[range].concat()).unwrap();
+        format!("file:{}", path.display())
+    };
+    let (first, second) = (write("first", 0..100), write("second", 150..320));
+    let relay = dir.start(&first).await;
+    relay.wait_for(FIRST + 99).await;
+    relay.stop().await;
+    let relay = dir.start(&second).await;
+    relay.wait_for(LAST).await;
+    let ring = &relay.relay.ring;
+    eventually(10, "the second run written", || {
+        ring.range().is_some_and(|r| r.1 == LAST)
+    })
+    .await;
+    assert_eq!(ring.runs(), vec![(FIRST, FIRST + 99), (FIRST + 150, LAST)]);
+    let m = &relay.relay.metrics;
+    assert_eq!(m.ring_resets_total.load(Ordering::Relaxed), 0);
+    assert_eq!(m.ring_gaps_total.load(Ordering::Relaxed), 1);
+    assert!(m.render().contains("ledger_relay_ring_runs 2\n"));
+
+    let got = take(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)), 100, 60)
+        .await
+        .unwrap();
+    assert_identical(&got, &want, FIRST);
+    let got = take(
+        dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST + 150)),
+        170,
+        60,
+    )
+    .await
+    .unwrap();
+    assert_identical(&got, &want, FIRST + 150);
+    // Streaming across the end of the old run, or starting inside the gap: the relay says
+    // which ledger it does not hold.
+    for start in [FIRST + 95, FIRST + 120] {
+        let err = take(dir.sub(&relay, "rpc-1", 2, Start::Seq(start)), 30, 30)
+            .await
+            .unwrap_err();
+        match err {
+            SubscribeError::BelowRetention { requested, .. } => {
+                assert_eq!(requested, start.max(FIRST + 100), "from {start}")
+            }
+            other => panic!("from {start}: expected not held, got {other:?}"),
+        }
+    }
+    relay.stop().await;
+}
+
 /// Writes the first `n` testnet records, each to its own file, for shell scripts to cat.
 fn record_files(dir: &Path, n: usize) -> Vec<PathBuf> {
     testnet_records(n)

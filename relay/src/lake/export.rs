@@ -420,8 +420,7 @@ impl Run {
     /// Ledger `seq` from the ring, if it holds it.
     fn ring_ledger(&self, seq: u32) -> Option<BatchLedger> {
         let ring = self.ring.as_ref()?;
-        let (oldest, newest) = ring.range()?;
-        if seq < oldest || seq > newest {
+        if !ring.holds(seq) {
             return None;
         }
         let (end, chunks) = match ring.get(seq) {

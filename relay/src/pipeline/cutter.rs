@@ -269,7 +269,7 @@ impl Cutter {
         let Some(ring) = self.ring.as_ref() else {
             return HeldHash::Absent;
         };
-        if !ring.range().is_some_and(|(a, b)| (a..=b).contains(&seq)) {
+        if !ring.holds(seq) {
             return HeldHash::Absent;
         }
         // Rare (a restart of core or of the relay), and off the pipe-reading thread.

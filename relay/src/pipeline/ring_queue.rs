@@ -13,7 +13,7 @@
 //! on without a gap: a disk error costs no retention. Only when the queue is full does the
 //! publisher give up its oldest ledger for the ring (counted in
 //! `ledger_relay_ring_given_up_total`); the next ledger written then does not continue the
-//! ring, which starts a new run (the ring holds one consecutive run, see [`crate::ring`]).
+//! ring, which starts a new run after the gap and keeps the older ones (see [`crate::ring`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -175,7 +175,8 @@ fn store_failed(e: &RingError) -> bool {
     )
 }
 
-/// Appends one ledger: a new run when it does not continue the ring. A ledger the ring already
+/// Appends one ledger: a new run when it does not continue the ring (beside the old runs
+/// after a gap, else in an emptied ring). A ledger the ring already
 /// holds as its newest (the write reported a failure, yet reached the disk, as the store
 /// reopened finds) is done.
 fn write(ring: &Ring, ledger: &CompleteLedger, metrics: &Metrics) -> Result<(), RingError> {
@@ -188,17 +189,29 @@ fn write(ring: &Ring, ledger: &CompleteLedger, metrics: &Metrics) -> Result<(), 
     if matches!(r, Err(RingError::Discontinuity { .. })) && held() {
         return Ok(());
     }
-    if let Err(RingError::Discontinuity { newest, seq, .. }) = &r {
-        // The source started a new run (or the queue gave up ledgers): a ring must never
-        // splice two runs, so it starts over.
-        warn!(
-            newest,
-            seq, "ring does not continue into this ledger: starting a new run"
-        );
-        r = ring.reset().and_then(|()| {
-            Metrics::add(&metrics.ring_resets_total, 1);
-            ring.append(&ledger.end, &chunks)
-        });
+    if let Err(RingError::Discontinuity { newest, seq, .. }) = r {
+        // Ledgers passed that the ring never got (the relay was away while its source went
+        // on, or the queue gave them up): a new run beside the old ones, if the ring agrees
+        // that this is a gap.
+        r = ring.append_after_gap(&ledger.end, &chunks);
+        if r.is_ok() {
+            Metrics::add(&metrics.ring_gaps_total, 1);
+            warn!(
+                newest,
+                seq, "ring does not hold the ledgers before this one: started a new run, the older runs are kept"
+            );
+        } else if matches!(r, Err(RingError::Discontinuity { .. })) {
+            // The source went back or is on another chain: what the ring holds cannot stand
+            // beside it (a ring never splices two runs), so the ring starts over.
+            warn!(
+                newest,
+                seq, "ring does not continue into this ledger: emptying it for a new run"
+            );
+            r = ring.reset().and_then(|()| {
+                Metrics::add(&metrics.ring_resets_total, 1);
+                ring.append(&ledger.end, &chunks)
+            });
+        }
     }
     r
 }

@@ -192,25 +192,34 @@ fn small_ledgers(n: u64) -> Vec<Bytes> {
     synthetic_ledgers(&spec).map(Bytes::from).collect()
 }
 
-/// A ring whose writes wait at the gate until it opens.
-fn gated_ring(dir: &std::path::Path) -> (Arc<Ring>, Arc<(Mutex<bool>, std::sync::Condvar)>) {
+/// A ring whose writes wait at the gate until it opens. The gate's state: 0 shut, 1 shut with
+/// a write waiting at it, 2 open.
+fn gated_ring(dir: &std::path::Path) -> (Arc<Ring>, Arc<(Mutex<u8>, std::sync::Condvar)>) {
     let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir)).unwrap());
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let gate = Arc::new((Mutex::new(0u8), std::sync::Condvar::new()));
     let g = gate.clone();
     ring.set_hook(Some(Arc::new(move |at| {
         if at == "append:index" {
-            let (open, cv) = &*g;
-            let mut o = open.lock().unwrap();
-            while !*o {
-                o = cv.wait(o).unwrap();
+            let (state, cv) = &*g;
+            let mut s = state.lock().unwrap();
+            if *s == 0 {
+                *s = 1;
+            }
+            while *s != 2 {
+                s = cv.wait(s).unwrap();
             }
         }
     })));
     (ring, gate)
 }
 
-fn open_gate(gate: &(Mutex<bool>, std::sync::Condvar)) {
-    *gate.0.lock().unwrap() = true;
+/// Waits until a write waits at the gate.
+fn gate_entered(gate: &(Mutex<u8>, std::sync::Condvar)) {
+    wait_until("a write at the gate", || *gate.0.lock().unwrap() == 1);
+}
+
+fn open_gate(gate: &(Mutex<u8>, std::sync::Condvar)) {
+    *gate.0.lock().unwrap() = 2;
     gate.1.notify_all();
 }
 
@@ -292,7 +301,7 @@ fn every_ledger_waiting_for_the_ring_stays_reachable() {
 
 /// Issue 13, item 4: the ring's queue is bounded in bytes. With the writer stuck, the oldest
 /// queued ledgers are given up for the ring (counted), the hub keeps no more than the queue
-/// holds, and the ring then starts a new run after the gap.
+/// holds, and the ring then starts a new run after the gap, keeping the ledger it wrote first.
 #[test]
 fn the_ring_queue_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
@@ -314,7 +323,10 @@ fn the_ring_queue_is_bounded() {
         ..PipelineConfig::default()
     };
     let (tx, hub, metrics, handle) = with_ring(ring.clone(), config, StartState::default());
-    for l in &want {
+    // The writer takes ledger 2 and is held inside it; the rest queue up behind.
+    send_ledger(&tx, &want[0]);
+    gate_entered(&gate);
+    for l in &want[1..] {
         send_ledger(&tx, l);
     }
     wait_until("all published", || hub.tip().newest == 101);
@@ -328,14 +340,21 @@ fn the_ring_queue_is_bounded() {
     let held = (oldest..=101).filter(|s| hub.recent(*s).is_some()).count();
     assert!(held <= 1 + 12 + 4, "{held} ledgers in memory from {oldest}");
     open_gate(&gate);
+    // The writer counts the gap once the append returned, after the ring showed the ledger.
     wait_until("the newest written", || {
         ring.range().is_some_and(|r| r.1 == 101)
+            && metrics.ring_gaps_total.load(Ordering::Relaxed) > 0
     });
+    assert_eq!(metrics.ring_resets_total.load(Ordering::Relaxed), 0);
     assert_eq!(
-        metrics.ring_resets_total.load(Ordering::Relaxed),
+        metrics.ring_gaps_total.load(Ordering::Relaxed),
         1,
-        "a new run"
+        "a new run after the gap"
     );
+    let runs = ring.runs();
+    assert_eq!(runs.len(), 2, "ledger 2 is kept: {runs:?}");
+    assert_eq!(runs[0], (2, 2), "{runs:?}");
+    assert_eq!(runs[1].1, 101, "{runs:?}");
     drop(tx);
     handle.join();
 }
@@ -397,4 +416,53 @@ fn a_damaged_ledger_emitted_again_is_repaired_not_a_new_run() {
     assert!(hub.recent(5).is_none(), "the repair is not published");
     drop(tx);
     handle.join();
+}
+
+/// Issue 13, item 2: a gap in what the ring is given (the relay was down while core went on,
+/// or the ring's queue gave ledgers up) starts a new run without deleting the old one: both
+/// runs are kept, read back and found again when the ring is opened again.
+#[test]
+fn a_gap_starts_a_new_run_and_keeps_the_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = small_ledgers(24); // 2..=25
+    let open = || Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
+    {
+        let ring = open();
+        let (tx, _hub, _m, handle) = with_ring(
+            ring.clone(),
+            PipelineConfig::default(),
+            StartState::default(),
+        );
+        for l in &want[..10] {
+            send_ledger(&tx, l);
+        }
+        wait_until("2..=11 written", || ring.range() == Some((2, 11)));
+        drop(tx);
+        handle.join();
+    }
+    let ring = open();
+    let start = StartState {
+        newest: ring.newest(),
+    };
+    let (tx, hub, metrics, handle) = with_ring(ring.clone(), PipelineConfig::default(), start);
+    // The source comes back at 20: ledgers 12..=19 passed while the relay was away.
+    for l in &want[18..] {
+        send_ledger(&tx, l);
+    }
+    wait_until("25 written", || ring.range().is_some_and(|r| r.1 == 25));
+    assert_eq!(hub.tip().newest, 25);
+    assert_eq!(metrics.ring_resets_total.load(Ordering::Relaxed), 0);
+    let held = |ring: &Ring| -> Vec<u32> {
+        (1..=26)
+            .filter(|s| matches!(ring.get(*s), Ok(Some((end, _))) if end.seq == *s))
+            .collect()
+    };
+    let both: Vec<u32> = (2..=11).chain(20..=25).collect();
+    assert_eq!(held(&ring), both, "the old run is kept beside the new one");
+    drop(tx);
+    handle.join();
+    drop(ring);
+    let ring = open();
+    assert_eq!(held(&ring), both, "both runs are found again on opening");
+    assert_eq!(ring.newest().map(|n| n.0), Some(25));
 }

@@ -19,7 +19,7 @@ use ledger_relay_wire::stored::{
 use super::files::{Files, Name};
 use super::read::{read_ledger, ReadFail};
 use super::{
-    sled_tuning, Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FORMAT_VERSION,
+    after_gap, sled_tuning, Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FORMAT_VERSION,
     RELEASE_WAIT, SLED_FILE,
 };
 
@@ -27,8 +27,8 @@ impl Ring {
     /// Opens the ring in `cfg.dir`, creating it if needed.
     ///
     /// Refuses a store recorded for another network or written in another format, and repairs
-    /// what a crash could leave (see the module doc): the result holds a consecutive,
-    /// hash-linked range whose newest ledger verifies.
+    /// what a crash could leave (see the module doc): the result holds runs of consecutive,
+    /// hash-linked ledgers separated by gaps, whose newest ledger verifies.
     pub fn open(cfg: &RingConfig) -> Result<Ring, RingError> {
         if cfg.max_ledgers == 0 {
             return Err(RingError::Config {
@@ -121,7 +121,10 @@ impl Ring {
             (stored, _) => stored,
         };
 
-        // Records: keep the newest run that decodes, is consecutive and is hash-linked.
+        // Records: keep, from the newest down, what decodes and is consecutive and hash-linked
+        // within each run; a gap in the sequences separates two runs (see
+        // `Ring::append_after_gap`), while two consecutive ledgers that do not link, or a
+        // record that does not decode, end what is kept.
         let mut records: Vec<(Vec<u8>, Option<Record>)> = Vec::new();
         for kv in db.scan_prefix([RECORD_PREFIX]) {
             let (k, v) = kv?;
@@ -140,10 +143,11 @@ impl Ring {
             };
             if keep_from < skip_top {
                 if let Some(next) = records[keep_from].1 {
+                    let gap = after_gap(rec.end.seq, next.end.seq);
                     let linked = ChainVerifier::after(rec.end.seq, rec.end.header_hash)
                         .check_link((&next.end).into())
                         .is_ok();
-                    if !linked {
+                    if !gap && !linked {
                         break;
                     }
                 }
@@ -152,7 +156,7 @@ impl Ring {
         }
         let dropped_records = records[..keep_from].iter().chain(&records[skip_top..]);
         for (key, rec) in dropped_records {
-            warn!(key = ?key, readable = rec.is_some(), "ring: dropping a record outside the newest consecutive run");
+            warn!(key = ?key, readable = rec.is_some(), "ring: dropping a record that does not belong to the runs kept");
             batch.remove(key.as_slice());
             dirty = true;
         }
@@ -183,11 +187,8 @@ impl Ring {
 
         // Files no kept record owns: a ledger written when the relay stopped before its record
         // was committed, or pruned or reset before its file was removed, or of a dropped record.
-        let owned = |e: u64, seq: u32| {
-            e == epoch
-                && kept.first().map(|r| r.end.seq) <= Some(seq)
-                && Some(seq) <= kept.last().map(|r| r.end.seq)
-        };
+        let owned =
+            |e: u64, seq: u32| e == epoch && kept.binary_search_by_key(&seq, |r| r.end.seq).is_ok();
         let mut removed = 0usize;
         for (path, name) in files.list()? {
             match name {
@@ -227,6 +228,7 @@ impl Ring {
         info!(
             dir = %cfg.dir.display(),
             range = ?state.range(),
+            runs = state.runs().len(),
             epoch,
             network = network.as_deref().unwrap_or("-"),
             recovered = db.was_recovered(),

@@ -52,10 +52,10 @@ impl Ring {
         // for recovery, not for concurrent readers).
         let epoch = {
             let st = self.read_state();
-            match st.range() {
-                Some((oldest, newest)) if (oldest..=newest).contains(&seq) => st.epoch,
-                _ => return Ok(None),
+            if !st.holds(seq) {
+                return Ok(None);
             }
+            st.epoch
         };
         let db = self.db()?;
         self.pause("get:file");
@@ -96,10 +96,7 @@ impl Ring {
     /// previous hash recorded by the ledger after it. `Ok(None)` if `seq` is not held or
     /// neither record is readable.
     pub fn stored_hash(&self, seq: u32) -> Result<Option<[u8; 32]>, RingError> {
-        let Some((oldest, newest)) = self.range() else {
-            return Ok(None);
-        };
-        if !(oldest..=newest).contains(&seq) {
+        if !self.holds(seq) {
             return Ok(None);
         }
         let db = self.db()?;
@@ -111,7 +108,9 @@ impl Ring {
         if let Some(r) = record(seq)? {
             return Ok(Some(r.end.header_hash));
         }
-        if seq < newest {
+        // The next ledger of the same run names this one; the first of a run after a gap
+        // names a ledger that is not held.
+        if seq.checked_add(1).is_some_and(|next| self.holds(next)) {
             if let Some(r) = record(seq + 1)? {
                 return Ok(Some(r.end.previous_hash));
             }

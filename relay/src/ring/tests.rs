@@ -200,3 +200,109 @@ fn sled_tuning_takes_segment_size_and_flush_period() {
         );
     }
 }
+
+/// Issue 13, item 2: a ledger after a gap starts a run beside the ledgers held, which stay
+/// readable; pruning takes the oldest across runs (their files too); opening the ring again
+/// finds every run.
+#[test]
+fn a_gap_starts_a_run_beside_the_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = RingConfig {
+        max_ledgers: 8,
+        ..RingConfig::new(dir.path())
+    };
+    let ring = Ring::open(&cfg).unwrap();
+    for seq in 1..=3 {
+        append_small(&ring, seq);
+    }
+    // Not a gap: a ledger already passed, or the next one (which must link instead).
+    for seq in [2, 3, 4] {
+        let (e, c) = small(seq);
+        assert!(
+            matches!(
+                ring.append_after_gap(&e, &c),
+                Err(RingError::Discontinuity { .. })
+            ),
+            "{seq}"
+        );
+    }
+    let (e, c) = small(10);
+    assert!(matches!(
+        ring.append(&e, &c),
+        Err(RingError::Discontinuity { .. })
+    ));
+    ring.append_after_gap(&e, &c).unwrap();
+    append_small(&ring, 11);
+    let (e, c) = small(20);
+    ring.append_after_gap(&e, &c).unwrap();
+
+    assert_eq!(ring.runs(), vec![(1, 3), (10, 11), (20, 20)]);
+    assert_eq!(ring.range(), Some((1, 20)));
+    assert!(ring.holds(2) && !ring.holds(4) && ring.holds(10) && !ring.holds(21));
+    assert_eq!(ring.next_held(4), Some(10));
+    assert_eq!(ring.next_held(12), Some(20));
+    assert_eq!(ring.next_held(21), None);
+    let stats = ring.stats();
+    assert_eq!((stats.runs, stats.ledgers, stats.epoch), (3, 6, 0));
+    assert_eq!(ring.get(2).unwrap().unwrap().0, small(2).0);
+    assert!(ring.get(5).unwrap().is_none());
+    assert_eq!(ring.stored_hash(3).unwrap(), Some(end(3).header_hash));
+    assert_eq!(ring.stored_hash(5).unwrap(), None);
+
+    // 9 ledgers for 8 places: the oldest goes; 3 more take the rest of the oldest run.
+    for seq in 21..=23 {
+        append_small(&ring, seq);
+    }
+    assert_eq!(ring.runs(), vec![(2, 3), (10, 11), (20, 23)]);
+    append_small(&ring, 24);
+    append_small(&ring, 25);
+    assert_eq!(ring.runs(), vec![(10, 11), (20, 25)]);
+    for seq in 1..=3 {
+        assert!(
+            ledger_file(dir.path(), seq).is_none(),
+            "file of {seq} removed"
+        );
+    }
+    assert!(ledger_file(dir.path(), 10).is_some());
+
+    drop(ring);
+    let ring = Ring::open(&cfg).unwrap();
+    assert_eq!(ring.runs(), vec![(10, 11), (20, 25)]);
+    assert_eq!(ring.newest(), Some((25, end(25).header_hash)));
+    assert_eq!(ring.get(11).unwrap().unwrap().0, small(11).0);
+    // The runs go on as before: the newest continues (pruning 10), a gap starts another
+    // (pruning 11, the last of its run).
+    append_small(&ring, 26);
+    assert_eq!(ring.runs(), vec![(11, 11), (20, 26)]);
+    let (e, c) = small(40);
+    ring.append_after_gap(&e, &c).unwrap();
+    assert_eq!(ring.runs(), vec![(20, 26), (40, 40)]);
+}
+
+/// A ledger that started a run, torn by a crash, is dropped on opening like any torn newest
+/// ledger; the run before the gap is kept whole.
+#[test]
+fn opening_drops_a_torn_ledger_that_started_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = RingConfig::new(dir.path());
+    {
+        let ring = Ring::open(&cfg).unwrap();
+        for seq in 1..=3 {
+            append_small(&ring, seq);
+        }
+        let (e, c) = small(10);
+        ring.append_after_gap(&e, &c).unwrap();
+    }
+    let path = ledger_file(dir.path(), 10).unwrap();
+    let mut v = std::fs::read(&path).unwrap();
+    let at = v.len() - 1;
+    v[at] ^= 0x55;
+    std::fs::write(&path, v).unwrap();
+    let ring = Ring::open(&cfg).unwrap();
+    assert_eq!(ring.runs(), vec![(1, 3)]);
+    assert_eq!(ring.newest(), Some((3, end(3).header_hash)));
+    assert!(
+        ledger_file(dir.path(), 10).is_none(),
+        "the torn file is removed"
+    );
+}

@@ -11,7 +11,16 @@ use ledger_relay_wire::stored::{
 };
 use tracing::info;
 
-use super::{Held, Ring, RingConfig, RingError, StoredChunk, REOPEN_EVERY};
+use super::{after_gap, Held, Ring, RingConfig, RingError, StoredChunk, REOPEN_EVERY};
+
+/// How an appended ledger must follow the newest one held.
+#[derive(Debug, Clone, Copy)]
+enum Follow {
+    /// Continue it: the next sequence, linked by the previous hash.
+    Link,
+    /// Start a new run after a gap: a later sequence than the next.
+    Gap,
+}
 
 impl Ring {
     /// Appends one complete ledger: its file first (durable), then its record in one sled
@@ -35,24 +44,60 @@ impl Ring {
     /// keeps the ledgers that failed and appends them again once the disk is back (the relay's
     /// ring writer does, within a bound), so that the run goes on without a gap.
     pub fn append(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
+        self.append_with(end, chunks, Follow::Link)
+    }
+
+    /// Appends one complete ledger that starts a new run after a gap: `end.seq` is beyond
+    /// newest + 1 (the ledgers between were never given to the ring: the relay was down while
+    /// its source went on, or its queue gave them up). The ledgers held are kept, as the older
+    /// runs: [`Ring::get`] reads them, pruning takes the oldest across runs, and
+    /// [`Ring::open`] finds every run again. Runs are never spliced: the ledgers of the gap
+    /// are not held, and the new run goes on with [`Ring::append`].
+    ///
+    /// [`RingError::Discontinuity`] (nothing written) for a ledger at or below newest + 1: one
+    /// that does not link to the newest cannot stand beside it (the source is on another
+    /// chain, or went back), which only [`Ring::reset`] answers. Otherwise as
+    /// [`Ring::append`].
+    pub fn append_after_gap(
+        &self,
+        end: &LedgerEnd,
+        chunks: &[StoredChunk],
+    ) -> Result<(), RingError> {
+        self.append_with(end, chunks, Follow::Gap)
+    }
+
+    fn append_with(
+        &self,
+        end: &LedgerEnd,
+        chunks: &[StoredChunk],
+        follow: Follow,
+    ) -> Result<(), RingError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         self.reopen_if_failed()?;
-        let r = self.append_locked(end, chunks);
+        let r = self.append_locked(end, chunks, follow);
         self.note_failure(&r);
         r
     }
 
-    fn append_locked(&self, end: &LedgerEnd, chunks: &[StoredChunk]) -> Result<(), RingError> {
+    fn append_locked(
+        &self,
+        end: &LedgerEnd,
+        chunks: &[StoredChunk],
+        follow: Follow,
+    ) -> Result<(), RingError> {
         validate(end, chunks)?;
 
         {
             let st = self.read_state();
             if let Some(newest) = st.held.back() {
-                // The chain rule has one owner.
-                if ChainVerifier::after(newest.seq, st.newest_hash)
-                    .check_link(end.into())
-                    .is_err()
-                {
+                let follows = match follow {
+                    // The chain rule has one owner.
+                    Follow::Link => ChainVerifier::after(newest.seq, st.newest_hash)
+                        .check_link(end.into())
+                        .is_ok(),
+                    Follow::Gap => after_gap(newest.seq, end.seq),
+                };
+                if !follows {
                     return Err(RingError::Discontinuity {
                         newest: newest.seq,
                         newest_hash: st.newest_hash,

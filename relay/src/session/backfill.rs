@@ -1,4 +1,5 @@
-//! A session's ledgers below the ring, from the relay's backfill lake (`--backfill`).
+//! A session's ledgers below the ring (or in a gap between two of its runs), from the relay's
+//! backfill lake (`--backfill`).
 //!
 //! The sender decides what to load and in what order; the shell looks for a ledger in memory,
 //! then in the ring, and asks this module only for one that neither holds any more. Here a
@@ -27,6 +28,7 @@ use ledger_relay_wire::sender::{CloseReason, LoadResult};
 use super::Shared;
 use crate::lake::backfill::{verify_link, Backfill, BackfillCursor, Reader};
 use crate::metrics::Metrics;
+use crate::ring::Ring;
 
 /// Whether a session may start at `seq`, which memory and the ring do not hold (they hold
 /// `oldest..=newest`): only if the backfill lake holds it. The refusal carries the lake's
@@ -85,6 +87,8 @@ impl Drop for SlotGuard {
 /// One session's reads from the backfill lake.
 pub(crate) struct SessionLake {
     backfill: Arc<Backfill>,
+    /// The ring, to find where a gap between two of its runs ends.
+    ring: Option<Arc<Ring>>,
     metrics: Arc<Metrics>,
     /// Held across a fetch: the sender asks for one catch-up ledger at a time, and resends do
     /// not take it.
@@ -102,6 +106,7 @@ impl SessionLake {
         let backfill = shared.backfill.clone()?;
         Some(Arc::new(SessionLake {
             backfill,
+            ring: shared.ring.clone(),
             metrics: shared.metrics.clone(),
             reading: tokio::sync::Mutex::new(Reading::default()),
             served: Mutex::new(VecDeque::new()),
@@ -153,8 +158,19 @@ impl SessionLake {
                     metrics: self.metrics.clone(),
                 });
             }
-            // Up to the ledger before the ring: what the ring holds is served from it.
-            let stop = if oldest == 0 { newest } else { oldest - 1 }.max(seq);
+            // Up to the ledger before the ring, or, in a gap between two of the ring's runs,
+            // before the next run: what the ring holds is served from it.
+            let next_run = self
+                .ring
+                .as_ref()
+                .filter(|_| oldest != 0 && seq > oldest)
+                .and_then(|r| r.next_held(seq));
+            let stop = match next_run {
+                Some(next) => next - 1,
+                None if oldest == 0 => newest,
+                None => oldest - 1,
+            }
+            .max(seq);
             let prev = seq
                 .checked_sub(1)
                 .and_then(|p| self.served_hash(p).map(|h| (p, h)));

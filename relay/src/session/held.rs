@@ -273,7 +273,7 @@ async fn load_held(shared: &Shared, seq: u32) -> LoadResult {
             return LoadResult::Complete(l);
         }
         if let Some(ring) = shared.ring.clone() {
-            if ring.range().is_some_and(|(a, b)| (a..=b).contains(&seq)) {
+            if ring.holds(seq) {
                 Metrics::add(&shared.metrics.ring_reads_total, 1);
                 let got = tokio::task::spawn_blocking(move || ring.get(seq)).await;
                 match got {
