@@ -4,11 +4,12 @@
 //! Three parts, each with its own relays (`ledger-relay run`) and subscribers
 //! (`ledger-subscribe`, 4 lanes, ledgers written to /dev/null, verified all the same):
 //!
-//! - **tier** (loopback, per payload): a root relay with a synthetic source, an edge relay fed by
-//!   it (`--source relay:ROOT`), one subscriber on the root and one on the edge, both from the
-//!   same ledger. Delivery is measured from the root's source in both (an edge passes the root's
-//!   stamps on), so the edge subscriber's delivery minus the root subscriber's, ledger by ledger,
-//!   is what the tier adds. The edge's own CPU per ledger is read too.
+//! - **tier** (loopback, per payload): a root relay with a synthetic source, two edge relays fed
+//!   by it (`--source relay:ROOT`; `edge` store-and-forward, `edge-ct` with `--cut-through`),
+//!   one subscriber on the root and one on each edge, all from the same ledger. Delivery is
+//!   measured from the root's source in each (an edge passes the root's stamps on), so an edge
+//!   subscriber's delivery minus the root subscriber's, ledger by ledger, is what the tier adds.
+//!   Each edge's own CPU per ledger is read too.
 //! - **tree** (loopback, one payload): the root's CPU per ledger serving N subscribers directly,
 //!   against the same N spread over E edge relays (the root then serves only the edges), and the
 //!   last subscriber's delivery in each.
@@ -157,7 +158,8 @@ pub struct TierRow {
     pub added: Option<Delivery>,
     /// The root relay's CPU per ledger over the measured ledgers, ms.
     pub root_cpu_ms: Option<f64>,
-    /// The edge relays' CPU per ledger (summed over edges), ms.
+    /// The edge relays' CPU per ledger (summed over a tree's edges; the row's own edge in the
+    /// tier part), ms.
     pub edge_cpu_ms: Option<f64>,
     /// Why the row failed, if it did.
     pub error: Option<String>,
@@ -258,17 +260,36 @@ fn edge(
     name: &str,
     lanes: u8,
 ) -> anyhow::Result<RelayProc> {
-    let extra: Vec<String> = [
+    edge_with(bin, certs, dir, s, upstream, name, lanes, false)
+}
+
+/// [`edge`], passing ledgers on as their chunks arrive if `cut_through`.
+#[allow(clippy::too_many_arguments)]
+fn edge_with(
+    bin: &Path,
+    certs: &Path,
+    dir: &Path,
+    s: &RelaySettings,
+    upstream: &RelayProc,
+    name: &str,
+    lanes: u8,
+    cut_through: bool,
+) -> anyhow::Result<RelayProc> {
+    let lanes = lanes.to_string();
+    let mut extra: Vec<String> = [
         "--upstream-name",
         name,
         "--upstream-lanes",
-        &lanes.to_string(),
+        &lanes,
         "--start-wait",
         "120s",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if cut_through {
+        extra.push("--cut-through".into());
+    }
     let source = format!("relay:{}", upstream.addr);
     RelayProc::start_source(bin, certs, dir, s, &source, &extra, &[])
 }
@@ -399,7 +420,7 @@ fn cpu_of(relays: &[RelayProc]) -> anyhow::Result<f64> {
         .sum()
 }
 
-/// The tier part for `payload`: rows `direct` and `edge`.
+/// The tier part for `payload`: rows `direct`, `edge` and `edge-ct`.
 fn tier(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<TierRow>> {
     let (relay_bin, sub_bin) = (
         sibling_binary("ledger-relay")?,
@@ -412,47 +433,58 @@ fn tier(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<Tier
     let mut p = Procs::default();
     p.relays
         .push(root(&relay_bin, &certs, &dir.join("root"), &s, "120s")?);
-    let e = edge(
-        &relay_bin,
-        &certs,
-        &dir.join("edge"),
-        &s,
-        &p.relays[0],
-        "sub-15",
-        a.lanes,
-    )?;
-    p.relays.push(e);
-    let (c0, s0) = subscriber(&sub_bin, &p.relays[0], &certs, &dir, "sub-0", a.lanes, sp)?;
-    p.subs.push(c0);
-    let (c1, s1) = subscriber(&sub_bin, &p.relays[1], &certs, &dir, "sub-1", a.lanes, sp)?;
-    p.subs.push(c1);
-    let stats = [s0, s1];
+    // Two edges on the root: one store-and-forward, one cut-through (`--cut-through`).
+    for (name, cert, cut_through) in [("edge", "sub-15", false), ("edge-ct", "sub-14", true)] {
+        let e = edge_with(
+            &relay_bin,
+            &certs,
+            &dir.join(name),
+            &s,
+            &p.relays[0],
+            cert,
+            a.lanes,
+            cut_through,
+        )?;
+        p.relays.push(e);
+    }
+    let mut stats = Vec::new();
+    for i in 0..3 {
+        let name = format!("sub-{i}");
+        let (c, st) = subscriber(&sub_bin, &p.relays[i], &certs, &dir, &name, a.lanes, sp)?;
+        p.subs.push(c);
+        stats.push(st);
+    }
     let limit = Duration::from_secs_f64(a.cadence_ms / 1e3 * f64::from(sp.last) + 60.0);
     wait_all(&stats, &mut p.subs, sp.measured - 1, limit)?;
-    let (r0, e0) = (cpu_of(&p.relays[..1])?, cpu_of(&p.relays[1..2])?);
+    let cpus = |p: &Procs| -> anyhow::Result<Vec<f64>> {
+        (0..3).map(|i| cpu_of(&p.relays[i..=i])).collect()
+    };
+    let before = cpus(&p)?;
     wait_all(&stats, &mut p.subs, sp.last, limit)?;
-    let (r1, e1) = (cpu_of(&p.relays[..1])?, cpu_of(&p.relays[1..2])?);
+    let after = cpus(&p)?;
     let recs = collect(&stats, sp)?;
-    let per = |c: f64| c * 1e3 / f64::from(a.ledgers);
+    let per = |i: usize| (after[i] - before[i]) * 1e3 / f64::from(a.ledgers);
     let d =
         |i: usize| -> Vec<(u32, f64)> { recs[i].iter().map(|r| (r.seq, r.delivery_ms)).collect() };
-    let mut direct = row(Part::Tier, "direct", payload, 1, a.cadence_ms);
-    direct.delivery = Delivery::of(d(0));
-    let mut through = row(Part::Tier, "edge", payload, 1, a.cadence_ms);
-    through.delivery = Delivery::of(d(1));
-    through.added = Some(Delivery::of(
-        d(1).iter()
-            .zip(d(0))
-            .map(|(t, d)| (t.0, t.1 - d.1))
-            .collect(),
-    ));
-    for (r, i) in [(&mut direct, 0), (&mut through, 1)] {
+    let mut rows = Vec::new();
+    for (i, name) in ["direct", "edge", "edge-ct"].into_iter().enumerate() {
+        let mut r = row(Part::Tier, name, payload, 1, a.cadence_ms);
+        r.delivery = Delivery::of(d(i));
+        if i > 0 {
+            r.added = Some(Delivery::of(
+                d(i).iter()
+                    .zip(d(0))
+                    .map(|(t, d)| (t.0, t.1 - d.1))
+                    .collect(),
+            ));
+            r.edge_cpu_ms = Some(per(i));
+        }
         r.ledgers = a.ledgers;
         r.wire_mb = wire_mb(&recs[i..=i]);
-        r.root_cpu_ms = Some(per(r1 - r0));
+        r.root_cpu_ms = Some(per(0));
+        rows.push(r);
     }
-    through.edge_cpu_ms = Some(per(e1 - e0));
-    Ok(vec![direct, through])
+    Ok(rows)
 }
 
 /// One tree row: `edges` edge relays (0: every subscriber on the root).
@@ -680,7 +712,8 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
         .prefix("ledger-bench-tiers")
         .tempdir()
         .context("creating a temporary directory")?;
-    // Subscribers sub-0.., then one client certificate per edge; sub-15 is the tier part's edge.
+    // Subscribers sub-0.., then one client certificate per edge; sub-15 and sub-14 are the tier
+    // part's edges (store-and-forward and cut-through).
     make_certs(
         &tmp.path().join("certs"),
         usize::from(a.tree_subscribers + a.edges).max(16),

@@ -168,6 +168,12 @@ pub struct RunArgs {
     /// With --source relay:...: lanes of the subscription to the upstream, 1..=64 [default: 4].
     #[arg(long = "upstream-lanes", value_name = "N")]
     pub upstream_lanes: Option<u8>,
+    /// With --source relay:...: pass each ledger on chunk by chunk as it arrives from the
+    /// upstream (cut-through), instead of once it is complete and verified; a ledger that then
+    /// fails verification is taken back (its subscribers' sessions end with SourceReset and
+    /// resume). The ring keeps only verified ledgers either way.
+    #[arg(long = "cut-through")]
+    pub cut_through: bool,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -216,6 +222,7 @@ struct FileConfig {
     tcp_baseline: Option<SocketAddr>,
     upstream_name: Option<String>,
     upstream_lanes: Option<u8>,
+    cut_through: Option<bool>,
     transport: Option<TransportSettings>,
 }
 
@@ -283,6 +290,8 @@ pub struct UpstreamConfig {
     pub name: String,
     /// Lanes (`--upstream-lanes`, default 4).
     pub lanes: u8,
+    /// Pass ledgers on as their chunks arrive (`--cut-through`).
+    pub cut_through: bool,
 }
 
 /// Lanes of the subscription to an upstream relay without `--upstream-lanes`.
@@ -566,6 +575,7 @@ impl RelayConfig {
             handshake_timeout: Duration::from_secs(10),
             codec: pipeline.codec,
         };
+        let cut_through = args.cut_through || file.cut_through.unwrap_or(false);
         let upstream = match &source {
             SourceSpec::Relay { .. } => {
                 let name = pick!(upstream_name).context(
@@ -577,11 +587,16 @@ impl RelayConfig {
                 if !(1..=64).contains(&lanes) {
                     bail!("--upstream-lanes {lanes}: expected 1..=64");
                 }
-                Some(UpstreamConfig { name, lanes })
+                Some(UpstreamConfig {
+                    name,
+                    lanes,
+                    cut_through,
+                })
             }
             _ => {
-                if pick!(upstream_name).is_some() || pick!(upstream_lanes).is_some() {
-                    bail!("--upstream-name and --upstream-lanes go with --source relay:ADDR[,ADDR...]");
+                if pick!(upstream_name).is_some() || pick!(upstream_lanes).is_some() || cut_through
+                {
+                    bail!("--upstream-name, --upstream-lanes and --cut-through go with --source relay:ADDR[,ADDR...]");
                 }
                 None
             }

@@ -66,6 +66,8 @@ counters! {
     upstream_lag_ledgers: "relay: source: ledgers the upstream relay holds that this relay has not read yet.",
     upstream_connected: "relay: source: 1 while a session with an upstream relay is up, else 0.",
     upstream_sessions_total: "relay: source: sessions opened with upstream relays (the first, then one per reconnect or failover).",
+    upstream_cut_through_bytes_total: "relay: source with --cut-through: bytes passed on before their ledger was complete and verified.",
+    upstream_taken_back_total: "relay: source with --cut-through: ledgers passed on in part and then taken back (verification failed, or the upstream session ended first).",
     ring_oldest: "Oldest ledger in the retention ring.",
     ring_newest: "Newest ledger in the retention ring.",
     ring_ledgers: "Ledgers in the retention ring.",

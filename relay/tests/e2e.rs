@@ -215,6 +215,48 @@ async fn a_gap_keeps_the_old_run_and_serves_both() {
     relay.stop().await;
 }
 
+/// `connect_cut_through`: beside the verified ledgers, the bytes of each next ledger come out
+/// as they arrive, in order from offset 0, and are the beginning of the ledger then delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_through_prefixes_are_the_beginning_of_each_ledger() {
+    use futures::StreamExt;
+    let dir = TestDir::new();
+    let want = testnet_ledgers();
+    let mut config = dir.relay_config(&file_source());
+    // Live, with ledgers sent while they are read: prefixes have something to precede.
+    config.source_options.cadence = Duration::from_millis(20);
+    let relay = Running::start(config).await;
+    let (mut sub, mut prefixes) =
+        ledger_relay_subscriber::connect_cut_through(dir.sub(&relay, "rpc-1", 4, Start::Tip))
+            .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while got.len() < 40 {
+            got.push(sub.next().await.unwrap().unwrap());
+        }
+    })
+    .await
+    .expect("40 ledgers");
+    sub.close().await;
+    let mut by_seq: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
+    while let Ok(p) = prefixes.try_recv() {
+        let bytes = by_seq.entry(p.seq).or_default();
+        // One session: each ledger's prefixes from 0, contiguous.
+        assert_eq!(p.offset, bytes.len() as u64, "ledger {}", p.seq);
+        bytes.extend_from_slice(&p.data);
+    }
+    let mut early = 0;
+    for l in &got {
+        assert_eq!(l.data, want[(l.seq - FIRST) as usize]);
+        if let Some(bytes) = by_seq.get(&l.seq) {
+            assert!(l.data.starts_with(bytes), "ledger {}", l.seq);
+            early += 1;
+        }
+    }
+    assert!(early >= 10, "prefixes for {early} of 40 ledgers");
+    relay.stop().await;
+}
+
 /// Writes the first `n` testnet records, each to its own file, for shell scripts to cat.
 fn record_files(dir: &Path, n: usize) -> Vec<PathBuf> {
     testnet_records(n)

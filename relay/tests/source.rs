@@ -192,6 +192,9 @@ fn parse(events: &[SourceEvent]) -> Parsed {
                 p.restarts.push((*attempt, reason.clone()));
                 p.trail.push('R');
             }
+            SourceEvent::FirstByte { .. } => {
+                panic!("event {i}: FirstByte comes only from a relay: source passing ledgers on")
+            }
             SourceEvent::Finished => {
                 assert!(current.is_none(), "event {i}: Finished inside a ledger");
                 p.finished = true;

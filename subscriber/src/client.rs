@@ -96,11 +96,50 @@ pub fn connect(config: SubscribeConfig) -> Result<Subscription, SubscribeError> 
     connect_with(config, crate::LaneMonitor::default())
 }
 
+/// How many prefixes [`connect_cut_through`] queues for its consumer; beyond that they are
+/// dropped (the consumer then waits for the verified ledger).
+pub const PREFIX_QUEUE: usize = 1024;
+
+/// [`connect`], and a channel on which the bytes of the next ledger come out as they arrive,
+/// before the ledger is complete and verified: for a relay fed by relays that passes ledgers
+/// on chunk by chunk (cut-through).
+///
+/// Each [`Prefix`](ledger_relay_wire::Prefix) is the next piece, in order, of the ledger after
+/// the last one the Subscription yielded (or will yield: the channels are not ordered with
+/// each other). **Its bytes are not verified**: the ledger is verified (checksum, header
+/// chain, content hashes) only when it is complete, and it is yielded on the Subscription only
+/// if it passes, so a consumer must treat what it passed on as provisional until then and
+/// take it back otherwise. A new session (a reconnect, a failover) starts the ledger again
+/// from offset 0. Prefixes are best effort: when the consumer does not keep up they are
+/// dropped (it sees a jump in the offsets) and the ledger still comes whole. Not with
+/// `hedge`: a hedged subscription has no single next ledger's stream to pass on.
+pub fn connect_cut_through(
+    config: SubscribeConfig,
+) -> Result<(Subscription, mpsc::Receiver<ledger_relay_wire::Prefix>), SubscribeError> {
+    if config.hedge && config.relays.len() > 1 {
+        return Err(SubscribeError::InvalidConfig {
+            field: "hedge",
+            reason: "cut-through passes on one relay's ledgers; it cannot be hedged".into(),
+        });
+    }
+    let (tx, rx) = mpsc::channel(PREFIX_QUEUE);
+    let sub = connect_inner(config, crate::LaneMonitor::default(), Some(tx))?;
+    Ok((sub, rx))
+}
+
 /// [`connect`], recording lane figures in `lanes` (a hedged subscription shares its table with
 /// each relay's subscription).
 pub(crate) fn connect_with(
     config: SubscribeConfig,
     lanes: crate::LaneMonitor,
+) -> Result<Subscription, SubscribeError> {
+    connect_inner(config, lanes, None)
+}
+
+fn connect_inner(
+    config: SubscribeConfig,
+    lanes: crate::LaneMonitor,
+    prefixes: Option<mpsc::Sender<ledger_relay_wire::Prefix>>,
 ) -> Result<Subscription, SubscribeError> {
     config.validate()?;
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| SubscribeError::NoRuntime)?;
@@ -113,7 +152,9 @@ pub(crate) fn connect_with(
         &config.transport,
     )?;
     let (tx, rx) = mpsc::channel(config.channel_capacity);
-    let shared = Arc::new(Shared::new(config, client, lanes));
+    let mut shared = Shared::new(config, client, lanes);
+    shared.prefixes = prefixes;
+    let shared = Arc::new(shared);
     let cancel = CancellationToken::new();
     let task = if shared.config.hedge && shared.config.relays.len() > 1 {
         runtime.spawn(crate::hedge::supervise(shared.clone(), tx, cancel.clone()))

@@ -79,6 +79,9 @@ pub(crate) struct Shared {
     /// Relays whose expiring certificate was already warned about: once per relay, not once
     /// per reconnect.
     warned: Mutex<HashSet<String>>,
+    /// Where the next ledger's bytes go as they arrive, for cut-through (see
+    /// [`crate::connect_cut_through`]); `None` for a plain subscription.
+    pub(crate) prefixes: Option<tokio::sync::mpsc::Sender<ledger_relay_wire::Prefix>>,
 }
 
 impl Shared {
@@ -93,6 +96,7 @@ impl Shared {
             lanes,
             status: Mutex::new(Status::default()),
             warned: Mutex::new(HashSet::new()),
+            prefixes: None,
         }
     }
 

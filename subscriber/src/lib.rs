@@ -95,7 +95,7 @@ mod ledger;
 mod session;
 pub mod verify;
 
-pub use client::{connect, Subscription};
+pub use client::{connect, connect_cut_through, Subscription, PREFIX_QUEUE};
 pub use config::{Anchor, Credentials, ParseError, RelayAddr, SubscribeConfig};
 pub use error::{AuthReason, SubscribeError, Transient, VerifyError};
 pub use lanestats::{LaneMonitor, LaneStats};

@@ -514,6 +514,13 @@ impl Session<'_> {
                     // A first copy: count its wire size once.
                     *self.wire_bytes.entry(chunk.header.seq).or_default() += wire_len;
                 }
+                if let Some(prefixes) = &self.peer.shared.prefixes {
+                    // Cut-through: never waits; a consumer that falls behind sees a jump in
+                    // the offsets and takes the ledger whole.
+                    while let Some(p) = self.reasm.poll_prefix() {
+                        let _ = prefixes.try_send(p);
+                    }
+                }
                 r
             }
             Frame::LedgerEnd(end) => self.reasm.handle_end(end, now),

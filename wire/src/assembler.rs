@@ -49,6 +49,21 @@ pub struct AssembledLedger {
     pub completed: Duration,
 }
 
+/// Raw bytes of the next ledger to deliver that arrived in order, handed out before the ledger
+/// is complete (for cut-through forwarding). **Not verified**: the ledger's checksum is
+/// checked only once it is complete, and a ledger that then fails is never delivered, so whoever
+/// passes prefixes on must be able to take them back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prefix {
+    /// Ledger sequence (always the next to be delivered).
+    pub seq: u32,
+    /// Offset of `data` in the ledger's raw bytes: the end of the previous prefix of this
+    /// ledger in this reassembler, 0 for its first.
+    pub offset: u64,
+    /// The raw bytes of one chunk (shared with the reassembler, not copied).
+    pub data: Bytes,
+}
+
 /// Chunks of a ledger that have not arrived within the stall timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Missing {
@@ -83,6 +98,8 @@ struct Slot {
 
 struct Partial {
     chunks: BTreeMap<u32, Slot>,
+    /// The chunk index and raw offset [`Reassembler::poll_prefix`] hands out next.
+    prefix: (u32, u64),
     end: Option<LedgerEnd>,
     raw_bytes: u64,
     wire_bytes: u64,
@@ -224,6 +241,28 @@ impl Reassembler {
     /// The next complete, verified ledger, in sequence order.
     pub fn poll_ledger(&mut self) -> Option<AssembledLedger> {
         self.ready.pop_front()
+    }
+
+    /// The next piece of the next ledger to deliver whose bytes up to it have all arrived: its
+    /// chunks in index order, each once, as long as each starts where the one before ended. See
+    /// [`Prefix`]: these bytes are not verified yet. Once the ledger completes it is no longer
+    /// polled here (what was not handed out is in [`Reassembler::poll_ledger`]'s ledger); after
+    /// an error, nothing is.
+    pub fn poll_prefix(&mut self) -> Option<Prefix> {
+        if self.error.is_some() {
+            return None;
+        }
+        let seq = self.next;
+        let p = self.open.get_mut(&seq)?;
+        let (index, offset) = p.prefix;
+        let slot = p.chunks.get(&index)?;
+        // A misplaced chunk fails the ledger when it completes; nothing past it goes out.
+        if slot.offset != offset {
+            return None;
+        }
+        let data = slot.raw.clone();
+        p.prefix = (index + 1, offset + data.len() as u64);
+        Some(Prefix { seq, offset, data })
     }
 
     /// The next stalled ledger's missing chunks, to be asked for again.
@@ -505,6 +544,7 @@ impl Partial {
     fn new(now: Duration, timeout: Duration) -> Partial {
         Partial {
             chunks: BTreeMap::new(),
+            prefix: (0, 0),
             end: None,
             raw_bytes: 0,
             wire_bytes: 0,

@@ -161,8 +161,9 @@ fn bare_header(version: u32) -> crate::header::LedgerHeaderInfo {
 /// Reassembler operation sequences: four small ledgers, chunked and compressed, delivered to a
 /// reassembler in the order, with the duplications, drops, tampering and time steps the input
 /// chooses, plus arbitrary frames decoded from the input. Whatever happens, held memory stays
-/// within the limits, ledgers come out in sequence order, and every ledger delivered is
-/// byte-identical to the one sent.
+/// within the limits, ledgers come out in sequence order, every ledger delivered is
+/// byte-identical to the one sent, and prefixes (cut-through) are of the next ledger only,
+/// contiguous from its start and within the ledger bound.
 pub fn reassembler(data: &[u8]) {
     let limits = small_limits();
     let first_seq = 100;
@@ -187,9 +188,21 @@ pub fn reassembler(data: &[u8]) {
     let mut r = Reassembler::new(limits.clone(), first_seq, Duration::from_millis(50));
     let mut now = Duration::ZERO;
     let mut expect = first_seq;
+    // Where the next prefix must start: (its ledger, its offset).
+    let mut prefix_at = (first_seq, 0u64);
     let mut check = |r: &mut Reassembler| {
         assert!(r.held_bytes() <= limits.max_buffered_bytes);
         assert!(r.open_ledgers() <= limits.max_ledgers_in_flight as usize);
+        // Prefixes: only of the next ledger, from 0, contiguous, within the ledger bound.
+        while let Some(p) = r.poll_prefix() {
+            assert_eq!(p.seq, r.next_seq());
+            if p.seq != prefix_at.0 {
+                prefix_at = (p.seq, 0);
+            }
+            assert_eq!(p.offset, prefix_at.1);
+            prefix_at.1 += p.data.len() as u64;
+            assert!(prefix_at.1 <= limits.max_ledger_raw);
+        }
         while let Some(l) = r.poll_ledger() {
             assert_eq!(l.seq, expect);
             assert_eq!(l.data, ledgers[(l.seq - first_seq) as usize]);

@@ -61,7 +61,7 @@ pub mod record;
 pub mod sender;
 pub mod stored;
 
-pub use assembler::{AssembledLedger, Missing, Reassembler};
+pub use assembler::{AssembledLedger, Missing, Prefix, Reassembler};
 pub use chunker::{Chunker, LedgerSummary, RawChunk};
 pub use compress::Codec;
 pub use error::{AssemblyError, CodecError, FrameError};

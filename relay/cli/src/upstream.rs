@@ -16,7 +16,14 @@
 //! verify, a start below every upstream's retention) is logged and the subscription is started
 //! again after [`RETRY_AFTER`], from the next upstream.
 //!
-//! Store-and-forward per tier: a ledger goes on only once it is complete and verified here.
+//! Store-and-forward per tier by default: a ledger goes on only once it is complete and
+//! verified here. With `--cut-through` each ledger's bytes go on as they arrive, in order
+//! (the subscriber library's prefixes, see `connect_cut_through`), and the pipeline streams
+//! them to this relay's subscribers at once; the ledger's end follows when the verified ledger
+//! arrives and the bytes passed on are checked to be its own. A ledger that fails verification
+//! (or whose session ends first) is taken back with `Abort`: the pipeline discards it, sessions
+//! given some of its chunks end with `SourceReset` and resume, and the ring, which keeps only
+//! complete ledgers, never sees it. See [`Forward`].
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -27,7 +34,10 @@ use ledger_relay::config::UpstreamConfig;
 use ledger_relay::metrics::Metrics;
 use ledger_relay::source::{ExternalSource, ExternalStart, Refetch, SourceEvent, SourceSpec};
 use ledger_relay_subscriber::frame::Start;
-use ledger_relay_subscriber::{connect, Anchor, Credentials, Ledger, RelayAddr, SubscribeConfig};
+use ledger_relay_subscriber::{
+    connect, connect_cut_through, Anchor, Credentials, Ledger, RelayAddr, SubscribeConfig,
+};
+use ledger_relay_wire::Prefix;
 
 /// How long after a terminal error of the upstream subscription it is started again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
@@ -146,10 +156,17 @@ async fn run(start: ExternalStart, certs: PathBuf, upstream: UpstreamConfig) {
             None => config.start = Start::Tip,
         }
         tracing::info!(upstreams = %upstreams.join(","), start = ?config.start, "subscribing to the upstream relays");
-        let mut sub = match connect(config) {
+        let connected = if upstream.cut_through {
+            connect_cut_through(config).map(|(s, p)| (s, Some(p)))
+        } else {
+            connect(config).map(|s| (s, None))
+        };
+        let (mut sub, mut prefixes) = match connected {
             Ok(s) => s,
             Err(e) => return fail(format!("upstream subscription: {e}")),
         };
+        let mut forward = Forward::default();
+        let mut out = Vec::new();
         let mut tick = tokio::time::interval(TICK);
         let mut down_since: Option<tokio::time::Instant> = None;
         let mut down_told = false;
@@ -181,15 +198,30 @@ async fn run(start: ExternalStart, certs: PathBuf, upstream: UpstreamConfig) {
                 item = sub.next() => match item {
                     Some(Ok(ledger)) => {
                         last = Some((ledger.seq, ledger.header_hash));
-                        if emit(events, &ledger).is_err() {
+                        forward.ledger(&ledger, &mut out);
+                        forward.count(metrics);
+                        if send_all(events, &mut out).is_err() {
                             return;
                         }
                     }
                     Some(Err(e)) => break e.to_string(),
                     None => break "the upstream subscription ended".to_owned(),
                 },
+                Some(p) = recv_prefix(&mut prefixes) => {
+                    let next = last.map_or(0, |(seq, _)| seq.wrapping_add(1));
+                    forward.prefix(next, p, &mut out);
+                    forward.count(metrics);
+                    if send_all(events, &mut out).is_err() {
+                        return;
+                    }
+                }
             }
         };
+        forward.take_back("the upstream subscription failed", &mut out);
+        forward.count(metrics);
+        if send_all(events, &mut out).is_err() {
+            return;
+        }
         sessions_before += sub.status().sessions;
         Metrics::set(&metrics.upstream_connected, 0);
         tracing::error!(error = %error, retry_in_s = RETRY_AFTER.as_secs(), "upstream subscription failed; starting it again from the next upstream");
@@ -209,27 +241,147 @@ async fn run(start: ExternalStart, certs: PathBuf, upstream: UpstreamConfig) {
     }
 }
 
-/// A verified ledger as a source's events: `Begin`, its bytes in pieces, `End`, with the
-/// upstream's stamps.
-fn emit(
-    events: &tokio::sync::mpsc::UnboundedSender<SourceEvent>,
-    ledger: &Ledger,
-) -> Result<(), ()> {
-    let len = u32::try_from(ledger.data.len()).map_err(|_| ())?;
-    let send = |e| events.send(e).map_err(|_| ());
-    send(SourceEvent::Begin {
-        len,
-        at_ns: ledger.relay_first_byte_ns,
-    })?;
-    let mut offset = 0;
-    while offset < ledger.data.len() {
-        let end = (offset + PIECE).min(ledger.data.len());
-        send(SourceEvent::Data(ledger.data.slice(offset..end)))?;
-        offset = end;
+/// The next prefix, or never without a cut-through subscription.
+async fn recv_prefix(rx: &mut Option<tokio::sync::mpsc::Receiver<Prefix>>) -> Option<Prefix> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
-    send(SourceEvent::End {
-        at_ns: ledger.relay_last_byte_ns,
-    })
+}
+
+/// Sends `out`'s events in order, emptying it; `Err` once the pipeline is gone.
+fn send_all(
+    events: &tokio::sync::mpsc::UnboundedSender<SourceEvent>,
+    out: &mut Vec<SourceEvent>,
+) -> Result<(), ()> {
+    for e in out.drain(..) {
+        events.send(e).map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+/// What the source has passed on to the pipeline: verified ledgers whole, and with
+/// cut-through the ledger in progress piece by piece, before it is verified.
+#[derive(Debug, Default)]
+struct Forward {
+    /// The ledger passed on piece by piece and not ended yet, with the pieces passed on.
+    current: Option<(u32, Vec<bytes::Bytes>)>,
+    /// Bytes passed on as prefixes, and ledgers taken back, not yet counted in the metrics.
+    early_bytes: u64,
+    taken_back: u64,
+}
+
+impl Forward {
+    /// Adds what happened since the last call to the metrics.
+    fn count(&mut self, metrics: &Metrics) {
+        Metrics::add(
+            &metrics.upstream_cut_through_bytes_total,
+            std::mem::take(&mut self.early_bytes),
+        );
+        Metrics::add(
+            &metrics.upstream_taken_back_total,
+            std::mem::take(&mut self.taken_back),
+        );
+    }
+
+    /// Bytes passed on of the ledger in progress.
+    fn passed(&self) -> u64 {
+        self.current
+            .as_ref()
+            .map_or(0, |(_, p)| p.iter().map(|b| b.len() as u64).sum())
+    }
+
+    /// A prefix of ledger `p.seq`, when `next` is the ledger after the last verified one (0
+    /// before any): passed on if it continues the ledger in progress or starts ledger `next`.
+    /// A new session starting the ledger in progress again (offset 0) takes back what was
+    /// passed on and starts over; any other prefix (a later ledger, a jump in the offsets
+    /// where prefixes were dropped) is left for the verified ledger to complete.
+    fn prefix(&mut self, next: u32, p: Prefix, out: &mut Vec<SourceEvent>) {
+        let continues = self
+            .current
+            .as_ref()
+            .is_some_and(|(seq, _)| *seq == p.seq && self.passed() == p.offset);
+        if continues {
+            self.early_bytes += p.data.len() as u64;
+            out.push(SourceEvent::Data(p.data.clone()));
+            if let Some((_, pieces)) = &mut self.current {
+                pieces.push(p.data);
+            }
+            return;
+        }
+        if p.offset != 0 {
+            return;
+        }
+        let restart = self.current.as_ref().is_some_and(|(seq, _)| *seq == p.seq);
+        if restart {
+            self.take_back("the upstream session started the ledger again", out);
+        }
+        if self.current.is_none() && (p.seq == next || next == 0) {
+            out.push(SourceEvent::Begin {
+                len: 0,
+                at_ns: ledger_relay::source::now_ns(),
+            });
+            self.early_bytes += p.data.len() as u64;
+            out.push(SourceEvent::Data(p.data.clone()));
+            self.current = Some((p.seq, vec![p.data]));
+        }
+    }
+
+    /// A verified ledger: the end of the one in progress if that is its beginning (the bytes
+    /// passed on are compared with it), else, after taking back whatever was in progress, the
+    /// whole ledger. The upstream's stamps go with it either way.
+    fn ledger(&mut self, ledger: &Ledger, out: &mut Vec<SourceEvent>) {
+        let len = ledger.data.len() as u64;
+        let passed = self.passed();
+        let matches = self.current.as_ref().is_some_and(|(seq, pieces)| {
+            *seq == ledger.seq && passed <= len && {
+                let mut at = 0usize;
+                pieces.iter().all(|b| {
+                    let same = ledger.data[at..at + b.len()] == b[..];
+                    at += b.len();
+                    same
+                })
+            }
+        });
+        let from = if matches {
+            self.current = None;
+            // The root's stamp, which the `Begin` could not carry.
+            out.push(SourceEvent::FirstByte {
+                at_ns: ledger.relay_first_byte_ns,
+            });
+            passed as usize
+        } else {
+            self.take_back(
+                "the bytes passed on are not the verified ledger's beginning",
+                out,
+            );
+            out.push(SourceEvent::Begin {
+                len: u32::try_from(len).unwrap_or(0),
+                at_ns: ledger.relay_first_byte_ns,
+            });
+            0
+        };
+        let mut offset = from;
+        while offset < ledger.data.len() {
+            let end = (offset + PIECE).min(ledger.data.len());
+            out.push(SourceEvent::Data(ledger.data.slice(offset..end)));
+            offset = end;
+        }
+        out.push(SourceEvent::End {
+            at_ns: ledger.relay_last_byte_ns,
+        });
+    }
+
+    /// Takes back the ledger in progress, if any: the pipeline discards it.
+    fn take_back(&mut self, why: &str, out: &mut Vec<SourceEvent>) {
+        if let Some((seq, _)) = self.current.take() {
+            self.taken_back += 1;
+            tracing::warn!(seq, why, "ledger passed on before verification taken back");
+            out.push(SourceEvent::Abort {
+                reason: format!("ledger {seq} taken back: {why}"),
+            });
+        }
+    }
 }
 
 /// The upstream's state in the metrics: its newest ledger, the lag behind it, whether a
@@ -249,4 +401,140 @@ fn report(metrics: &Metrics, status: &ledger_relay_subscriber::Status, sessions_
         &metrics.upstream_sessions_total,
         sessions_before + status.sessions,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn ledger(seq: u32, data: &Bytes) -> Ledger {
+        Ledger {
+            seq,
+            data: data.clone(),
+            header_hash: [seq as u8; 32],
+            previous_hash: [0; 32],
+            relay_first_byte_ns: 111,
+            relay_last_byte_ns: 222,
+            received_ns: 0,
+            wire_bytes: 0,
+            relay: "127.0.0.1:1".parse().unwrap(),
+        }
+    }
+
+    fn prefix(seq: u32, data: &Bytes, from: usize, to: usize) -> Prefix {
+        Prefix {
+            seq,
+            offset: from as u64,
+            data: data.slice(from..to),
+        }
+    }
+
+    /// The events as short names, and the bytes they pass on.
+    fn summary(out: &mut Vec<SourceEvent>) -> (Vec<&'static str>, Vec<u8>) {
+        let mut names = Vec::new();
+        let mut bytes = Vec::new();
+        for e in out.drain(..) {
+            names.push(match e {
+                SourceEvent::Begin { .. } => "begin",
+                SourceEvent::Data(d) => {
+                    bytes.extend_from_slice(&d);
+                    "data"
+                }
+                SourceEvent::FirstByte { at_ns } => {
+                    assert_eq!(at_ns, 111, "the upstream's stamp");
+                    "first"
+                }
+                SourceEvent::End { at_ns } => {
+                    assert_eq!(at_ns, 222, "the upstream's stamp");
+                    "end"
+                }
+                SourceEvent::Abort { .. } => "abort",
+                _ => "other",
+            });
+        }
+        (names, bytes)
+    }
+
+    fn data(n: usize, seed: u8) -> Bytes {
+        Bytes::from(
+            (0..n)
+                .map(|i| (i as u8).wrapping_mul(seed))
+                .collect::<Vec<u8>>(),
+        )
+    }
+
+    /// Prefixes go on as they come and the verified ledger adds the rest and the end: the
+    /// pipeline is given exactly the ledger's bytes, once.
+    #[test]
+    fn prefixes_then_the_verified_ledger_pass_the_ledger_on_once() {
+        let mut f = Forward::default();
+        let mut out = Vec::new();
+        let d = data(1000, 7);
+        f.prefix(5, prefix(5, &d, 0, 300), &mut out);
+        f.prefix(5, prefix(5, &d, 300, 600), &mut out);
+        let (names, bytes) = summary(&mut out);
+        assert_eq!(names, ["begin", "data", "data"]);
+        assert_eq!(bytes, d[..600]);
+        f.ledger(&ledger(5, &d), &mut out);
+        let (names, bytes) = summary(&mut out);
+        assert_eq!(names, ["first", "data", "end"]);
+        assert_eq!(bytes, d[600..]);
+        // Without prefixes: the whole ledger.
+        let d6 = data(500, 3);
+        f.ledger(&ledger(6, &d6), &mut out);
+        let (names, bytes) = summary(&mut out);
+        assert_eq!(names, ["begin", "data", "end"]);
+        assert_eq!(bytes, d6[..]);
+    }
+
+    /// A prefix of a ledger that is not next, or after a jump (dropped prefixes), is not
+    /// passed on; a new session starting the ledger again takes back what went on.
+    #[test]
+    fn out_of_turn_prefixes_are_left_and_a_restart_takes_back() {
+        let mut f = Forward::default();
+        let mut out = Vec::new();
+        let d = data(1000, 9);
+        f.prefix(5, prefix(6, &d, 0, 100), &mut out);
+        assert!(out.is_empty(), "ledger 6 is not next");
+        f.prefix(5, prefix(5, &d, 0, 100), &mut out);
+        f.prefix(5, prefix(5, &d, 200, 300), &mut out);
+        let (names, _) = summary(&mut out);
+        assert_eq!(names, ["begin", "data"], "the jump is not passed on");
+        // Another session starts ledger 5 again.
+        f.prefix(5, prefix(5, &d, 0, 400), &mut out);
+        let (names, bytes) = summary(&mut out);
+        assert_eq!(names, ["abort", "begin", "data"]);
+        assert_eq!(bytes, d[..400]);
+        f.ledger(&ledger(5, &d), &mut out);
+        let (names, bytes) = summary(&mut out);
+        assert_eq!(names, ["first", "data", "end"]);
+        assert_eq!(bytes, d[400..]);
+    }
+
+    /// Bytes passed on that are not the verified ledger's (a lying upstream whose session then
+    /// failed, and prefixes of the next session dropped) are taken back and the verified
+    /// ledger goes on whole; a subscription that fails takes back the ledger in progress.
+    #[test]
+    fn bytes_that_are_not_the_verified_ledger_s_are_taken_back() {
+        let mut f = Forward::default();
+        let mut out = Vec::new();
+        let d = data(1000, 11);
+        let mut forged = d.to_vec();
+        forged[10] ^= 1;
+        let forged = Bytes::from(forged);
+        f.prefix(5, prefix(5, &forged, 0, 300), &mut out);
+        summary(&mut out);
+        f.ledger(&ledger(5, &d), &mut out);
+        let (names, bytes) = summary(&mut out);
+        assert_eq!(names, ["abort", "begin", "data", "end"]);
+        assert_eq!(bytes, d[..]);
+        f.prefix(6, prefix(6, &d, 0, 300), &mut out);
+        summary(&mut out);
+        f.take_back("failed", &mut out);
+        assert_eq!(summary(&mut out).0, ["abort"]);
+        f.take_back("failed", &mut out);
+        assert!(out.is_empty(), "nothing in progress");
+    }
 }

@@ -54,6 +54,17 @@ async fn root(dir: &TestDir, name: &str, cadence: &str) -> (RelayProcess, u16) {
 /// An edge relay subscribed to `upstreams` as client `edge`, on `port`, with its metrics on
 /// `metrics`.
 async fn edge(dir: &TestDir, upstreams: &[u16], port: u16, metrics: SocketAddr) -> RelayProcess {
+    edge_with(dir, upstreams, port, metrics, &[]).await
+}
+
+/// [`edge`] with more flags.
+async fn edge_with(
+    dir: &TestDir,
+    upstreams: &[u16],
+    port: u16,
+    metrics: SocketAddr,
+    more: &[&str],
+) -> RelayProcess {
     let source = format!(
         "relay:{}",
         upstreams
@@ -63,7 +74,7 @@ async fn edge(dir: &TestDir, upstreams: &[u16], port: u16, metrics: SocketAddr) 
             .join(",")
     );
     let metrics = metrics.to_string();
-    let args = [
+    let mut args = vec![
         "--source",
         &source,
         "--upstream-name",
@@ -73,6 +84,7 @@ async fn edge(dir: &TestDir, upstreams: &[u16], port: u16, metrics: SocketAddr) 
         "--metrics",
         &metrics,
     ];
+    args.extend_from_slice(more);
     RelayProcess::start(dir.certs.path(), &dir.path().join("edge"), port, &args).await
 }
 
@@ -202,12 +214,31 @@ async fn an_edge_relay_re_serves_its_root_and_survives_sigkill() {
 /// its subscriber gets every ledger once, byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_relay_fails_over_to_a_second_root() {
+    edge_fails_over(&[]).await;
+}
+
+/// [`an_edge_relay_fails_over_to_a_second_root`] with an edge that passes ledgers on as their
+/// chunks arrive (`--cut-through`): it does pass bytes on before verification, and the kill
+/// (which can cut a ledger the edge was passing on) loses and repeats nothing downstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_through_edge_fails_over_losing_nothing() {
+    let metrics = edge_fails_over(&["--cut-through"]).await;
+    let early = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ledger_relay_upstream_cut_through_bytes_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("the cut-through counter");
+    assert!(early > 0, "bytes passed on before verification: {metrics}");
+}
+
+/// The failover scenario with `more` flags for the edge; returns the edge's metrics at the end.
+async fn edge_fails_over(more: &[&str]) -> String {
     let dir = TestDir::new();
     issue_edge(dir.certs.path());
     let want = testnet_ledgers();
     let ((a, a_port), (b, b_port)) = tokio::join!(root(&dir, "a", "30ms"), root(&dir, "b", "30ms"));
     let (edge_port, metrics) = (free_port(), metrics_addr());
-    let e = edge(&dir, &[a_port, b_port], edge_port, metrics).await;
+    let e = edge_with(&dir, &[a_port, b_port], edge_port, metrics, more).await;
     let config = sub_config(
         vec![local(edge_port)],
         dir.certs.path(),
@@ -243,6 +274,7 @@ async fn an_edge_relay_fails_over_to_a_second_root() {
     assert!(text.contains("ledger_relay_upstream_connected 1"), "{text}");
     out.sub.close().await;
     drop((b, e));
+    text
 }
 
 /// The value of metric `name` in a relay's `/metrics`.

@@ -304,14 +304,23 @@ fn a_relay_source_needs_an_upstream_name_and_only_it_takes_one() {
         c.upstream,
         Some(UpstreamConfig {
             name: "edge-1".into(),
-            lanes: DEFAULT_UPSTREAM_LANES
+            lanes: DEFAULT_UPSTREAM_LANES,
+            cut_through: false,
         })
     );
     assert!(c.external_source.is_none(), "set by the binary");
+    let mut ct = a.clone();
+    ct.cut_through = true;
+    let c = RelayConfig::from_args(ct).unwrap();
+    assert!(c.upstream.is_some_and(|u| u.cut_through));
     a.upstream_lanes = Some(0);
     assert!(RelayConfig::from_args(a).is_err());
     let mut b = base();
     b.upstream_name = Some("edge-1".into());
+    let e = RelayConfig::from_args(b).unwrap_err().to_string();
+    assert!(e.contains("go with --source relay:"), "{e}");
+    let mut b = base();
+    b.cut_through = true;
     let e = RelayConfig::from_args(b).unwrap_err().to_string();
     assert!(e.contains("go with --source relay:"), "{e}");
 }

@@ -140,6 +140,15 @@ impl Cutter {
                     self.metrics.health.source_bytes();
                     self.data(piece)
                 }
+                SourceEvent::FirstByte { at_ns } => {
+                    match &mut self.state {
+                        Ledger::Peeking { first_ns, .. } | Ledger::Streaming { first_ns, .. } => {
+                            *first_ns = at_ns;
+                        }
+                        Ledger::Idle | Ledger::Skipping => {}
+                    }
+                    Ok(())
+                }
                 SourceEvent::End { at_ns } => {
                     self.end(at_ns);
                     Ok(())

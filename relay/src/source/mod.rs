@@ -307,7 +307,8 @@ impl Default for SourceOptions {
 pub enum SourceEvent {
     /// A record mark was read: a ledger of `len` bytes starts.
     Begin {
-        /// The ledger's length in bytes (the record body, without its mark).
+        /// The ledger's length in bytes (the record body, without its mark); 0 when not known
+        /// yet (a `relay:` source passing a ledger on as it arrives, see `--cut-through`).
         len: u32,
         /// When its first byte was read (paced sources: emitted), from [`now_ns`].
         at_ns: u64,
@@ -315,6 +316,13 @@ pub enum SourceEvent {
     /// The next piece of the current ledger, as read (paced sources: 64-256 KiB pieces, see
     /// [`piece_sizes`]). Never empty.
     Data(Bytes),
+    /// When the current ledger's first byte was read after all: a `relay:` source passing a
+    /// ledger on as it arrives learns the root's stamp only from its end record. Replaces the
+    /// `Begin`'s.
+    FirstByte {
+        /// From [`now_ns`], or the upstream's stamp.
+        at_ns: u64,
+    },
     /// The current ledger is complete.
     End {
         /// When its last byte was read (paced sources: emitted), from [`now_ns`].

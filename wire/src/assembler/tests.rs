@@ -396,3 +396,79 @@ fn a_heartbeat_makes_a_wholly_lost_ledger_stall() {
         Limits::default().max_ledgers_in_flight as usize
     );
 }
+
+/// All prefixes handed out now, as (seq, offset, len).
+fn prefixes(r: &mut Reassembler) -> Vec<(u32, u64, usize)> {
+    std::iter::from_fn(|| r.poll_prefix())
+        .map(|p| (p.seq, p.offset, p.data.len()))
+        .collect()
+}
+
+/// Cut-through: the next ledger's bytes go out as soon as everything before them arrived, in
+/// order, each once, and only for the next ledger; the rest comes with the complete ledger.
+#[test]
+fn prefixes_hand_out_the_next_ledger_in_order_before_it_completes() {
+    let mut r = new(10);
+    let raw10 = ledger(10, 5000);
+    let raw11 = ledger(11, 3000);
+    let (c10, e10) = pieces(10, &raw10, 1000, Codec::Lz4);
+    let (c11, e11) = pieces(11, &raw11, 1000, Codec::None);
+    assert_eq!(c10.len(), 5);
+    // Ledger 11's first chunk: not the next ledger, nothing out.
+    r.handle_chunk(&c11[0], MS).unwrap();
+    assert!(prefixes(&mut r).is_empty());
+    // Chunk 1 before chunk 0: nothing until 0 arrives, then both.
+    r.handle_chunk(&c10[1], MS).unwrap();
+    assert!(prefixes(&mut r).is_empty());
+    r.handle_chunk(&c10[0], MS).unwrap();
+    assert_eq!(prefixes(&mut r), vec![(10, 0, 1000), (10, 1000, 1000)]);
+    r.handle_chunk(&c10[3], MS).unwrap();
+    assert!(prefixes(&mut r).is_empty(), "chunk 2 is missing");
+    r.handle_chunk(&c10[2], MS).unwrap();
+    let got: Vec<Bytes> = std::iter::from_fn(|| r.poll_prefix())
+        .map(|p| p.data)
+        .collect();
+    assert_eq!(got.concat(), raw10[2000..4000]);
+    // The last chunk and the end complete the ledger: it is delivered whole, and its last
+    // chunk is not handed out as a prefix.
+    r.handle_chunk(&c10[4], MS).unwrap();
+    r.handle_end(&e10, MS).unwrap();
+    assert!(prefixes(&mut r).iter().all(|p| p.0 == 11));
+    assert_eq!(r.poll_ledger().unwrap().data, raw10);
+    // Now ledger 11 is next: its first chunk, already held, goes out, then the rest.
+    let mut r2 = r;
+    for c in &c11[1..] {
+        r2.handle_chunk(c, MS).unwrap();
+    }
+    // (The first poll above may already have taken 11's first chunk.)
+    let rest = prefixes(&mut r2);
+    assert!(rest.iter().all(|p| p.0 == 11));
+    assert_eq!(rest.last().map(|p| p.1 + p.2 as u64), Some(3000));
+    r2.handle_end(&e11, MS).unwrap();
+    assert_eq!(r2.poll_ledger().unwrap().data, raw11);
+    assert!(r2.poll_prefix().is_none());
+}
+
+/// A chunk that does not start where the one before ended stops the prefixes there (the
+/// ledger then fails as a whole); after an error nothing is handed out.
+#[test]
+fn prefixes_stop_at_a_misplaced_chunk_and_after_an_error() {
+    let mut r = new(1);
+    let raw = ledger(1, 3000);
+    let (mut chunks, end) = pieces(1, &raw, 1000, Codec::None);
+    chunks[1].header.raw_offset = 1500;
+    r.handle_chunk(&chunks[0], MS).unwrap();
+    r.handle_chunk(&chunks[1], MS).unwrap();
+    assert_eq!(prefixes(&mut r), vec![(1, 0, 1000)]);
+    r.handle_chunk(&chunks[2], MS).unwrap();
+    assert!(
+        r.poll_prefix().is_none(),
+        "nothing past the misplaced chunk"
+    );
+    assert!(matches!(
+        r.handle_end(&end, MS),
+        Err(AssemblyError::Misplaced { .. })
+    ));
+    assert!(r.poll_prefix().is_none());
+    assert!(r.poll_ledger().is_none());
+}
