@@ -130,12 +130,16 @@ impl RelayProc {
         extra: &[String],
         env: &[(&str, String)],
     ) -> anyhow::Result<RelayProc> {
-        Self::start_source(bin, certs, dir, s, &s.synthetic_source(), extra, env)
+        Self::start_in(None, bin, certs, dir, s, &s.synthetic_source(), extra, env)
     }
 
-    /// [`RelayProc::start_with`] on `source` (`file:...`) instead of the synthetic one; the
-    /// size and ratio of `s` are then unused.
-    pub fn start_source(
+    /// [`RelayProc::start_with`] on `source` (`file:...`, `relay:...`) instead of the synthetic
+    /// one (the size and ratio of `s` are then unused), and in network namespace `ns` listening
+    /// on `ip` (from [`crate::netem`]) when `ns` is given; its metrics are then reachable only
+    /// inside `ns`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_in(
+        ns: Option<(&str, &str)>,
         bin: &Path,
         certs: &Path,
         dir: &Path,
@@ -145,10 +149,15 @@ impl RelayProc {
         env: &[(&str, String)],
     ) -> anyhow::Result<RelayProc> {
         std::fs::create_dir_all(dir)?;
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_udp_port()?).parse()?;
+        let ip = ns.map_or("127.0.0.1", |n| n.1);
+        let addr: SocketAddr = format!("{ip}:{}", free_udp_port()?).parse()?;
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
         let log = dir.join("relay.log");
-        let mut child = Command::new(bin)
+        let mut cmd = match ns {
+            Some((ns, _)) => crate::netem::Netem::exec_in(ns, bin),
+            None => Command::new(bin),
+        };
+        let mut child = cmd
             .arg("run")
             .args(["--listen", &addr.to_string(), "--certs"])
             .arg(certs)
@@ -444,7 +453,21 @@ pub fn spawn_subscriber(
     certs: &Path,
     spec: &SubSpec,
 ) -> anyhow::Result<Child> {
-    let mut cmd = Command::new(bin);
+    spawn_subscriber_in(None, bin, relay, certs, spec)
+}
+
+/// [`spawn_subscriber`], in network namespace `ns` when given.
+pub fn spawn_subscriber_in(
+    ns: Option<&str>,
+    bin: &Path,
+    relay: SocketAddr,
+    certs: &Path,
+    spec: &SubSpec,
+) -> anyhow::Result<Child> {
+    let mut cmd = match ns {
+        Some(ns) => crate::netem::Netem::exec_in(ns, bin),
+        None => Command::new(bin),
+    };
     cmd.args(["--relay", &relay.to_string(), "--certs"])
         .arg(certs)
         .args(["--name", &spec.name, "--from", &spec.from])

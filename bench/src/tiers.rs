@@ -10,6 +10,10 @@
 //!   measured from the root's source in each (an edge passes the root's stamps on), so an edge
 //!   subscriber's delivery minus the root subscriber's, ledger by ledger, is what the tier adds.
 //!   Each edge's own CPU per ledger is read too.
+//! - **tier-zone** (emulated network, per payload, needs root; not in the default parts): the
+//!   tier part across a zone link: the root in the relay namespace, its port capped at
+//!   3 x lanes x `--flow-mbit` (what crosses the link: the direct subscriber's lanes and both
+//!   edges' upstream lanes), the edges and the subscribers in the subscriber namespace.
 //! - **tree** (loopback, one payload): the root's CPU per ledger serving N subscribers directly,
 //!   against the same N spread over E edge relays (the root then serves only the edges), and the
 //!   last subscriber's delivery in each.
@@ -21,26 +25,33 @@
 //! Every row checks that each subscriber wrote exactly the ledgers it asked for, in order.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
 use crate::fanout::Payload;
-use crate::harness::{make_certs, read_stats_lenient, spawn_subscriber, RelayProc, RelaySettings};
-use crate::netem::{Netem, Shape, RELAY_ADDR};
-use crate::proc::{cpu_seconds, kill_all, sibling_binary, stop};
+use crate::harness::{
+    make_certs, read_stats_lenient, spawn_subscriber_in, RelayProc, RelaySettings,
+};
+use crate::netem::{Netem, Shape};
+use crate::proc::{cpu_seconds, kill_all, sibling_binary};
 use crate::stats::{quantile, Record};
 
+mod hedge;
 mod report;
+mod tier;
 pub use report::{csv, table};
 
 /// The parts of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Part {
-    /// Root -> edge -> subscriber against root -> subscriber.
+    /// Root -> edge -> subscriber against root -> subscriber, on loopback.
     Tier,
+    /// The same across an emulated zone link (needs root): the root behind it, the edges and
+    /// subscribers beyond it.
+    TierZone,
     /// The root's CPU with N direct subscribers against N behind E edges.
     Tree,
     /// Hedged against single-relay delivery with one relay's path degraded (needs root).
@@ -174,7 +185,7 @@ pub struct TiersReport {
     pub load_before: Option<[f64; 3]>,
     /// After.
     pub load_after: Option<[f64; 3]>,
-    /// Why the hedge part did not run, if it did not.
+    /// Why the parts on the emulated network (hedge, tier-zone) did not run, if they did not.
     pub hedge_skipped: Option<String>,
     /// The rows.
     pub rows: Vec<TierRow>,
@@ -246,8 +257,20 @@ fn root(
     s: &RelaySettings,
     start_wait: &str,
 ) -> anyhow::Result<RelayProc> {
+    root_in(None, bin, certs, dir, s, start_wait)
+}
+
+/// [`root`] in network namespace `ns` listening on its address, when given.
+fn root_in(
+    ns: Option<(&str, &str)>,
+    bin: &Path,
+    certs: &Path,
+    dir: &Path,
+    s: &RelaySettings,
+    start_wait: &str,
+) -> anyhow::Result<RelayProc> {
     let wait = ["--start-wait".to_owned(), start_wait.to_owned()];
-    RelayProc::start_with(bin, certs, dir, s, &wait, &[])
+    RelayProc::start_in(ns, bin, certs, dir, s, &s.synthetic_source(), &wait, &[])
 }
 
 /// An edge relay fed by `upstream` with client certificate `name`.
@@ -260,12 +283,14 @@ fn edge(
     name: &str,
     lanes: u8,
 ) -> anyhow::Result<RelayProc> {
-    edge_with(bin, certs, dir, s, upstream, name, lanes, false)
+    edge_with(None, bin, certs, dir, s, upstream, name, lanes, false)
 }
 
-/// [`edge`], passing ledgers on as their chunks arrive if `cut_through`.
+/// [`edge`], passing ledgers on as their chunks arrive if `cut_through`, in network namespace
+/// `ns` listening on its address when given.
 #[allow(clippy::too_many_arguments)]
 fn edge_with(
+    ns: Option<(&str, &str)>,
     bin: &Path,
     certs: &Path,
     dir: &Path,
@@ -291,11 +316,14 @@ fn edge_with(
         extra.push("--cut-through".into());
     }
     let source = format!("relay:{}", upstream.addr);
-    RelayProc::start_source(bin, certs, dir, s, &source, &extra, &[])
+    RelayProc::start_in(ns, bin, certs, dir, s, &source, &extra, &[])
 }
 
-/// Subscriber `name` on `relay` for `span`, stats in `dir/name.csv`.
+/// Subscriber `name` on `relay` for `span`, stats in `dir/name.csv`; in network namespace
+/// `ns` when given.
+#[allow(clippy::too_many_arguments)]
 fn subscriber(
+    ns: Option<&str>,
     bin: &Path,
     relay: &RelayProc,
     certs: &Path,
@@ -313,7 +341,10 @@ fn subscriber(
         log: dir.join(format!("{name}.log")),
         consume_delay_ms: None,
     };
-    Ok((spawn_subscriber(bin, relay.addr, certs, &spec)?, spec.stats))
+    Ok((
+        spawn_subscriber_in(ns, bin, relay.addr, certs, &spec)?,
+        spec.stats,
+    ))
 }
 
 /// Waits until every stats file holds ledger `seq`; fails after `limit`, or when a subscriber
@@ -420,73 +451,6 @@ fn cpu_of(relays: &[RelayProc]) -> anyhow::Result<f64> {
         .sum()
 }
 
-/// The tier part for `payload`: rows `direct`, `edge` and `edge-ct`.
-fn tier(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<TierRow>> {
-    let (relay_bin, sub_bin) = (
-        sibling_binary("ledger-relay")?,
-        sibling_binary("ledger-subscribe")?,
-    );
-    let certs = work.join("certs");
-    let dir = work.join(format!("tier-{payload:?}").to_lowercase());
-    let sp = span(a, a.cadence_ms, 5.0);
-    let s = settings(a, payload, a.cadence_ms, sp.last);
-    let mut p = Procs::default();
-    p.relays
-        .push(root(&relay_bin, &certs, &dir.join("root"), &s, "120s")?);
-    // Two edges on the root: one store-and-forward, one cut-through (`--cut-through`).
-    for (name, cert, cut_through) in [("edge", "sub-15", false), ("edge-ct", "sub-14", true)] {
-        let e = edge_with(
-            &relay_bin,
-            &certs,
-            &dir.join(name),
-            &s,
-            &p.relays[0],
-            cert,
-            a.lanes,
-            cut_through,
-        )?;
-        p.relays.push(e);
-    }
-    let mut stats = Vec::new();
-    for i in 0..3 {
-        let name = format!("sub-{i}");
-        let (c, st) = subscriber(&sub_bin, &p.relays[i], &certs, &dir, &name, a.lanes, sp)?;
-        p.subs.push(c);
-        stats.push(st);
-    }
-    let limit = Duration::from_secs_f64(a.cadence_ms / 1e3 * f64::from(sp.last) + 60.0);
-    wait_all(&stats, &mut p.subs, sp.measured - 1, limit)?;
-    let cpus = |p: &Procs| -> anyhow::Result<Vec<f64>> {
-        (0..3).map(|i| cpu_of(&p.relays[i..=i])).collect()
-    };
-    let before = cpus(&p)?;
-    wait_all(&stats, &mut p.subs, sp.last, limit)?;
-    let after = cpus(&p)?;
-    let recs = collect(&stats, sp)?;
-    let per = |i: usize| (after[i] - before[i]) * 1e3 / f64::from(a.ledgers);
-    let d =
-        |i: usize| -> Vec<(u32, f64)> { recs[i].iter().map(|r| (r.seq, r.delivery_ms)).collect() };
-    let mut rows = Vec::new();
-    for (i, name) in ["direct", "edge", "edge-ct"].into_iter().enumerate() {
-        let mut r = row(Part::Tier, name, payload, 1, a.cadence_ms);
-        r.delivery = Delivery::of(d(i));
-        if i > 0 {
-            r.added = Some(Delivery::of(
-                d(i).iter()
-                    .zip(d(0))
-                    .map(|(t, d)| (t.0, t.1 - d.1))
-                    .collect(),
-            ));
-            r.edge_cpu_ms = Some(per(i));
-        }
-        r.ledgers = a.ledgers;
-        r.wire_mb = wire_mb(&recs[i..=i]);
-        r.root_cpu_ms = Some(per(0));
-        rows.push(r);
-    }
-    Ok(rows)
-}
-
 /// One tree row: `edges` edge relays (0: every subscriber on the root).
 fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow::Result<TierRow> {
     let (relay_bin, sub_bin) = (
@@ -528,6 +492,7 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
             1 + usize::from(i % edges)
         };
         let (c, st) = subscriber(
+            None,
             &sub_bin,
             &p.relays[at],
             &certs,
@@ -553,152 +518,6 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
     r.root_cpu_ms = Some(per(r1 - r0));
     r.edge_cpu_ms = (edges > 0).then(|| per(e1 - e0));
     Ok(r)
-}
-
-/// A relay inside `ns` on RELAY_ADDR:`port` with an endless synthetic source.
-fn relay_in(
-    ns: &str,
-    bin: &Path,
-    certs: &Path,
-    dir: &Path,
-    s: &RelaySettings,
-    port: u16,
-) -> anyhow::Result<Child> {
-    std::fs::create_dir_all(dir)?;
-    let log = dir.join("relay.log");
-    let mut child = Netem::exec_in(ns, bin)
-        .arg("run")
-        .args(["--listen", &format!("{RELAY_ADDR}:{port}"), "--certs"])
-        .arg(certs)
-        .args(["--name", "relay", "--data-dir"])
-        .arg(dir.join("data"))
-        .args(["--source", &s.synthetic_source()])
-        .args(["--cadence", &format!("{}ms", s.cadence_ms)])
-        .args(["--emit", &format!("{}ms", s.emit_ms)])
-        .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
-        .args(["--retention", &s.retention.to_string()])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting ledger-relay")?;
-    crate::proc::track(&child);
-    if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
-        kill_all(std::slice::from_mut(&mut child));
-        return Err(e);
-    }
-    Ok(child)
-}
-
-/// The hedge part: rows `A`, `B` (degraded) and `hedged`.
-fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<TierRow>> {
-    let (relay_bin, sub_bin) = (
-        sibling_binary("ledger-relay")?,
-        sibling_binary("ledger-subscribe")?,
-    );
-    let certs = work.join("certs");
-    let dir = work.join("hedge");
-    let healthy = f64::from(a.lanes) * a.flow_mbit * 1e6;
-    let mut netem = Netem::create(
-        "tiers",
-        Shape {
-            flow_bps: (a.flow_mbit * 1e6) as u64,
-            aggregate_bps: (4.0 * healthy) as u64,
-        },
-    )?;
-    let (port_a, port_b) = (7101u16, 7102u16);
-    netem.cap_source_port(port_a, healthy as u64)?;
-    netem.cap_source_port(port_b, (healthy / a.degrade) as u64)?;
-    let mut s = settings(a, payload, a.cadence_ms, 2);
-    s.count = None;
-    let mut relays = Vec::new();
-    let r = (|| -> anyhow::Result<Vec<TierRow>> {
-        relays.push(relay_in(
-            &netem.relay_ns,
-            &relay_bin,
-            &certs,
-            &dir.join("a"),
-            &s,
-            port_a,
-        )?);
-        relays.push(relay_in(
-            &netem.relay_ns,
-            &relay_bin,
-            &certs,
-            &dir.join("b"),
-            &s,
-            port_b,
-        )?);
-        let mut rows = Vec::new();
-        for (name, relays, hedged) in [
-            ("A", vec![port_a], false),
-            ("B", vec![port_b], false),
-            ("hedged", vec![port_a, port_b], true),
-        ] {
-            let addrs: Vec<String> = relays.iter().map(|p| format!("{RELAY_ADDR}:{p}")).collect();
-            let stats = dir.join(format!("{name}.csv"));
-            let mut cmd = Netem::exec_in(&netem.sub_ns, &sub_bin);
-            cmd.args(["--relay", &addrs.join(","), "--certs"])
-                .arg(&certs)
-                .args([
-                    "--name",
-                    "sub-0",
-                    "--from",
-                    "tip",
-                    "--lanes",
-                    &a.lanes.to_string(),
-                ])
-                .args([
-                    "--count",
-                    &(a.warmup + a.ledgers).to_string(),
-                    "--out",
-                    "/dev/null",
-                ])
-                .arg("--stats")
-                .arg(&stats);
-            if hedged {
-                cmd.arg("--hedge");
-            }
-            let mut child = cmd
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
-                .spawn()
-                .context("starting ledger-subscribe")?;
-            crate::proc::track(&child);
-            let limit = Duration::from_secs_f64(
-                a.cadence_ms / 1e3 * f64::from(a.warmup + a.ledgers) * 3.0 + 60.0,
-            );
-            let st = crate::harness::wait_child(&mut child, limit)?;
-            if !st.success() {
-                bail!("the {name} subscriber exited with {st}");
-            }
-            let recs = read_stats_lenient(&stats)?;
-            let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
-            if seqs.len() != (a.warmup + a.ledgers) as usize
-                || seqs.windows(2).any(|w| w[1] != w[0] + 1)
-            {
-                bail!(
-                    "the {name} subscriber wrote {seqs:?}, not {} consecutive ledgers",
-                    a.warmup + a.ledgers
-                );
-            }
-            let measured: Vec<Record> = recs.into_iter().skip(a.warmup as usize).collect();
-            let mut r = row(Part::Hedge, name, payload, 1, a.cadence_ms);
-            r.ledgers = a.ledgers;
-            r.wire_mb = wire_mb(std::slice::from_ref(&measured));
-            r.delivery = Delivery::of(measured.iter().map(|r| (r.seq, r.delivery_ms)).collect());
-            rows.push(r);
-        }
-        Ok(rows)
-    })();
-    for c in relays.iter_mut() {
-        stop(c, Duration::from_secs(10));
-    }
-    drop(netem);
-    r
 }
 
 /// Runs the parts and returns the report.
@@ -733,12 +552,48 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
             Part::Tier => {
                 for &p in &a.payload {
                     eprintln!("tiers: tier, {p:?}");
-                    match tier(a, tmp.path(), p) {
+                    match tier::tier(a, tmp.path(), p, None) {
                         Ok(r) => rows.extend(r),
                         Err(e) => rows.push(fail(Part::Tier, "direct+edge", p, 1, a.cadence_ms, e)),
                     }
                 }
             }
+            Part::TierZone => match crate::netem::unavailable_reason() {
+                Some(why) => {
+                    eprintln!("tiers: tier-zone part skipped: {why}");
+                    hedge_skipped = Some(why);
+                }
+                None => {
+                    for &p in &a.payload {
+                        eprintln!("tiers: tier-zone, {p:?}");
+                        // What crosses the link from the root: the direct subscriber's lanes
+                        // and both edges' upstream lanes, each at the per-flow cap.
+                        let flows = 3.0 * f64::from(a.lanes);
+                        let link = (flows * a.flow_mbit * 1e6) as u64;
+                        let r = Netem::create(
+                            "tierzone",
+                            Shape {
+                                flow_bps: (a.flow_mbit * 1e6) as u64,
+                                aggregate_bps: link,
+                            },
+                        )
+                        .and_then(|mut netem| {
+                            tier::tier(a, tmp.path(), p, Some((&mut netem, link)))
+                        });
+                        match r {
+                            Ok(r) => rows.extend(r),
+                            Err(e) => rows.push(fail(
+                                Part::TierZone,
+                                "direct+edge",
+                                p,
+                                1,
+                                a.cadence_ms,
+                                e,
+                            )),
+                        }
+                    }
+                }
+            },
             Part::Tree => {
                 for edges in [0, a.edges] {
                     eprintln!(
@@ -765,7 +620,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                 }
                 None => {
                     eprintln!("tiers: hedge, {first:?}");
-                    match hedge(a, tmp.path(), first) {
+                    match hedge::hedge(a, tmp.path(), first) {
                         Ok(r) => rows.extend(r),
                         Err(e) => rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence_ms, e)),
                     }
@@ -792,7 +647,7 @@ pub fn main(a: &TiersArgs) -> anyhow::Result<()> {
     print!("{}", table(&report.rows));
     print!("{}", report::compare(&report.rows));
     if let Some(why) = &report.hedge_skipped {
-        println!("hedge part skipped: {why}");
+        println!("emulated-network parts (hedge, tier-zone) skipped: {why}");
     }
     if let Some(p) = &a.csv {
         crate::report::write(p, &csv(&report.rows))?;

@@ -109,7 +109,8 @@ pub fn run(
         ]);
     }
     let env = server.env();
-    let mut relay = RelayProc::start_source(
+    let mut relay = RelayProc::start_in(
+        None,
         &relay_bin,
         &certs,
         &dir,

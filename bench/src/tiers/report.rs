@@ -59,31 +59,33 @@ pub fn compare(rows: &[TierRow]) -> String {
             .filter(|r| r.part == part && r.row == name && r.error.is_none())
             .collect::<Vec<_>>()
     };
-    for (name, what) in [("edge", "an edge"), ("edge-ct", "a cut-through edge")] {
-        for r in ok(Part::Tier, name) {
-            if let Some(a) = &r.added {
-                let _ = writeln!(
-                    out,
-                    "tier, {:?}: {what} adds {:.1} ms at p50 and {:.1} ms at p99 (largest {:.1}) to delivery; it costs {} ms of CPU per ledger",
-                    r.payload,
-                    a.p50_ms,
-                    a.p99_ms,
-                    a.max_ms,
-                    opt(r.edge_cpu_ms, 1)
-                );
+    for (part, label) in [(Part::Tier, "tier"), (Part::TierZone, "tier-zone")] {
+        for (name, what) in [("edge", "an edge"), ("edge-ct", "a cut-through edge")] {
+            for r in ok(part, name) {
+                if let Some(a) = &r.added {
+                    let _ = writeln!(
+                        out,
+                        "{label}, {:?}: {what} adds {:.1} ms at p50 and {:.1} ms at p99 (largest {:.1}) to delivery; it costs {} ms of CPU per ledger",
+                        r.payload,
+                        a.p50_ms,
+                        a.p99_ms,
+                        a.max_ms,
+                        opt(r.edge_cpu_ms, 1)
+                    );
+                }
             }
         }
-    }
-    for sf in ok(Part::Tier, "edge") {
-        let ct = ok(Part::Tier, "edge-ct")
-            .into_iter()
-            .find(|r| r.payload == sf.payload);
-        if let (Some(a), Some(b)) = (&sf.added, ct.and_then(|c| c.added.as_ref())) {
-            let _ = writeln!(
-                out,
-                "tier, {:?}: cut-through against store-and-forward, added delivery p50 {:.1} against {:.1} ms, p99 {:.1} against {:.1} ms",
-                sf.payload, b.p50_ms, a.p50_ms, b.p99_ms, a.p99_ms
-            );
+        for sf in ok(part, "edge") {
+            let ct = ok(part, "edge-ct")
+                .into_iter()
+                .find(|r| r.payload == sf.payload);
+            if let (Some(a), Some(b)) = (&sf.added, ct.and_then(|c| c.added.as_ref())) {
+                let _ = writeln!(
+                    out,
+                    "{label}, {:?}: cut-through against store-and-forward, added delivery p50 {:.1} against {:.1} ms, p99 {:.1} against {:.1} ms",
+                    sf.payload, b.p50_ms, a.p50_ms, b.p99_ms, a.p99_ms
+                );
+            }
         }
     }
     let direct = rows
