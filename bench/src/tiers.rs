@@ -273,21 +273,9 @@ fn root_in(
     RelayProc::start_in(ns, bin, certs, dir, s, &s.synthetic_source(), &wait, &[])
 }
 
-/// An edge relay fed by `upstream` with client certificate `name`.
-fn edge(
-    bin: &Path,
-    certs: &Path,
-    dir: &Path,
-    s: &RelaySettings,
-    upstream: &RelayProc,
-    name: &str,
-    lanes: u8,
-) -> anyhow::Result<RelayProc> {
-    edge_with(None, bin, certs, dir, s, upstream, name, lanes, false)
-}
-
-/// [`edge`], passing ledgers on as their chunks arrive if `cut_through`, in network namespace
-/// `ns` listening on its address when given.
+/// An edge relay fed by `upstream` with client certificate `name`, passing ledgers on as their
+/// chunks arrive if `cut_through`, in network namespace `ns` listening on its address when
+/// given.
 #[allow(clippy::too_many_arguments)]
 fn edge_with(
     ns: Option<(&str, &str)>,
@@ -473,7 +461,8 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
         .push(root(&relay_bin, &certs, &dir.join("root"), &s, "300s")?);
     for e in 0..edges {
         let cert = format!("sub-{}", n + e);
-        let r = edge(
+        let r = edge_with(
+            None,
             &relay_bin,
             &certs,
             &dir.join(format!("edge-{e}")),
@@ -481,6 +470,7 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
             &p.relays[0],
             &cert,
             a.lanes,
+            false,
         )?;
         p.relays.push(r);
     }

@@ -9,8 +9,8 @@ use ledger_relay_subscriber::SubscribeError;
 use ledger_relay_wire::frame::Start;
 
 use crate::support::{
-    assert_identical, eventually, file_source, take, testnet_ledgers, testnet_records, Running,
-    TestDir, FIRST, LAST,
+    assert_identical, assert_two_runs, eventually, file_source, first_of_two_runs, take,
+    testnet_ledgers, testnet_records, Running, TestDir, FIRST, LAST,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,24 +164,9 @@ async fn a_restarted_relay_serves_what_it_held() {
 async fn a_gap_keeps_the_old_run_and_serves_both() {
     let dir = TestDir::new();
     let want = testnet_ledgers();
-    let records = testnet_records(320);
-    let write = |name: &str, range: std::ops::Range<usize>| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, records[range].concat()).unwrap();
-        format!("file:{}", path.display())
-    };
-    let (first, second) = (write("first", 0..100), write("second", 150..320));
-    let relay = dir.start(&first).await;
-    relay.wait_for(FIRST + 99).await;
-    relay.stop().await;
+    let second = first_of_two_runs(&dir).await;
     let relay = dir.start(&second).await;
-    relay.wait_for(LAST).await;
-    let ring = &relay.relay.ring;
-    eventually(10, "the second run written", || {
-        ring.range().is_some_and(|r| r.1 == LAST)
-    })
-    .await;
-    assert_eq!(ring.runs(), vec![(FIRST, FIRST + 99), (FIRST + 150, LAST)]);
+    assert_two_runs(&relay).await;
     let m = &relay.relay.metrics;
     assert_eq!(m.ring_resets_total.load(Ordering::Relaxed), 0);
     assert_eq!(m.ring_gaps_total.load(Ordering::Relaxed), 1);

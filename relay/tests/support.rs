@@ -47,6 +47,35 @@ pub fn testnet_ledgers() -> Vec<Bytes> {
         .collect()
 }
 
+/// Issue 13, item 2: a relay in `dir` on the first 100 testnet ledgers, stopped, leaves its
+/// ring holding them; returns the `file:` source of ledgers 150 and on, for the caller to start
+/// the relay again with (the ring then holds two runs, see [`assert_two_runs`]).
+pub async fn first_of_two_runs(dir: &TestDir) -> String {
+    let records = testnet_records(COUNT);
+    let write = |name: &str, range: std::ops::Range<usize>| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, records[range].concat()).unwrap();
+        format!("file:{}", path.display())
+    };
+    let (first, second) = (write("first", 0..100), write("second", 150..COUNT));
+    let relay = dir.start(&first).await;
+    relay.wait_for(FIRST + 99).await;
+    relay.stop().await;
+    second
+}
+
+/// Waits until `relay`, started on [`first_of_two_runs`]'s source, has written the last ledger,
+/// and checks that its ring holds both runs.
+pub async fn assert_two_runs(relay: &Running) {
+    relay.wait_for(LAST).await;
+    let ring = &relay.relay.ring;
+    eventually(10, "the second run written", || {
+        ring.range().is_some_and(|r| r.1 == LAST)
+    })
+    .await;
+    assert_eq!(ring.runs(), vec![(FIRST, FIRST + 99), (FIRST + 150, LAST)]);
+}
+
 /// The first `n` testnet records, each with its record mark.
 pub fn testnet_records(n: usize) -> Vec<Vec<u8>> {
     let bytes = std::fs::read(TESTNET).unwrap();

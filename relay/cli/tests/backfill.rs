@@ -18,8 +18,8 @@ use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::lake::Place;
 use crate::support::{
-    assert_identical, eventually, file_source, load, take, testnet_ledgers, testnet_records,
-    Collector, Running, TestDir, COUNT, FIRST, LAST,
+    assert_identical, assert_two_runs, eventually, file_source, first_of_two_runs, load, take,
+    testnet_ledgers, Collector, Running, TestDir, COUNT, FIRST, LAST,
 };
 
 fn backfill_from(place: &Place) -> BackfillConfig {
@@ -224,29 +224,14 @@ async fn what_neither_the_lake_nor_the_ring_holds_is_below_retention_with_the_la
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_between_the_ring_s_runs_is_served_from_the_lake() {
     let want = testnet_ledgers();
-    let records = testnet_records(COUNT);
     let place = Place::file();
     place.fill(&want[80..170], 1).await;
     let dir = TestDir::new();
-    let source = |name: &str, range: std::ops::Range<usize>| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, records[range].concat()).unwrap();
-        format!("file:{}", path.display())
-    };
-    let (first, second) = (source("first", 0..100), source("second", 150..COUNT));
-    let relay = dir.start(&first).await;
-    relay.wait_for(FIRST + 99).await;
-    relay.stop().await;
+    let second = first_of_two_runs(&dir).await;
     let mut config = dir.relay_config(&second);
     config.backfill = Some(backfill_from(&place));
     let relay = Running::start(config).await;
-    relay.wait_for(LAST).await;
-    let ring = &relay.relay.ring;
-    eventually(10, "the second run written", || {
-        ring.range().is_some_and(|r| r.1 == LAST)
-    })
-    .await;
-    assert_eq!(ring.runs(), vec![(FIRST, FIRST + 99), (FIRST + 150, LAST)]);
+    assert_two_runs(&relay).await;
 
     let start = FIRST + 90;
     let got = take(

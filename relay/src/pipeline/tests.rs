@@ -359,6 +359,24 @@ fn the_ring_queue_is_bounded() {
     handle.join();
 }
 
+/// A first run of the pipeline with a ring in `dir` (closed again on return) writes `ledgers`,
+/// consecutive from sequence 2.
+fn first_run(dir: &std::path::Path, ledgers: &[Bytes]) {
+    let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir)).unwrap());
+    let (tx, _hub, _m, handle) = with_ring(
+        ring.clone(),
+        PipelineConfig::default(),
+        StartState::default(),
+    );
+    for l in ledgers {
+        send_ledger(&tx, l);
+    }
+    let last = 1 + ledgers.len() as u32;
+    wait_until("the first run written", || ring.range() == Some((2, last)));
+    drop(tx);
+    handle.join();
+}
+
 /// Overwrites the last byte of ledger `seq`'s file in the (closed) ring at `dir`, so that its
 /// last part's checksum fails.
 fn damage(dir: &std::path::Path, seq: u32) {
@@ -377,21 +395,7 @@ fn damage(dir: &std::path::Path, seq: u32) {
 fn a_damaged_ledger_emitted_again_is_repaired_not_a_new_run() {
     let dir = tempfile::tempdir().unwrap();
     let want = small_ledgers(12);
-    {
-        // A first run writes ledgers 2..=11.
-        let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
-        let (tx, _hub, _m, handle) = with_ring(
-            ring.clone(),
-            PipelineConfig::default(),
-            StartState::default(),
-        );
-        for l in &want[..10] {
-            send_ledger(&tx, l);
-        }
-        wait_until("written", || ring.range() == Some((2, 11)));
-        drop(tx);
-        handle.join();
-    }
+    first_run(dir.path(), &want[..10]);
     damage(dir.path(), 5);
     let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
     assert_eq!(ring.range(), Some((2, 11)));
@@ -426,20 +430,7 @@ fn a_gap_starts_a_new_run_and_keeps_the_old_one() {
     let dir = tempfile::tempdir().unwrap();
     let want = small_ledgers(24); // 2..=25
     let open = || Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
-    {
-        let ring = open();
-        let (tx, _hub, _m, handle) = with_ring(
-            ring.clone(),
-            PipelineConfig::default(),
-            StartState::default(),
-        );
-        for l in &want[..10] {
-            send_ledger(&tx, l);
-        }
-        wait_until("2..=11 written", || ring.range() == Some((2, 11)));
-        drop(tx);
-        handle.join();
-    }
+    first_run(dir.path(), &want[..10]);
     let ring = open();
     let start = StartState {
         newest: ring.newest(),
