@@ -264,11 +264,19 @@ fn send_all(
 /// cut-through the ledger in progress piece by piece, before it is verified.
 #[derive(Debug, Default)]
 struct Forward {
-    /// The ledger passed on piece by piece and not ended yet, with the pieces passed on.
-    current: Option<(u32, Vec<bytes::Bytes>)>,
+    /// The ledger passed on piece by piece and not ended yet.
+    current: Option<InProgress>,
     /// Bytes passed on as prefixes, and ledgers taken back, not yet counted in the metrics.
     early_bytes: u64,
     taken_back: u64,
+}
+
+/// A ledger passed on piece by piece: its sequence, the pieces passed on and their length.
+#[derive(Debug)]
+struct InProgress {
+    seq: u32,
+    pieces: Vec<bytes::Bytes>,
+    passed: u64,
 }
 
 impl Forward {
@@ -284,35 +292,27 @@ impl Forward {
         );
     }
 
-    /// Bytes passed on of the ledger in progress.
-    fn passed(&self) -> u64 {
-        self.current
-            .as_ref()
-            .map_or(0, |(_, p)| p.iter().map(|b| b.len() as u64).sum())
-    }
-
     /// A prefix of ledger `p.seq`, when `next` is the ledger after the last verified one (0
     /// before any): passed on if it continues the ledger in progress or starts ledger `next`.
     /// A new session starting the ledger in progress again (offset 0) takes back what was
     /// passed on and starts over; any other prefix (a later ledger, a jump in the offsets
     /// where prefixes were dropped) is left for the verified ledger to complete.
     fn prefix(&mut self, next: u32, p: Prefix, out: &mut Vec<SourceEvent>) {
-        let continues = self
+        if let Some(c) = self
             .current
-            .as_ref()
-            .is_some_and(|(seq, _)| *seq == p.seq && self.passed() == p.offset);
-        if continues {
+            .as_mut()
+            .filter(|c| c.seq == p.seq && c.passed == p.offset)
+        {
             self.early_bytes += p.data.len() as u64;
             out.push(SourceEvent::Data(p.data.clone()));
-            if let Some((_, pieces)) = &mut self.current {
-                pieces.push(p.data);
-            }
+            c.passed += p.data.len() as u64;
+            c.pieces.push(p.data);
             return;
         }
         if p.offset != 0 {
             return;
         }
-        let restart = self.current.as_ref().is_some_and(|(seq, _)| *seq == p.seq);
+        let restart = self.current.as_ref().is_some_and(|c| c.seq == p.seq);
         if restart {
             self.take_back("the upstream session started the ledger again", out);
         }
@@ -323,7 +323,11 @@ impl Forward {
             });
             self.early_bytes += p.data.len() as u64;
             out.push(SourceEvent::Data(p.data.clone()));
-            self.current = Some((p.seq, vec![p.data]));
+            self.current = Some(InProgress {
+                seq: p.seq,
+                passed: p.data.len() as u64,
+                pieces: vec![p.data],
+            });
         }
     }
 
@@ -332,11 +336,11 @@ impl Forward {
     /// whole ledger. The upstream's stamps go with it either way.
     fn ledger(&mut self, ledger: &Ledger, out: &mut Vec<SourceEvent>) {
         let len = ledger.data.len() as u64;
-        let passed = self.passed();
-        let matches = self.current.as_ref().is_some_and(|(seq, pieces)| {
-            *seq == ledger.seq && passed <= len && {
+        let passed = self.current.as_ref().map_or(0, |c| c.passed);
+        let matches = self.current.as_ref().is_some_and(|c| {
+            c.seq == ledger.seq && c.passed <= len && {
                 let mut at = 0usize;
-                pieces.iter().all(|b| {
+                c.pieces.iter().all(|b| {
                     let same = ledger.data[at..at + b.len()] == b[..];
                     at += b.len();
                     same
@@ -374,7 +378,7 @@ impl Forward {
 
     /// Takes back the ledger in progress, if any: the pipeline discards it.
     fn take_back(&mut self, why: &str, out: &mut Vec<SourceEvent>) {
-        if let Some((seq, _)) = self.current.take() {
+        if let Some(InProgress { seq, .. }) = self.current.take() {
             self.taken_back += 1;
             tracing::warn!(seq, why, "ledger passed on before verification taken back");
             out.push(SourceEvent::Abort {
