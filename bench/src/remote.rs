@@ -83,6 +83,13 @@ pub struct RemoteArgs {
     /// Write the delivery CDF and goodput-against-lanes plots (SVG and PNG) here.
     #[arg(long, value_name = "DIR")]
     pub plots: Option<PathBuf>,
+    /// Passed to each `ledger-subscribe` as `--max-mtu`: with the relay's `[transport] max_mtu`,
+    /// jumbo frames between the hosts (8952 in an EC2 VPC).
+    #[arg(long, value_name = "BYTES")]
+    pub max_mtu: Option<u16>,
+    /// Passed to each `ledger-subscribe` as `--min-mtu` (the path's known MTU).
+    #[arg(long, value_name = "BYTES")]
+    pub min_mtu: Option<u16>,
 }
 
 /// How delivery was put on one clock.
@@ -308,7 +315,13 @@ fn subscribe(
 ) -> anyhow::Result<(Vec<Record>, f64)> {
     let stats = tmp.join(format!("stats-l{lanes}.csv"));
     let log = tmp.join(format!("sub-l{lanes}.log"));
-    let mut child = Command::new(bin)
+    let mut cmd = Command::new(bin);
+    for (flag, mtu) in [("--max-mtu", args.max_mtu), ("--min-mtu", args.min_mtu)] {
+        if let Some(mtu) = mtu {
+            cmd.args([flag, &mtu.to_string()]);
+        }
+    }
+    let mut child = cmd
         .args(["--relay", &args.relay, "--certs"])
         .arg(&args.certs)
         .args(["--name", &args.name, "--server-name", server_name])

@@ -31,17 +31,53 @@ fn lane_series(text: &str) -> BTreeMap<(String, u8), f64> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lane_metrics_move_on_both_ends() {
-    init_tracing();
-    let dir = TestDir::new();
-    // 256 KiB raw ledgers in 16 KiB chunks: 16 chunks a ledger, spread over the four lanes.
-    let config = RelayConfig::from_args(RunArgs {
+/// `ledger-subscribe` from ledger 2 for `count` ledgers over [`LANES`] lanes, writing its lane
+/// file every 100 ms, with `extra` flags.
+fn subscriber_args(
+    relay: &Running,
+    dir: &TestDir,
+    count: u64,
+    lane_file: &std::path::Path,
+    extra: &[&str],
+) -> Args {
+    let out = dir.path().join("ledgers.xdr");
+    let relay_addr = format!("127.0.0.1:{}", relay.relay.addr.port());
+    let count = count.to_string();
+    let lanes = LANES.to_string();
+    let mut argv = vec![
+        "ledger-subscribe",
+        "--relay",
+        &relay_addr,
+        "--certs",
+        dir.certs.path().to_str().unwrap(),
+        "--name",
+        "rpc-1",
+        "--from",
+        "2",
+        "--count",
+        &count,
+        "--lanes",
+        &lanes,
+        "--out",
+        out.to_str().unwrap(),
+        "--lane-stats",
+        lane_file.to_str().unwrap(),
+        "--lane-stats-interval",
+        "100ms",
+        "--quiet",
+    ];
+    argv.extend_from_slice(extra);
+    Args::try_parse_from(argv).unwrap()
+}
+
+/// A relay of 256 KiB raw ledgers (16 KiB chunks: 16 a ledger, spread over the lanes).
+fn relay_config(dir: &TestDir, count: u64) -> RelayConfig {
+    RelayConfig::from_args(RunArgs {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         certs: Some(dir.certs.path().to_path_buf()),
         data_dir: Some(dir.data()),
         source: Some(format!(
-            "synthetic:size=256KiB,ratio=1,count={LEDGERS},start=2"
+            "synthetic:size=256KiB,ratio=1,count={count},start=2"
         )),
         cadence: Some("15ms".into()),
         emit: Some("1ms".into()),
@@ -50,33 +86,17 @@ async fn lane_metrics_move_on_both_ends() {
         chunk_size: Some("16KiB".into()),
         ..RunArgs::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_metrics_move_on_both_ends() {
+    init_tracing();
+    let dir = TestDir::new();
+    let config = relay_config(&dir, LEDGERS);
     let relay = Running::start(config).await;
     let lane_file = dir.path().join("lanes.csv");
-    let out = dir.path().join("ledgers.xdr");
-    let args = Args::try_parse_from([
-        "ledger-subscribe",
-        "--relay",
-        &format!("127.0.0.1:{}", relay.relay.addr.port()),
-        "--certs",
-        dir.certs.path().to_str().unwrap(),
-        "--name",
-        "rpc-1",
-        "--from",
-        "2",
-        "--count",
-        &LEDGERS.to_string(),
-        "--lanes",
-        &LANES.to_string(),
-        "--out",
-        out.to_str().unwrap(),
-        "--lane-stats",
-        lane_file.to_str().unwrap(),
-        "--lane-stats-interval",
-        "100ms",
-        "--quiet",
-    ])
-    .unwrap();
+    let args = subscriber_args(&relay, &dir, LEDGERS, &lane_file, &[]);
     // In this task, beside the checks (the run's future need not be Send).
     let run = cli::run(args.into_config().unwrap(), std::future::pending());
 
@@ -184,4 +204,71 @@ async fn lane_metrics_move_on_both_ends() {
         assert_eq!(n(last, "up"), 1.0, "lane {lane} is up at the last rows");
         assert!(n(last, "connections") >= 1.0, "lane {lane}");
     }
+}
+
+/// Jumbo packets set on both ends (`[transport] max_mtu = min_mtu = 8952` on the relay,
+/// `--max-mtu 8952 --min-mtu 8952` on the subscriber): every lane's path MTU is 8952 on both
+/// sides, and the subscriber receives packets larger than a 1500-byte Ethernet frame carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jumbo_packets_are_set_on_both_ends() {
+    init_tracing();
+    const JUMBO: u16 = 8952;
+    const COUNT: u64 = 30;
+    let dir = TestDir::new();
+    let mut config = relay_config(&dir, COUNT);
+    config.transport.max_mtu = JUMBO;
+    config.transport.min_mtu = JUMBO;
+    let relay = Running::start(config).await;
+    let lane_file = dir.path().join("lanes.csv");
+    let jumbo = JUMBO.to_string();
+    let args = subscriber_args(
+        &relay,
+        &dir,
+        COUNT,
+        &lane_file,
+        &["--max-mtu", &jumbo, "--min-mtu", &jumbo],
+    );
+    let config = args.into_config().unwrap();
+    assert_eq!(config.subscribe.transport.max_mtu, JUMBO);
+    assert_eq!(config.subscribe.transport.min_mtu, JUMBO);
+    let summary = within(120, "the subscriber finishes", async {
+        cli::run(config, std::future::pending()).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(summary.ledgers, COUNT);
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    let series = lane_series(&relay.relay.metrics.render());
+    relay.stop().await;
+    for lane in 0..LANES {
+        let mtu = series
+            .get(&("ledger_relay_lane_mtu_bytes".to_owned(), lane))
+            .unwrap_or_else(|| panic!("no lane_mtu_bytes for lane {lane}"));
+        assert_eq!(*mtu, f64::from(JUMBO), "the relay's lane {lane}");
+    }
+    let text = std::fs::read_to_string(&lane_file).unwrap();
+    let header: Vec<&str> = LaneStats::CSV_HEADER.split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let mut last: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<f64> = line.split(',').map(|v| v.parse().unwrap_or(0.0)).collect();
+        last.insert(f[col("lane")] as u8, f);
+    }
+    assert_eq!(last.len(), usize::from(LANES), "{text}");
+    for (lane, f) in &last {
+        assert_eq!(
+            f[col("mtu_bytes")],
+            f64::from(JUMBO),
+            "the subscriber's lane {lane}"
+        );
+    }
+    // Lane 0 also carries the session's control stream and every lane its acknowledgements,
+    // all small packets; over all lanes, the chunks' full-size packets lift the mean above
+    // what a 1452-byte path can carry.
+    let sum = |name: &str| -> f64 { last.values().map(|f| f[col(name)]).sum() };
+    let per_packet = sum("rx_bytes") / sum("rx_packets");
+    assert!(
+        per_packet > 1500.0,
+        "{per_packet:.0} bytes a packet received: no jumbo packets\n{text}"
+    );
 }

@@ -116,6 +116,16 @@ pub struct Args {
     /// Bind lane k to local UDP port BASE+k (default: ephemeral ports).
     #[arg(long, value_name = "BASE")]
     pub lane_ports: Option<u16>,
+    /// Largest UDP payload this end's path MTU discovery may reach and accept [default: 1452];
+    /// 8952 finds jumbo frames inside an EC2 VPC (the relay's `[transport] max_mtu` is the
+    /// data direction's ceiling: set both).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(1200..))]
+    pub max_mtu: Option<u16>,
+    /// UDP payload the path is known to carry [default: 1200]: where a lane falls back after a
+    /// burst of lost large packets. Equal to --max-mtu, packets stay large whatever is lost; set
+    /// it only where the path's MTU is known.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(1200..))]
+    pub min_mtu: Option<u16>,
     /// Wait this long after writing each ledger before taking the next, e.g. `2.5s` or
     /// `250ms`: stands for a consumer that ingests slowly (tests and benchmarks of a slow
     /// subscriber). The subscription then reads no faster than this, and the relay holds it
@@ -225,6 +235,12 @@ impl Args {
             (None, None) => Start::Tip,
         };
         subscribe.lanes = self.lanes;
+        if let Some(mtu) = self.max_mtu {
+            subscribe.transport.max_mtu = mtu;
+        }
+        if let Some(mtu) = self.min_mtu {
+            subscribe.transport.min_mtu = mtu;
+        }
         subscribe.first_connect_timeout = if self.retry_forever {
             None
         } else {
