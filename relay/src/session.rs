@@ -499,9 +499,8 @@ impl Session {
             .unwrap_or_else(|e| e.into_inner());
         for (i, l) in self.lanes.iter_mut().enumerate() {
             let Some(l) = l else { continue };
-            let rtt = l.conn.rtt();
-            self.sender.handle_lane_report(i as u8, LaneReport { rtt });
             let st = l.conn.stats();
+            self.sender.handle_lane_report(i as u8, lane_report(&st));
             let now_seen = Seen {
                 bytes: st.udp_tx.bytes,
                 packets: st.udp_tx.datagrams,
@@ -515,7 +514,7 @@ impl Session {
             m.lost_packets += now_seen.lost.saturating_sub(l.seen.lost);
             m.delivered_bytes += now_seen.delivered.saturating_sub(l.seen.delivered);
             m.busy_us += now_seen.busy_us.saturating_sub(l.seen.busy_us);
-            m.rtt_us = rtt.as_micros() as u64;
+            m.rtt_us = st.path.rtt.as_micros() as u64;
             m.cwnd_bytes = st.path.cwnd;
             m.mtu_bytes = u64::from(st.path.current_mtu);
             l.seen = now_seen;
@@ -547,7 +546,7 @@ impl Session {
             Metrics::add(&self.shared.metrics.lanes_open, 1);
         }
         info!(session = self.handle.id, lane, "lane joined");
-        let rtt = req.conn.rtt();
+        let report = lane_report(&req.conn.stats());
         self.lanes[lane] = Some(Lane {
             conn: req.conn,
             _control: Some((req.send, req.recv)),
@@ -555,7 +554,7 @@ impl Session {
         });
         let now = self.now();
         self.sender.handle_lane_up(req.lane, now);
-        self.sender.handle_lane_report(req.lane, LaneReport { rtt });
+        self.sender.handle_lane_report(req.lane, report);
     }
 
     /// Publishes the session's state and the sender's counters to the metrics.
@@ -709,5 +708,13 @@ async fn send_stream(conn: &Connection, unit: Unit) -> Result<(), String> {
         Ok(None) => Ok(()),
         Ok(Some(code)) => Err(format!("stream stopped by peer: {code}")),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// What the sender is told of a lane's path: quinn's smoothed and smallest round trips.
+fn lane_report(st: &quinn::ConnectionStats) -> LaneReport {
+    LaneReport {
+        rtt: st.path.rtt,
+        min_rtt: st.path.min_rtt,
     }
 }

@@ -605,6 +605,7 @@ pub fn sender(data: &[u8]) {
                 arg % LANES,
                 LaneReport {
                     rtt: Duration::from_micros(u64::from(arg) * 50),
+                    min_rtt: Duration::from_micros(u64::from(arg % 8) * 50),
                 },
             ),
             10 => s.handle_control_error(ControlError::BadFrame("fuzz".into())),

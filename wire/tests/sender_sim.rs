@@ -47,6 +47,10 @@ struct LaneSpec {
     delay: Duration,
     jitter: Duration,
     loss: f64,
+    /// How long the bottleneck's queue may hold this lane's packets before it drops them: a
+    /// congestion controller fills it, so the round trip the lane's QUIC connection reports
+    /// counts what waits there, up to this (zero: the path's round trip only).
+    buffer: Duration,
 }
 
 fn lane(rate_mb: f64) -> LaneSpec {
@@ -55,6 +59,7 @@ fn lane(rate_mb: f64) -> LaneSpec {
         delay: MS,
         jitter: Duration::ZERO,
         loss: 0.0,
+        buffer: Duration::ZERO,
     }
 }
 
@@ -187,7 +192,12 @@ enum Ev {
         seq: u32,
     },
     Consume,
+    /// The shell's periodic report of every lane's round trips ([`REPORT_EVERY`]).
+    Report,
 }
+
+/// How often the relay's session reports its lanes' round trips to the sender.
+const REPORT_EVERY: Duration = Duration::from_millis(50);
 
 struct Timed {
     at: Duration,
@@ -219,6 +229,19 @@ struct LaneState {
     epoch: u32,
     busy_until: Duration,
     delivered: u64,
+}
+
+impl LaneState {
+    /// The round trips the lane's QUIC connection would report at `now`: the smallest is the
+    /// path's; the smoothed one adds what waits in the bottleneck's queue, up to its buffer.
+    fn report(&self, now: Duration) -> LaneReport {
+        let path = self.spec.delay * 2;
+        let queued = self.busy_until.saturating_sub(now).min(self.spec.buffer);
+        LaneReport {
+            rtt: path + queued,
+            min_rtt: path,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -332,12 +355,7 @@ impl Sim {
             if i > 0 {
                 sender.handle_lane_up(i as u8, Duration::ZERO);
             }
-            sender.handle_lane_report(
-                i as u8,
-                LaneReport {
-                    rtt: l.spec.delay * 2,
-                },
-            );
+            sender.handle_lane_report(i as u8, l.report(Duration::ZERO));
         }
         let limits = Limits {
             max_ledgers_in_flight: u32::from(sc.window),
@@ -380,6 +398,7 @@ impl Sim {
             }
             sim.at(start + sim.sc.emit, Ev::PublishEnd { seq });
         }
+        sim.at(REPORT_EVERY, Ev::Report);
         for (lane, die, rejoin) in sim.sc.deaths.clone() {
             sim.at(die, Ev::Die { lane });
             if let Some(r) = rejoin {
@@ -612,16 +631,21 @@ impl Sim {
                 let l = &mut self.lanes[lane];
                 l.alive = true;
                 l.busy_until = now;
-                let rtt = l.spec.delay * 2;
+                let report = l.report(now);
                 self.sender.handle_lane_up(lane as u8, now);
-                self.sender
-                    .handle_lane_report(lane as u8, LaneReport { rtt });
+                self.sender.handle_lane_report(lane as u8, report);
             }
             Ev::Loaded { seq } => {
                 let r = self.load(seq);
                 self.sender.handle_loaded(seq, r, now);
             }
             Ev::Consume => self.consume(),
+            Ev::Report => {
+                for (i, l) in self.lanes.iter().enumerate().filter(|(_, l)| l.alive) {
+                    self.sender.handle_lane_report(i as u8, l.report(now));
+                }
+                self.at(now + REPORT_EVERY, Ev::Report);
+            }
         }
         Ok(())
     }
@@ -1005,6 +1029,7 @@ fn short_transfer(rates: &[f64], delay_us: u64, chunk_kib: usize) -> Scenario {
             delay: Duration::from_micros(delay_us),
             jitter: Duration::ZERO,
             loss: 0.0,
+            buffer: Duration::ZERO,
         })
         .collect();
     let mut sc = Scenario::bulk(lanes);
@@ -1108,3 +1133,5 @@ proptest! {
         check(sc, 0.05, Shares::Within5AfterStartup);
     }
 }
+
+mod bufferbloat;

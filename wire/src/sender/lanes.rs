@@ -2,7 +2,8 @@
 //! delivers, and which lane gets the next stream.
 //!
 //! Streams are bound to a lane late: a unit waits in the session's queue until some lane has
-//! room, that is, less in flight than it delivers in one round trip plus
+//! room, that is, less in flight than it delivers in one round trip of its path (the smallest
+//! seen, not the smoothed one that counts the bottleneck's queue) plus
 //! [`super::SenderConfig::queue_target`]. Each lane then pulls work at its own pace, so equal
 //! lanes carry equal shares and a slow lane carries less without holding anything back. Binding
 //! every unit to a lane as soon as it is ready (the relay's first design) committed a whole
@@ -41,8 +42,11 @@ pub const ONE_CHUNK_COVER: f64 = 0.05;
 /// What the relay's shell knows of a lane's path from its QUIC connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LaneReport {
-    /// Smoothed round-trip time.
+    /// Smoothed round-trip time: the path's own plus whatever waits in the bottleneck's queue.
     pub rtt: Duration,
+    /// Smallest round trip seen on the connection (zero: not known): the path's own, without
+    /// the queue this session's own bytes build in front of the bottleneck.
+    pub min_rtt: Duration,
 }
 
 /// What the sender knows of one lane, for metrics and tests.
@@ -166,8 +170,19 @@ impl Lane {
         }
     }
 
+    /// Takes the path's own round trip: the smallest seen, when known. The smoothed one counts
+    /// the bottleneck's queue, which this lane's own bytes fill: sizing the lane by it gave a
+    /// lane more to queue for every millisecond its queue had already added, until most of the
+    /// window sat bound to lanes and a lane at half the others' rate held its share of it (the
+    /// bench's lanes reported 130-300 ms round trips over a sub-millisecond veth, with 83-92%
+    /// of the caps used at one lane at half and up to 30% imbalance at equal caps;
+    /// `sender_sim::bufferbloat` in `wire/tests`).
     pub(super) fn report(&mut self, r: LaneReport) {
-        self.rtt = r.rtt;
+        self.rtt = if r.min_rtt.is_zero() {
+            r.rtt
+        } else {
+            r.min_rtt.min(r.rtt)
+        };
     }
 
     /// Bytes this lane may have in flight: what it delivers in a round trip plus the queue
@@ -343,7 +358,10 @@ mod tests {
     #[test]
     fn the_round_trip_that_starts_a_busy_period_is_not_sending_time() {
         let mut l = Lane::new();
-        l.report(LaneReport { rtt: 5 * MS });
+        l.report(LaneReport {
+            rtt: 5 * MS,
+            min_rtt: 5 * MS,
+        });
         // 12 KB at 12 MB/s takes 1 ms, acknowledged a round trip later: not yet a sample.
         l.open(12_000, Duration::ZERO);
         l.close(12_000, true, 6 * MS);
@@ -374,7 +392,10 @@ mod tests {
         fast.measured = true;
         fast.ramping = false;
         fast.rate = 20e6;
-        fast.report(LaneReport { rtt: 10 * MS });
+        fast.report(LaneReport {
+            rtt: 10 * MS,
+            min_rtt: 10 * MS,
+        });
         assert_eq!(fast.target(chunk, Duration::ZERO, u64::MAX), 300_000);
         fast.open(chunk, Duration::ZERO);
         fast.open(chunk, Duration::ZERO);
@@ -401,7 +422,10 @@ mod tests {
         l.measured = true;
         l.ramping = false;
         l.rate = 1e9;
-        l.report(LaneReport { rtt: 2 * MS });
+        l.report(LaneReport {
+            rtt: 2 * MS,
+            min_rtt: 2 * MS,
+        });
         // 1 GB/s x (2 ms + 3 ms).
         assert_eq!(l.target(1000, 3 * MS, u64::MAX), 5_000_000);
         assert_eq!(
@@ -415,6 +439,26 @@ mod tests {
         // 100 KB/s x 5 ms is 500 bytes, far less than a chunk's 1 s: one chunk.
         l.rate = 100e3;
         assert_eq!(l.target(100_000, 3 * MS, u64::MAX), 100_000, "one chunk");
+    }
+
+    #[test]
+    fn the_target_counts_the_path_not_the_queue_in_front_of_it() {
+        let mut l = Lane::new();
+        l.measured = true;
+        l.ramping = false;
+        l.rate = 1e9;
+        // A 200 ms smoothed round trip over a 2 ms path: 198 ms of it is queue.
+        l.report(LaneReport {
+            rtt: 200 * MS,
+            min_rtt: 2 * MS,
+        });
+        assert_eq!(l.target(1000, 3 * MS, u64::MAX), 5_000_000);
+        // Not known (zero): the smoothed one is all there is.
+        l.report(LaneReport {
+            rtt: 2 * MS,
+            min_rtt: Duration::ZERO,
+        });
+        assert_eq!(l.target(1000, 3 * MS, u64::MAX), 5_000_000);
     }
 
     fn ask(len: u64, queued: u64, last: usize) -> Ask {
