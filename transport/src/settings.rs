@@ -151,7 +151,7 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
 
 /// The largest UDP payload a lane searches for and accepts: `max_mtu`, never below `min_mtu`
 /// or QUIC's 1200.
-fn mtu_ceiling(s: &TransportSettings) -> u16 {
+pub(crate) fn mtu_ceiling(s: &TransportSettings) -> u16 {
     s.max_mtu.max(s.min_mtu).max(1200)
 }
 
