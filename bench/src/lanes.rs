@@ -91,6 +91,17 @@ pub struct LanesArgs {
     /// Write plots (goodput against lanes with the ideal line; bytes per lane) here.
     #[arg(long)]
     pub plots: Option<PathBuf>,
+    /// MTU of the emulated link, both ends of the veth pair (9001: EC2's jumbo frames)
+    /// [default: 1500].
+    #[arg(long, value_name = "BYTES")]
+    pub link_mtu: Option<u32>,
+    /// Largest UDP payload both ends' path MTU discovery may reach: the relay's `[transport]
+    /// max_mtu` and the subscriber's `--max-mtu` (8952 with `--link-mtu 9001`).
+    #[arg(long, value_name = "BYTES")]
+    pub max_mtu: Option<u16>,
+    /// UDP payload both ends take the path to carry: `min_mtu` and `--min-mtu`.
+    #[arg(long, value_name = "BYTES")]
+    pub min_mtu: Option<u16>,
 }
 
 /// What one lane did, from the relay's counters.
@@ -257,6 +268,9 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
             aggregate_bps: flow_bps * max_lanes * 4,
         },
     )?;
+    if let Some(mtu) = args.link_mtu {
+        netem.set_mtu(mtu)?;
+    }
     let mut plan: Vec<(LaneMode, Vec<f64>)> = Vec::new();
     for &mode in &args.modes {
         for &l in &args.lanes {
@@ -385,8 +399,20 @@ fn measure(
         LaneMode::CatchUp => (1.0, 0.0),
     };
     let relay_log = dir.join("relay.log");
+    let mtus = [("max_mtu", args.max_mtu), ("min_mtu", args.min_mtu)];
+    let mut transport = String::from("[transport]\n");
+    let mut sub_mtu = Vec::new();
+    for (key, mtu) in mtus.iter().filter_map(|(k, m)| m.map(|m| (k, m))) {
+        transport.push_str(&format!("{key} = {mtu}\n"));
+        sub_mtu.push(format!("--{}", key.replace('_', "-")));
+        sub_mtu.push(mtu.to_string());
+    }
+    let config = dir.join("relay.toml");
+    std::fs::write(&config, transport)?;
     let mut relay = Netem::exec_in(&netem.relay_ns, &bins.relay)
         .arg("run")
+        .arg("--config")
+        .arg(&config)
         .args(["--listen", &format!("{RELAY_ADDR}:{port}"), "--certs"])
         .arg(certs)
         .args(["--name", "relay", "--data-dir"])
@@ -430,6 +456,7 @@ fn measure(
             .args(["--count", &args.ledgers.to_string()])
             .args(["--lanes", &row.lanes.to_string(), "--out", "/dev/null"])
             .args(["--lane-ports", &lane_base.to_string()])
+            .args(&sub_mtu)
             .arg("--stats")
             .arg(&stats)
             .env("RUST_LOG", "warn")

@@ -63,6 +63,7 @@ pub struct Netem {
     /// The subscribers' namespace.
     pub sub_ns: String,
     relay_dev: String,
+    sub_dev: String,
     next_class: u32,
 }
 
@@ -120,6 +121,7 @@ impl Netem {
             relay_ns: relay_ns.clone(),
             sub_ns: sub_ns.clone(),
             relay_dev: relay_dev.clone(),
+            sub_dev: sub_dev.clone(),
             next_class: 0x10,
         };
         for ns in [&relay_ns, &sub_ns] {
@@ -183,6 +185,18 @@ impl Netem {
             &rate(shape.aggregate_bps),
         ])?;
         Ok(netem)
+    }
+
+    /// Sets the MTU of both ends of the veth pair (default 1500), e.g. 9001 as in an EC2 VPC.
+    pub fn set_mtu(&self, mtu: u32) -> anyhow::Result<()> {
+        let mtu = mtu.to_string();
+        for (ns, dev) in [
+            (&self.relay_ns, &self.relay_dev),
+            (&self.sub_ns, &self.sub_dev),
+        ] {
+            run(&["ip", "-n", ns, "link", "set", "dev", dev, "mtu", &mtu])?;
+        }
+        Ok(())
     }
 
     /// Gives destination port `port` (UDP lanes and the TCP baseline alike) its own HTB class
