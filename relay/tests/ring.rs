@@ -2,13 +2,14 @@
 //! recovery and disk use.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ledger_relay::ring::{
-    ledger_file, Ring, RingConfig, RingError, StoredChunk, LEDGERS_DIR, PART_MAX, SEGMENT_SIZE,
+    ledger_file, Ring, RingConfig, RingError, StoredChunk, LEDGERS_DIR, MAX_SPARES, PART_MAX,
+    SEGMENT_SIZE,
 };
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::frame::LedgerEnd;
@@ -96,14 +97,25 @@ fn config(dir: &Path) -> RingConfig {
     RingConfig::new(dir)
 }
 
-/// The names in a ring's `ledgers/` directory, sorted.
+/// The names in a ring's `ledgers/` directory, sorted, without the spares (pruned ledgers'
+/// files kept to be written over; [`spare_files`]).
 fn ledger_files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir.join(LEDGERS_DIR))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.ends_with(".spare"))
         .collect();
     names.sort();
     names
+}
+
+/// The spare files in a ring's `ledgers/` directory.
+fn spare_files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir.join(LEDGERS_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "spare"))
+        .collect()
 }
 
 /// The names ledgers `seqs` of run `epoch` have, sorted.
@@ -224,8 +236,12 @@ fn prunes_by_count() {
     let live = ring.stats().live_bytes;
     drop(ring);
 
-    // Nothing of the pruned ledgers is left: neither records nor files.
+    // Nothing of the pruned ledgers is left: neither records nor files under their names
+    // (at most MAX_SPARES files kept to be written over).
     assert_eq!(ledger_files(tmp.path()), names(0, 8..=12));
+    // A full ring prunes one ledger per append, after writing the new one over the spare the
+    // previous append left: one spare in steady state.
+    assert_eq!(spare_files(tmp.path()).len(), 1);
     let db = sled_handle(tmp.path());
     assert_eq!(db.scan_prefix(b"l").count(), 5);
     drop(db);
@@ -240,6 +256,64 @@ fn prunes_by_count() {
         live,
         "live bytes are recomputed on open"
     );
+}
+
+/// A pruned ledger's file is kept as a spare and the next ledger is written over it (the same
+/// inode, cut or grown to its length), byte-identical when read back; spares survive a reopen
+/// and are used after it.
+#[test]
+fn the_next_ledger_is_written_over_a_pruned_ones_file() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = RingConfig {
+        max_ledgers: 3,
+        ..config(tmp.path())
+    };
+    let inode = |seq: u32| {
+        std::fs::metadata(ledger_file(tmp.path(), seq).unwrap())
+            .unwrap()
+            .ino()
+    };
+    let ring = Ring::open(&cfg).unwrap();
+    // Ledgers of growing then shrinking sizes: spares are both shorter and longer than what
+    // is written over them.
+    let sizes = |seq: u32| vec![1000 + 7_000 * (seq as usize % 5), 300];
+    let mut inodes = std::collections::BTreeSet::new();
+    for seq in 1..=12u32 {
+        let (end, chunks) = ledger(seq, &sizes(seq));
+        ring.append(&end, &chunks).unwrap();
+        let ino = inode(seq);
+        if seq > 4 {
+            assert!(
+                inodes.contains(&ino),
+                "ledger {seq} was written into a new file, not over a pruned one's"
+            );
+        }
+        inodes.insert(ino);
+        assert!(spare_files(tmp.path()).len() <= MAX_SPARES);
+    }
+    for seq in 10..=12 {
+        let got = ring.get(seq).unwrap().expect("held");
+        assert!(got == ledger(seq, &sizes(seq)), "ledger {seq} differs");
+    }
+    assert!(ring.get(9).unwrap().is_none());
+    drop(ring);
+    assert_eq!(ledger_files(tmp.path()), names(0, 10..=12));
+    let spares: std::collections::BTreeSet<u64> = spare_files(tmp.path())
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().ino())
+        .collect();
+    assert_eq!(spares.len(), 1);
+
+    let ring = Ring::open(&cfg).unwrap();
+    let (end, chunks) = ledger(13, &sizes(13));
+    ring.append(&end, &chunks).unwrap();
+    assert!(
+        spares.contains(&inode(13)),
+        "a spare kept over the reopen is used"
+    );
+    let got = ring.get(13).unwrap().expect("held");
+    assert!(got == ledger(13, &sizes(13)));
 }
 
 #[test]

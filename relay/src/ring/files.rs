@@ -1,11 +1,20 @@
 //! The ledger files: one file per held ledger under `ledgers/`, named by the run's epoch and
 //! the ledger's sequence (`<epoch>-<seq>.parts`), holding what
 //! [`ledger_relay_wire::stored::encode_file`] makes. Written whole and durably before the
-//! ledger's record is committed to sled; deleted whole once its record is gone.
+//! ledger's record is committed to sled; once its record is gone, kept as a spare
+//! (`spare-<n>.spare`, at most [`MAX_SPARES`]) that the next ledger is written over, else
+//! deleted.
+//!
+//! Why spares: a ledger written into a new file costs the filesystem a fresh block allocation,
+//! and writing over blocks a file already has does not. On this product's test machine (ext4,
+//! virtio disk) 15 MiB into a new file plus `fdatasync` took 36-50 ms of CPU, over an existing
+//! file's blocks 4 ms (bench/RESULTS.md, "Levers"). A full ring prunes a ledger for every one
+//! it appends, so in steady state every ledger is written over the one pruned before it.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use ledger_relay_wire::stored::{file_len, read_file, Record, StoredError};
 use tracing::warn;
@@ -19,6 +28,12 @@ pub const LEDGERS_DIR: &str = "ledgers";
 
 const SUFFIX: &str = ".parts";
 const TMP_SUFFIX: &str = ".tmp";
+const SPARE_PREFIX: &str = "spare-";
+const SPARE_SUFFIX: &str = ".spare";
+
+/// Pruned ledger files kept to be written over: beyond the ring's own bytes, the disk holds at
+/// most this many ledgers' worth more.
+pub const MAX_SPARES: usize = 2;
 
 /// The file that holds ledger `seq` in ring directory `ring_dir` (of the newest run that has
 /// one), for tools and tests that inspect a stopped relay's ring.
@@ -38,6 +53,8 @@ pub fn ledger_file(ring_dir: &Path, seq: u32) -> Option<PathBuf> {
 #[derive(Debug)]
 pub(super) struct Files {
     dir: PathBuf,
+    /// Spare files, and the number the next one is named with.
+    spares: Mutex<(Vec<PathBuf>, u64)>,
 }
 
 /// What a name in `ledgers/` is.
@@ -47,12 +64,21 @@ pub(super) enum Name {
     Ledger { epoch: u64, seq: u32 },
     /// A file being written when the relay stopped.
     Partial,
+    /// A pruned ledger's file kept to be written over.
+    Spare,
     /// Not ours.
     Other,
 }
 
 /// Parses a name in `ledgers/`: decimal epoch, `-`, decimal sequence, a suffix; nothing else.
 pub(super) fn parse_name(name: &str) -> Name {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(n) = name
+        .strip_prefix(SPARE_PREFIX)
+        .and_then(|s| s.strip_suffix(SPARE_SUFFIX))
+    {
+        return if digits(n) { Name::Spare } else { Name::Other };
+    }
     let (stem, partial) = if let Some(s) = name.strip_suffix(SUFFIX) {
         (s, false)
     } else if let Some(s) = name.strip_suffix(TMP_SUFFIX) {
@@ -63,7 +89,6 @@ pub(super) fn parse_name(name: &str) -> Name {
     let Some((epoch, seq)) = stem.split_once('-') else {
         return Name::Other;
     };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if !digits(epoch) || !digits(seq) {
         return Name::Other;
     }
@@ -86,7 +111,60 @@ impl Files {
     pub(super) fn open(ring_dir: &Path) -> Result<Files, RingError> {
         let dir = ring_dir.join(LEDGERS_DIR);
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        Ok(Files { dir })
+        Ok(Files {
+            dir,
+            spares: Mutex::new((Vec::new(), 0)),
+        })
+    }
+
+    /// Takes `path`, a file no record owns, as a spare if fewer than [`MAX_SPARES`] are kept;
+    /// returns whether it did (else the caller removes it).
+    pub(super) fn keep_spare(&self, path: &Path) -> bool {
+        let mut spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
+        if spares.0.len() >= MAX_SPARES {
+            return false;
+        }
+        let spare = loop {
+            spares.1 += 1;
+            let p = self
+                .dir
+                .join(format!("{SPARE_PREFIX}{}{SPARE_SUFFIX}", spares.1));
+            if p == path || !p.exists() {
+                break p;
+            }
+        };
+        if spare != path && fs::rename(path, &spare).is_err() {
+            return false;
+        }
+        spares.0.push(spare);
+        true
+    }
+
+    /// Bytes the spares hold on disk.
+    pub(super) fn spare_bytes(&self) -> u64 {
+        let spares = self.spares.lock().unwrap_or_else(PoisonError::into_inner);
+        spares
+            .0
+            .iter()
+            .filter_map(|p| fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    /// Opens a spare under the name `tmp`, to be written over; `None` if there is none (or it
+    /// cannot be taken).
+    fn take_spare(&self, tmp: &Path) -> Option<File> {
+        let spare = self
+            .spares
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .pop()?;
+        if fs::rename(&spare, tmp).is_err() {
+            let _ = fs::remove_file(&spare);
+            return None;
+        }
+        OpenOptions::new().write(true).open(tmp).ok()
     }
 
     /// The path of ledger `seq` of run `epoch`.
@@ -101,8 +179,13 @@ impl Files {
     pub(super) fn write(&self, epoch: u64, seq: u32, bytes: &[u8]) -> Result<(), RingError> {
         let tmp = self.dir.join(format!("{epoch}-{seq}{TMP_SUFFIX}"));
         let written = (|| {
-            let mut f = File::create(&tmp)?;
+            let mut f = match self.take_spare(&tmp) {
+                Some(f) => f,
+                None => File::create(&tmp)?,
+            };
             f.write_all(bytes)?;
+            // A spare longer than this ledger is cut to it.
+            f.set_len(bytes.len() as u64)?;
             f.sync_data()
         })();
         if let Err(e) = written {
@@ -155,10 +238,14 @@ impl Files {
         Ok(read_file(record, &bytes)?)
     }
 
-    /// Removes ledger `seq` of run `epoch`; a file already gone is fine, another failure is
-    /// logged (the next open removes what no record owns).
+    /// Removes ledger `seq` of run `epoch`, keeping its file as a spare if there is room; a
+    /// file already gone is fine, another failure is logged (the next open removes what no
+    /// record owns).
     pub(super) fn remove(&self, epoch: u64, seq: u32) {
         let path = self.path(epoch, seq);
+        if self.keep_spare(&path) {
+            return;
+        }
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -193,7 +193,8 @@ impl Ring {
         for (path, name) in files.list()? {
             match name {
                 Name::Ledger { epoch: e, seq } if owned(e, seq) => {}
-                Name::Ledger { .. } | Name::Partial => {
+                Name::Spare if files.keep_spare(&path) => {}
+                Name::Ledger { .. } | Name::Partial | Name::Spare => {
                     fs::remove_file(&path).map_err(|source| RingError::Io {
                         path: path.clone(),
                         source,
