@@ -52,6 +52,15 @@ pub struct CpuArgs {
     /// Lanes of the relay row.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
+    /// Ledgers the relay row's ring keeps (`ledger-relay demo --retention`; default the
+    /// demo's 1000). Fewer than the row's ledgers puts the ring at its steady state, where
+    /// every append prunes the oldest, as in a relay whose ring is full.
+    #[arg(long)]
+    pub retention: Option<u32>,
+    /// Raw bytes per chunk of the relay row (`ledger-relay demo --chunk-size`; default the
+    /// relay's 256KiB): a stream, a frame and a completion per chunk.
+    #[arg(long, value_name = "BYTES")]
+    pub chunk_size: Option<String>,
     /// Path MTU ceiling of the QUIC rows (the `max_mtu` transport setting; default the
     /// transport's own).
     #[arg(long)]
@@ -539,6 +548,12 @@ impl Run {
         }
         if let Some(mtu) = a.min_mtu {
             cmd.args(["--min-mtu", &mtu.to_string()]);
+        }
+        if let Some(n) = a.retention {
+            cmd.args(["--retention", &n.to_string()]);
+        }
+        if let Some(c) = &a.chunk_size {
+            cmd.args(["--chunk-size", c]);
         }
         let out = cmd
             .stderr(std::process::Stdio::inherit())

@@ -56,6 +56,13 @@ pub struct DemoArgs {
     /// the same value keeps a jumbo-frame path's packets large.
     #[arg(long)]
     pub min_mtu: Option<u16>,
+    /// Raw bytes per chunk the relay cuts [default: the relay's 256KiB].
+    #[arg(long, value_name = "BYTES")]
+    pub chunk_size: Option<String>,
+    /// Ledgers the ring keeps. Below `--ledgers`, the ring reaches its steady state, where
+    /// each ledger appended prunes the oldest, as a relay's ring does once full.
+    #[arg(long, default_value_t = 1000)]
+    pub retention: u32,
 }
 
 /// What a thread of this process does, from its name: `source` (the synthetic source standing
@@ -93,10 +100,11 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         .prefix("ledger-relay-demo")
         .tempdir()
         .context("creating a temporary directory")?;
-    // Two days for the CA: a one-day leaf issued a second after a one-day CA would outlive it.
-    let certs = CertDir::init(&tmp.path().join("certs"), 2)?;
-    certs.issue_server("relay", &["localhost".into(), "127.0.0.1".into()], 1)?;
-    certs.issue_client("demo", 1)?;
+    // 60 days for the leaves, past the subscriber's 30-day expiry warning; a day more for the
+    // CA, which a leaf issued a second after it must not outlive.
+    let certs = CertDir::init(&tmp.path().join("certs"), 61)?;
+    certs.issue_server("relay", &["localhost".into(), "127.0.0.1".into()], 60)?;
+    certs.issue_client("demo", 60)?;
 
     let start = 2u32;
     let spec = SyntheticSpec {
@@ -116,7 +124,8 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         source: Some("synthetic".into()),
         cadence: Some(args.cadence.clone()),
         codec: Some(args.codec.clone()),
-        retention: Some(1000),
+        retention: Some(args.retention),
+        chunk_size: args.chunk_size.clone(),
         ..RunArgs::default()
     })?;
     config.source = SourceSpec::Synthetic(spec);
