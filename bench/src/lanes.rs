@@ -399,20 +399,10 @@ fn measure(
         LaneMode::CatchUp => (1.0, 0.0),
     };
     let relay_log = dir.join("relay.log");
-    let mtus = [("max_mtu", args.max_mtu), ("min_mtu", args.min_mtu)];
-    let mut transport = String::from("[transport]\n");
-    let mut sub_mtu = Vec::new();
-    for (key, mtu) in mtus.iter().filter_map(|(k, m)| m.map(|m| (k, m))) {
-        transport.push_str(&format!("{key} = {mtu}\n"));
-        sub_mtu.push(format!("--{}", key.replace('_', "-")));
-        sub_mtu.push(mtu.to_string());
-    }
-    let config = dir.join("relay.toml");
-    std::fs::write(&config, transport)?;
+    let (relay_mtu, sub_mtu) = crate::proc::mtu_args(&dir, args.max_mtu, args.min_mtu)?;
     let mut relay = Netem::exec_in(&netem.relay_ns, &bins.relay)
         .arg("run")
-        .arg("--config")
-        .arg(&config)
+        .args(&relay_mtu)
         .args(["--listen", &format!("{RELAY_ADDR}:{port}"), "--certs"])
         .arg(certs)
         .args(["--name", "relay", "--data-dir"])

@@ -213,6 +213,13 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Largest UDP payload of the relay rows' QUIC lanes, both ends (`[transport] max_mtu`
+    /// and `ledger-subscribe --max-mtu`; 8952 for jumbo frames) [default: 1452].
+    #[arg(long, value_name = "BYTES")]
+    pub max_mtu: Option<u16>,
+    /// UDP payload the relay rows' lanes take the path to carry, both ends (`min_mtu`).
+    #[arg(long, value_name = "BYTES")]
+    pub min_mtu: Option<u16>,
 }
 
 impl Args {
@@ -245,6 +252,8 @@ impl Args {
                     .unwrap_or(flow_bps * 8),
             },
             scale,
+            max_mtu: self.max_mtu,
+            min_mtu: self.min_mtu,
         })
     }
 }

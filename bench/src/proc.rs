@@ -153,3 +153,30 @@ pub fn kill_tracked() {
         }
     }
 }
+
+/// QUIC packet sizes for a relay process and its subscribers: the relay's `run` arguments
+/// (`--config FILE`, FILE written in `dir` with a `[transport]` table holding `max_mtu` and
+/// `min_mtu` where given) and the subscribers' (`--max-mtu N`, `--min-mtu N`). Empty when
+/// neither is given.
+pub fn mtu_args(
+    dir: &Path,
+    max_mtu: Option<u16>,
+    min_mtu: Option<u16>,
+) -> anyhow::Result<(Vec<std::ffi::OsString>, Vec<String>)> {
+    let (mut relay, mut sub) = (Vec::new(), Vec::new());
+    let mut table = String::from("[transport]\n");
+    for (key, mtu) in [("max_mtu", max_mtu), ("min_mtu", min_mtu)] {
+        if let Some(mtu) = mtu {
+            table.push_str(&format!("{key} = {mtu}\n"));
+            sub.push(format!("--{}", key.replace('_', "-")));
+            sub.push(mtu.to_string());
+        }
+    }
+    if !sub.is_empty() {
+        let config = dir.join("relay-transport.toml");
+        std::fs::write(&config, table).with_context(|| format!("writing {}", config.display()))?;
+        relay.push("--config".into());
+        relay.push(config.into_os_string());
+    }
+    Ok((relay, sub))
+}

@@ -201,6 +201,8 @@ mod tests {
                 aggregate_bps: 1_600_000_000,
             },
             scale: 25.0,
+            max_mtu: None,
+            min_mtu: None,
         }
     }
 

@@ -264,6 +264,8 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
             aggregate_bps: 0,
         },
         scale: 1.0,
+        max_mtu: args.max_mtu,
+        min_mtu: args.min_mtu,
     };
     let rows = measured
         .into_iter()

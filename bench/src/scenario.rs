@@ -115,6 +115,10 @@ pub struct Settings {
     pub shape: Shape,
     /// Scale factor (EC2's 5 Gbit/s over the per-flow cap).
     pub scale: f64,
+    /// QUIC packet ceiling of the relay rows' both ends (`max_mtu`; default the transport's).
+    pub max_mtu: Option<u16>,
+    /// QUIC packet floor of the relay rows' both ends (`min_mtu`).
+    pub min_mtu: Option<u16>,
 }
 
 impl Scenario {
@@ -526,8 +530,10 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         s.cadence_ms
     };
     let relay_log = dir.join("relay.log");
+    let (relay_mtu, sub_mtu) = crate::proc::mtu_args(&dir, s.max_mtu, s.min_mtu)?;
     let mut cmd = command(relay_ns.as_deref(), &env.relay_bin);
     cmd.arg("run")
+        .args(&relay_mtu)
         .args(["--listen", &format!("{addr}:{port}"), "--certs"])
         .arg(&env.certs)
         .args(["--name", "relay", "--data-dir"])
@@ -578,6 +584,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
                 ])
                 .arg("--stats")
                 .arg(&stats)
+                .args(&sub_mtu)
                 .arg("--lane-stats")
                 .arg(dir.join(format!("lanes-{i}.csv")))
                 .args(["--lane-stats-interval", "250ms"])
