@@ -413,15 +413,13 @@ mod tests {
 
     #[test]
     fn the_target_follows_rate_and_round_trip_within_bounds() {
-        let mut l = Lane::new();
+        let l = Lane::new();
         assert_eq!(
             l.target(1000, 3 * MS, u64::MAX),
             1000,
             "unmeasured: one chunk"
         );
-        l.measured = true;
-        l.ramping = false;
-        l.rate = 1e9;
+        let mut l = steady(1e9);
         l.report(LaneReport {
             rtt: 2 * MS,
             min_rtt: 2 * MS,
@@ -441,12 +439,18 @@ mod tests {
         assert_eq!(l.target(100_000, 3 * MS, u64::MAX), 100_000, "one chunk");
     }
 
-    #[test]
-    fn the_target_counts_the_path_not_the_queue_in_front_of_it() {
+    /// A lane whose rate was measured at `rate` and no longer ramps.
+    fn steady(rate: f64) -> Lane {
         let mut l = Lane::new();
         l.measured = true;
         l.ramping = false;
-        l.rate = 1e9;
+        l.rate = rate;
+        l
+    }
+
+    #[test]
+    fn the_target_counts_the_path_not_the_queue_in_front_of_it() {
+        let mut l = steady(1e9);
         // A 200 ms smoothed round trip over a 2 ms path: 198 ms of it is queue.
         l.report(LaneReport {
             rtt: 200 * MS,
