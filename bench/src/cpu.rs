@@ -137,12 +137,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     }
     let size = usize::try_from(size).context("--size")?;
     let mut transport = TransportSettings::default();
-    if let Some(mtu) = a.max_mtu {
-        transport.max_mtu = mtu;
-    }
-    if let Some(mtu) = a.min_mtu {
-        transport.min_mtu = mtu;
-    }
+    transport.set_mtu(a.max_mtu, a.min_mtu);
     transport.gso = a.gso;
     transport.ack_eliciting_threshold = a.ack_threshold;
     let dir = tempfile::tempdir().context("temporary directory")?;
@@ -542,13 +537,8 @@ impl Run {
             .args(["--ledgers", &self.total().to_string()])
             .args(["--warmup", &self.warmup.to_string()])
             .args(["--lanes", &a.lanes.to_string()])
-            .args(["--size", &a.size, "--cadence", &a.cadence]);
-        if let Some(mtu) = a.max_mtu {
-            cmd.args(["--max-mtu", &mtu.to_string()]);
-        }
-        if let Some(mtu) = a.min_mtu {
-            cmd.args(["--min-mtu", &mtu.to_string()]);
-        }
+            .args(["--size", &a.size, "--cadence", &a.cadence])
+            .args(crate::proc::mtu_flags(a.max_mtu, a.min_mtu));
         if let Some(n) = a.retention {
             cmd.args(["--retention", &n.to_string()]);
         }

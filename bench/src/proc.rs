@@ -154,22 +154,30 @@ pub fn kill_tracked() {
     }
 }
 
+/// `--max-mtu N` and `--min-mtu N`, each where given: the flags `ledger-subscribe` and
+/// `ledger-relay demo` take.
+pub fn mtu_flags(max_mtu: Option<u16>, min_mtu: Option<u16>) -> Vec<String> {
+    [("--max-mtu", max_mtu), ("--min-mtu", min_mtu)]
+        .into_iter()
+        .filter_map(|(flag, mtu)| mtu.map(|m| [flag.to_owned(), m.to_string()]))
+        .flatten()
+        .collect()
+}
+
 /// QUIC packet sizes for a relay process and its subscribers: the relay's `run` arguments
 /// (`--config FILE`, FILE written in `dir` with a `[transport]` table holding `max_mtu` and
-/// `min_mtu` where given) and the subscribers' (`--max-mtu N`, `--min-mtu N`). Empty when
-/// neither is given.
+/// `min_mtu` where given) and the subscribers' ([`mtu_flags`]). Empty when neither is given.
 pub fn mtu_args(
     dir: &Path,
     max_mtu: Option<u16>,
     min_mtu: Option<u16>,
 ) -> anyhow::Result<(Vec<std::ffi::OsString>, Vec<String>)> {
-    let (mut relay, mut sub) = (Vec::new(), Vec::new());
+    let mut relay = Vec::new();
+    let sub = mtu_flags(max_mtu, min_mtu);
     let mut table = String::from("[transport]\n");
     for (key, mtu) in [("max_mtu", max_mtu), ("min_mtu", min_mtu)] {
         if let Some(mtu) = mtu {
             table.push_str(&format!("{key} = {mtu}\n"));
-            sub.push(format!("--{}", key.replace('_', "-")));
-            sub.push(mtu.to_string());
         }
     }
     if !sub.is_empty() {
@@ -179,4 +187,26 @@ pub fn mtu_args(
         relay.push(config.into_os_string());
     }
     Ok((relay, sub))
+}
+
+#[cfg(test)]
+mod mtu_tests {
+    use super::*;
+
+    #[test]
+    fn mtu_flags_and_the_relay_config_name_only_what_is_given() {
+        assert!(mtu_flags(None, None).is_empty());
+        assert_eq!(mtu_flags(Some(8952), None), ["--max-mtu", "8952"]);
+        assert_eq!(
+            mtu_flags(Some(8952), Some(1300)),
+            ["--max-mtu", "8952", "--min-mtu", "1300"]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert!(mtu_args(dir.path(), None, None).unwrap().0.is_empty());
+        let (relay, sub) = mtu_args(dir.path(), None, Some(8952)).unwrap();
+        assert_eq!(sub, ["--min-mtu", "8952"]);
+        assert_eq!(relay[0], "--config");
+        let table = std::fs::read_to_string(&relay[1]).unwrap();
+        assert_eq!(table, "[transport]\nmin_mtu = 8952\n");
+    }
 }

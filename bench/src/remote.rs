@@ -317,13 +317,8 @@ fn subscribe(
 ) -> anyhow::Result<(Vec<Record>, f64)> {
     let stats = tmp.join(format!("stats-l{lanes}.csv"));
     let log = tmp.join(format!("sub-l{lanes}.log"));
-    let mut cmd = Command::new(bin);
-    for (flag, mtu) in [("--max-mtu", args.max_mtu), ("--min-mtu", args.min_mtu)] {
-        if let Some(mtu) = mtu {
-            cmd.args([flag, &mtu.to_string()]);
-        }
-    }
-    let mut child = cmd
+    let mut child = Command::new(bin)
+        .args(crate::proc::mtu_flags(args.max_mtu, args.min_mtu))
         .args(["--relay", &args.relay, "--certs"])
         .arg(&args.certs)
         .args(["--name", &args.name, "--server-name", server_name])

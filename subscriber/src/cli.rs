@@ -235,12 +235,7 @@ impl Args {
             (None, None) => Start::Tip,
         };
         subscribe.lanes = self.lanes;
-        if let Some(mtu) = self.max_mtu {
-            subscribe.transport.max_mtu = mtu;
-        }
-        if let Some(mtu) = self.min_mtu {
-            subscribe.transport.min_mtu = mtu;
-        }
+        subscribe.transport.set_mtu(self.max_mtu, self.min_mtu);
         subscribe.first_connect_timeout = if self.retry_forever {
             None
         } else {

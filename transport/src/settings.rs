@@ -96,6 +96,19 @@ pub struct TransportSettings {
     pub ack_eliciting_threshold: u32,
 }
 
+impl TransportSettings {
+    /// Sets `max_mtu` and `min_mtu` to those given (an operator's `--max-mtu`/`--min-mtu`),
+    /// leaving the others as they are.
+    pub fn set_mtu(&mut self, max_mtu: Option<u16>, min_mtu: Option<u16>) {
+        if let Some(mtu) = max_mtu {
+            self.max_mtu = mtu;
+        }
+        if let Some(mtu) = min_mtu {
+            self.min_mtu = mtu;
+        }
+    }
+}
+
 impl Default for TransportSettings {
     fn default() -> Self {
         TransportSettings {

@@ -129,12 +129,7 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         ..RunArgs::default()
     })?;
     config.source = SourceSpec::Synthetic(spec);
-    if let Some(mtu) = args.max_mtu {
-        config.transport.max_mtu = mtu;
-    }
-    if let Some(mtu) = args.min_mtu {
-        config.transport.min_mtu = mtu;
-    }
+    config.transport.set_mtu(args.max_mtu, args.min_mtu);
     eprintln!(
         "generating {} synthetic ledgers of {:.1} MiB (zstd ratio {}) ...",
         args.ledgers,
