@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs fuzz targets for SECONDS (default 60) each, seeding the corpora from the real ledgers in
-# ../shared/testdata: `fuzz/run.sh [SECONDS] [TARGET ...]` (default: every target in
+# testdata/: `fuzz/run.sh [SECONDS] [TARGET ...]` (default: every target in
 # fuzz/fuzz_targets). Needs cargo-fuzz (`cargo install cargo-fuzz`); the installed stable
 # toolchain accepts cargo-fuzz's nightly flags with RUSTC_BOOTSTRAP=1.
 #
@@ -30,7 +30,7 @@ for t in $targets; do
 done
 command -v cargo-fuzz >/dev/null 2>&1 || fail "cargo-fuzz is not installed (cargo install cargo-fuzz)"
 
-testdata=../../shared/testdata
+testdata=../testdata
 mkdir -p corpus/records corpus/header corpus/content corpus/lake_batch corpus/lake_names corpus/stored
 # The ring's decoder gets one whole stored ledger (the harness seals it and stamps its part ids;
 # see wire::fuzzing::stored): a record of two raw chunks of 10 and 20 bytes, then their parts.

@@ -89,7 +89,7 @@ pub struct LakeArgs {
     #[arg(long)]
     pub sessions_only: bool,
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
-    #[arg(long, default_value = "../shared/testdata")]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
     pub testdata: PathBuf,
     /// Write the results as JSON.
     #[arg(long, value_name = "FILE")]

@@ -199,7 +199,7 @@ pub struct Args {
     #[arg(long, default_value_t = 262_144)]
     pub chunk_bytes: u64,
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
-    #[arg(long, default_value = "../shared/testdata")]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
     pub testdata: PathBuf,
     /// Write the rows as CSV.
     #[arg(long, value_name = "FILE")]

@@ -41,7 +41,7 @@ pub fn file_source() -> String {
 }
 
 pub fn testnet_ledgers() -> Vec<Bytes> {
-    let file = std::fs::File::open(TESTNET).expect("testnet sample in ../shared/testdata");
+    let file = std::fs::File::open(TESTNET).expect("testnet sample in testdata/");
     Records::new(file, DEFAULT_MAX_RECORD_LEN)
         .map(|r| Bytes::from(r.expect("valid record")))
         .collect()

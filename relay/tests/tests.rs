@@ -1,10 +1,10 @@
 //! Integration tests of the relay. Tests of the `ledger-relay` binary itself (its CLI, the relay
 //! as a process of its own) are in `relay/cli/tests`.
 
-/// A file of `../shared/testdata`, from this crate's directory.
+/// A file of the repository's `testdata/`, from this crate's directory.
 macro_rules! testdata {
     ($file:literal) => {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/testdata/", $file)
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/", $file)
     };
 }
 

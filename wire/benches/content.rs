@@ -28,10 +28,7 @@ use stellar_xdr::{
 const LEDGER_SIZE: usize = 14_500 * 1024;
 
 fn testdata(name: &str) -> String {
-    format!(
-        "{}/../../shared/testdata/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
+    format!("{}/../testdata/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn xdr(v: &impl WriteXdr) -> Vec<u8> {

@@ -1,6 +1,6 @@
 //! Chunk + compress and reassembly throughput on 14.5 MiB ledgers of real ledger meta.
 //!
-//! The ledger is built by concatenating the 320 real testnet ledgers from `shared/testdata`
+//! The ledger is built by concatenating the 320 real testnet ledgers from `testdata/`
 //! until it reaches 14.5 MiB (the Phase 3 stress size), so compression sees real XDR.
 //! Run: `cargo bench -p ledger-relay-wire --bench wire`.
 
@@ -21,9 +21,9 @@ const LEDGER_SIZE: usize = 14_500 * 1024;
 fn real_like_ledger() -> Bytes {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
+        "/../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
     );
-    let file = std::fs::File::open(path).expect("testnet sample in ../shared/testdata");
+    let file = std::fs::File::open(path).expect("testnet sample in testdata/");
     let records: Vec<Vec<u8>> = Records::new(std::io::BufReader::new(file), DEFAULT_MAX_RECORD_LEN)
         .collect::<Result<_, _>>()
         .expect("testnet sample reads");

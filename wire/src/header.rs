@@ -969,7 +969,7 @@ mod tests {
     fn real_testnet_ledger_every_prefix() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
+            "/../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
         );
         let stream = std::fs::read(path).unwrap();
         let mut records = crate::record::RecordReader::new(crate::record::DEFAULT_MAX_RECORD_LEN);

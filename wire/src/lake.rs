@@ -858,7 +858,7 @@ mod tests {
         let s = Schema::new(200, 1).unwrap();
         assert_eq!(s.object_key(300), "FFFFFF37--200-399.xdr.zst");
         assert_eq!(s.partition_dir(300), None);
-        // The pubnet sample in shared/testdata, named by an older Galexie.
+        // The pubnet sample in testdata/, named by an older Galexie.
         let s = Schema::new(1, 1).unwrap().with_extension(Extension::Zstd);
         assert_eq!(s.object_key(53_312_000), "FCD285FF--53312000.xdr.zstd");
         assert_eq!(s.object_key(997), "FFFFFC1A--997.xdr.zstd");

@@ -15,7 +15,7 @@ use ledger_relay_wire::record::{open_stream, Records, DEFAULT_MAX_RECORD_LEN};
 use sha2::{Digest, Sha256};
 use stellar_xdr::{LedgerCloseMeta, Limits, ReadXdr, WriteXdr};
 
-const TESTDATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/testdata");
+const TESTDATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata");
 
 fn testnet() -> Vec<Vec<u8>> {
     let path = format!("{TESTDATA}/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr");

@@ -384,7 +384,7 @@ fn every_tampering_is_caught_or_harmless() {
 fn real_testnet_ledgers_through_four_lossy_lanes() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
+        "/../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
     );
     let file = std::fs::File::open(path).expect("testnet sample");
     let ledgers: Vec<Bytes> = ledger_relay_wire::record::Records::new(file, 1 << 28)

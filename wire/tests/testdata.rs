@@ -1,4 +1,4 @@
-//! Real Stellar ledgers (see `shared/testdata/SOURCES.md`) through the record reader, the
+//! Real Stellar ledgers (see `testdata/SOURCES.md`) through the record reader, the
 //! header peek and the chain verifier, cross-checked against a full decode by `stellar-xdr`.
 
 use std::fs::File;
@@ -14,7 +14,7 @@ use stellar_xdr::{
     LedgerCloseMeta, LedgerCloseMetaBatch, LedgerCloseMetaExt, Limits, ReadXdr, WriteXdr,
 };
 
-const TESTDATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/testdata");
+const TESTDATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata");
 
 fn path(name: &str) -> String {
     format!("{TESTDATA}/{name}")
@@ -333,4 +333,59 @@ pub fn all_real_ledgers() -> Vec<(String, Vec<u8>)> {
         out.push((format!("standalone v23 {}", seq(&lcm)), lcm));
     }
     out
+}
+
+/// Every file of `testdata/` is listed in its SOURCES.md with its size and sha256, and matches
+/// them: a sample edited, truncated, replaced or added without its provenance fails here.
+#[test]
+fn every_file_matches_its_size_and_digest_in_sources() {
+    use sha2::{Digest, Sha256};
+    use std::collections::BTreeMap;
+
+    let sources = std::fs::read_to_string(path("SOURCES.md")).expect("testdata/SOURCES.md");
+    // Rows of the first table: | `FILE` | BYTES | SHA256 | origin |
+    let mut listed = BTreeMap::new();
+    for line in sources.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 5 || !cells[1].starts_with('`') || cells[3].len() != 64 {
+            continue;
+        }
+        let name = cells[1].trim_matches('`').to_string();
+        let bytes: u64 = cells[2].replace(',', "").parse().expect("a byte count");
+        listed.insert(name, (bytes, cells[3].to_string()));
+    }
+    assert!(listed.len() >= 7, "SOURCES.md lists {} files", listed.len());
+
+    let mut found = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(TESTDATA)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                let rel = p.strip_prefix(TESTDATA).unwrap().to_str().unwrap();
+                let rel = rel.trim_start_matches('/').to_string();
+                if rel != "SOURCES.md" {
+                    found.push(rel);
+                }
+            }
+        }
+    }
+    found.sort();
+    let names: Vec<&String> = listed.keys().collect();
+    assert_eq!(
+        found.iter().collect::<Vec<_>>(),
+        names,
+        "files in testdata/ against SOURCES.md"
+    );
+    for (name, (bytes, sha)) in &listed {
+        let data = std::fs::read(path(name)).unwrap();
+        assert_eq!(data.len() as u64, *bytes, "{name}: size");
+        let got: String = Sha256::digest(&data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(&got, sha, "{name}: sha256");
+    }
 }

@@ -1,6 +1,6 @@
 //! The wire crate's integration tests, one binary (as ripgrep does): the reassembler's fault
 //! simulator (`sim`), the sender against the reassembler over virtual lanes (`sender_sim`), the
-//! real Stellar samples from `shared/testdata`, the SEP-54 batch codec on them, and the fuzz
+//! real Stellar samples from `testdata/`, the SEP-54 batch codec on them, and the fuzz
 //! script's failure paths.
 
 mod content;

@@ -2,14 +2,10 @@
 //! process of its own (SIGKILL and restart, a slow consumer measured apart, the crash rounds).
 //! They share the relay's test support module.
 
-/// A file of `../shared/testdata`, from this crate's directory (`relay/cli`).
+/// A file of the repository's `testdata/`, from this crate's directory (`relay/cli`).
 macro_rules! testdata {
     ($file:literal) => {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/testdata/",
-            $file
-        )
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/", $file)
     };
 }
 

@@ -20,7 +20,7 @@ pub const LAST: u32 = 1_410_367;
 pub fn testnet() -> Vec<BatchLedger> {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
+        "/../../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
     );
     let stream = open_stream(File::open(path).unwrap()).unwrap();
     Records::new(stream, DEFAULT_MAX_RECORD_LEN)

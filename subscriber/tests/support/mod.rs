@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 /// 320 consecutive testnet ledgers (1410048..=1410367) in stellar-core's pipe framing.
 pub const TESTNET: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
+    "/../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
 );
 
 /// The first testnet ledger's sequence.
@@ -23,7 +23,7 @@ pub const FIRST_SEQ: u32 = 1_410_048;
 
 /// The first `n` testnet ledgers.
 pub fn testnet_ledgers(n: usize) -> Vec<Bytes> {
-    let file = std::fs::File::open(TESTNET).expect("testnet sample (../shared/testdata)");
+    let file = std::fs::File::open(TESTNET).expect("testnet sample (testdata/)");
     ledger_relay_wire::record::Records::new(file, 256 << 20)
         .take(n)
         .map(|r| Bytes::from(r.expect("valid record")))
