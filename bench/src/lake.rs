@@ -32,9 +32,9 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use ledger_relay::hub::{stored_chunks, stored_ledger};
 use ledger_relay::lake::backfill::{Backfill, BackfillConfig};
-use ledger_relay::pipeline::{complete_ledger, PipelineConfig};
 use ledger_relay::ring::{Ring, RingConfig};
 use ledger_relay::source::{synthetic_ledgers, SyntheticSpec};
+use ledger_relay::{complete_ledger, PipelineConfig};
 use ledger_relay_lake::testing::{unique_bucket, S3Server};
 use ledger_relay_lake::{
     BatchAssembler, BatchLedger, Lake, LakeCursor, LakeOptions, LakeStats, LakeUrl, Layout,

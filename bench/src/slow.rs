@@ -360,9 +360,11 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             None
         };
         let sessions = subs.len() as u64;
+        let sizing = RelaySizing::from_scrape(&scrape)?;
         let bound = MemoryBound::new(
             idle_kib,
             &settings,
+            &sizing,
             sessions,
             u64::from(a.lanes),
             wire_ledger,

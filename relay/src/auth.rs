@@ -485,11 +485,6 @@ impl Auth {
         *rejected = Some(what);
         Err(error)
     }
-
-    /// The CRL path.
-    pub fn crl_path(&self) -> &std::path::Path {
-        &self.config.crl
-    }
 }
 
 fn tls_error(e: ledger_relay_transport::TlsConfigError) -> AuthError {

@@ -16,23 +16,31 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod admission;
-pub mod auth;
-pub mod certinfo;
+mod admission;
+mod auth;
+mod certinfo;
 mod closing;
 pub mod config;
-pub mod health;
+mod health;
 pub mod hub;
 pub mod lake;
 pub mod metrics;
-pub mod pipeline;
-pub mod reload;
+mod pipeline;
+mod reload;
 pub mod ring;
-pub mod scrub;
-pub mod server;
-pub mod session;
+mod scrub;
+mod server;
+mod session;
 pub mod source;
-pub mod tcp_baseline;
+mod tcp_baseline;
+
+// The interior (sessions, the accept loop, admission, authorization, reloading, the pipeline's
+// threads, health, scrub, the TCP baseline) is private: users start a [`Relay`] from a
+// [`config::RelayConfig`] and read its metrics, ring, hub and lakes. What the bench and the
+// binary's tests also build ledgers with:
+pub use pipeline::{complete_ledger, PipelineConfig};
+/// A limit a subscriber meets: the other certificates one session's lanes may join with.
+pub use session::MAX_LANE_CERTIFICATES;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -94,6 +102,7 @@ impl Relay {
             .with_context(|| format!("opening the ring in {}", config.data_dir.display()))?,
         );
         pipeline::update_ring_metrics(&ring, &metrics);
+        record_sizing(&config, &metrics);
         let hub = Arc::new(Hub::new(config.live_capacity, hub::RECENT_LEDGERS));
         let auth = Arc::new(
             Auth::load(auth_config(&config), config.transport.clone())
@@ -244,6 +253,36 @@ impl Relay {
     /// Waits until the relay has stopped (after its shutdown token was cancelled).
     pub async fn wait(self) {
         let _ = self.task.await;
+    }
+}
+
+/// Publishes what the relay's memory depends on as `ledger_relay_sizing_*` gauges, so that an
+/// operator (or a benchmark bounding the relay's memory) reads them from the relay it runs
+/// rather than from this crate's constants.
+fn record_sizing(config: &RelayConfig, metrics: &Metrics) {
+    let set = |gauge: &std::sync::atomic::AtomicU64, v: u64| Metrics::set(gauge, v);
+    set(
+        &metrics.sizing_live_capacity_items,
+        config.live_capacity as u64,
+    );
+    set(&metrics.sizing_recent_ledgers, hub::RECENT_LEDGERS as u64);
+    set(
+        &metrics.sizing_window_ledgers,
+        u64::from(config.server.session.window),
+    );
+    set(
+        &metrics.sizing_compress_queue_chunks,
+        config.pipeline.compress_queue as u64,
+    );
+    set(&metrics.sizing_ring_cache_bytes, ring::CACHE_BYTES);
+    set(
+        &metrics.sizing_ring_segment_bytes,
+        ring::segment_size() as u64,
+    );
+    if matches!(config.source, source::SourceSpec::Synthetic(_)) {
+        set(&metrics.sizing_source_ahead_ledgers, source::AHEAD as u64);
+        set(&metrics.sizing_source_pool_ledgers, source::POOL as u64);
+        set(&metrics.sizing_source_upfront_bytes, source::UPFRONT_BYTES);
     }
 }
 

@@ -107,6 +107,15 @@ counters! {
     retries_total: "Connection attempts answered with a QUIC Retry (address validation under load).",
     certificate_not_after_timestamp_seconds: "Unix time at which the certificate this relay serves expires (0: unreadable).",
     crl_next_update_timestamp_seconds: "Unix time of the next update DIR/crl.pem promises, as last read (0: no CRL, or none stated).",
+    sizing_live_capacity_items: "Sizing (set at start): items (chunks and end records) the live broadcast channel holds; a session further behind reads the ring.",
+    sizing_recent_ledgers: "Sizing (set at start): complete ledgers the hub keeps in memory for sessions joining or resending.",
+    sizing_window_ledgers: "Sizing (set at start): ledgers a session may hold unacknowledged (--window).",
+    sizing_compress_queue_chunks: "Sizing (set at start): chunks queued for the compression pool at most.",
+    sizing_ring_cache_bytes: "Sizing (set at start): the ring's sled page cache capacity.",
+    sizing_ring_segment_bytes: "Sizing (set at start): the ring's sled segment size (sled keeps a few IO buffers of this size).",
+    sizing_source_ahead_ledgers: "Sizing (set at start): synthetic source: ledgers generated ahead of the one being emitted (0 for other sources).",
+    sizing_source_pool_ledgers: "Sizing (set at start): synthetic source: distinct filler bodies kept (0 for other sources).",
+    sizing_source_upfront_bytes: "Sizing (set at start): synthetic source: a run whose ledgers fit in this many bytes is built up front (0 for other sources).",
 }
 
 /// What the metrics show of one lane number, over every session: counters add up what every

@@ -108,6 +108,12 @@ fn sled_tuning() -> Result<(usize, u64), RingError> {
     parse_sled_tuning(std::env::var(SLED_TUNING_ENV).ok().as_deref())
 }
 
+/// The sled segment size rings of this process open with ([`SEGMENT_SIZE`], or
+/// [`SLED_TUNING_ENV`]'s when it is set and valid).
+pub(crate) fn segment_size() -> usize {
+    sled_tuning().map_or(SEGMENT_SIZE, |(segment, _)| segment)
+}
+
 /// [`sled_tuning`] from the variable's value, if set.
 fn parse_sled_tuning(text: Option<&str>) -> Result<(usize, u64), RingError> {
     let bad = || RingError::Config {

@@ -351,7 +351,7 @@ async fn concurrent_session_opens_never_exceed_the_session_cap() {
 /// another certificate added an entry, without bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_holds_a_bounded_number_of_lane_certificates() {
-    use ledger_relay::session::MAX_LANE_CERTIFICATES;
+    use ledger_relay::MAX_LANE_CERTIFICATES;
     let dir = TestDir::new();
     let relay = relay(&dir, |_| {}).await;
     let lane0 = raw_connect(&relay, tls_client(dir.certs.path(), "rpc-1")).await;

@@ -20,6 +20,11 @@ async fn testnet_through_one_and_four_lanes_byte_identical() {
     let mut config = dir.relay_config(&file_source());
     // Slow enough that the subscribers join while the source still runs: part replay, part live.
     config.source_options.cadence = Duration::from_millis(5);
+    let (config_window, config_live, config_queue) = (
+        config.server.session.window,
+        config.live_capacity,
+        config.pipeline.compress_queue,
+    );
     let relay = Running::start(config).await;
     let one = dir.sub(&relay, "rpc-1", 1, Start::Seq(FIRST));
     let four = dir.sub(&relay, "rpc-1", 4, Start::Seq(FIRST));
@@ -42,6 +47,27 @@ async fn testnet_through_one_and_four_lanes_byte_identical() {
     })
     .await;
     let text = m.render();
+    // What the relay's memory depends on is published, from this relay's settings.
+    let gauge = |name: &str| -> u64 {
+        let key = format!("ledger_relay_sizing_{name} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .unwrap_or_else(|| panic!("no {key} in the metrics"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        gauge("window_ledgers"),
+        u64::from(config_window),
+        "the session window"
+    );
+    assert_eq!(gauge("live_capacity_items"), config_live as u64);
+    assert!(gauge("recent_ledgers") >= 1);
+    assert!(gauge("ring_segment_bytes") >= 1 << 20);
+    assert!(gauge("ring_cache_bytes") >= 1 << 20);
+    assert_eq!(gauge("compress_queue_chunks"), config_queue as u64);
+    // Not a synthetic source: nothing generated ahead.
+    assert_eq!(gauge("source_ahead_ledgers"), 0);
     for lane in 0..4 {
         let value = |name: &str| -> f64 {
             let key = format!("ledger_relay_{name}{{lane=\"{lane}\"}} ");
