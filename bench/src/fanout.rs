@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::cluster::{Cluster, Output, Transport};
 use crate::harness::{
-    make_certs, read_stats_lenient, spawn_subscriber, status_kib, RelayProc, RelaySettings,
-    RssSampler, SubSpec,
+    make_certs, read_stats_lenient, status_kib, RelayProc, RelaySettings, RssSampler, SubSpec,
 };
 use crate::proc::{cpu_seconds, kill_all, stop};
 
@@ -107,15 +107,15 @@ pub struct FanoutArgs {
     /// More flags for every relay (an A/B of relay settings), e.g. `--relay-arg=--config=a.toml`.
     #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub relay_args: Vec<String>,
-    /// Write the rows as CSV.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Write the rows (with every delivery) as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write fanout-relay-cpu.svg (relay CPU per ledger against subscribers) here.
-    #[arg(long, value_name = "DIR")]
-    pub plots: Option<PathBuf>,
+    /// Packet sizes of the relay and every subscriber.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub transport: Transport,
+    /// `--csv`, `--json`, and `--plots` (fanout-relay-cpu.svg: relay CPU per ledger against
+    /// subscribers).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub output: Output,
 }
 
 impl FanoutArgs {
@@ -306,9 +306,8 @@ fn wait_for(
 
 #[allow(clippy::too_many_arguments)]
 fn spawn_all(
-    bin: &Path,
+    cluster: &Cluster,
     relay: &RelayProc,
-    certs: &Path,
     dir: &Path,
     tag: &str,
     n: u16,
@@ -327,8 +326,9 @@ fn spawn_all(
             stats: dir.join(format!("{tag}-{i}.csv")),
             log: dir.join(format!("{tag}-{i}.log")),
             consume_delay_ms: None,
+            extra: Vec::new(),
         };
-        match spawn_subscriber(bin, relay.addr, certs, &spec) {
+        match cluster.subscriber(relay.addr, &spec) {
             Ok(c) => children.push(c),
             Err(e) => {
                 kill_all(&mut children);
@@ -370,18 +370,16 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
         chunk: a.chunk_bytes,
         retention: 40,
     };
-    let mut extra = vec!["--start-wait".to_owned(), "300s".to_owned()];
-    extra.extend(a.relay_args.iter().cloned());
-    let relay_bin = crate::proc::sibling_binary("ledger-relay")?;
-    let sub_bin = crate::proc::sibling_binary("ledger-subscribe")?;
-    let mut relay = RelayProc::start_with(&relay_bin, &certs, &dir, &settings, &extra, &[])?;
+    let mut cluster = Cluster::local(&certs, a.transport)?;
+    cluster.relay_extra = a.relay_args.clone();
+    let extra = ["--start-wait".to_owned(), "300s".to_owned()];
+    let mut relay = cluster.relay(&dir, &settings, &extra)?;
     let mut children = Vec::new();
     let r = measure(
         a,
         &mut relay,
         &mut children,
-        &sub_bin,
-        &certs,
+        &cluster,
         &dir,
         payload,
         n,
@@ -402,8 +400,7 @@ fn measure(
     a: &FanoutArgs,
     relay: &mut RelayProc,
     children: &mut Vec<Child>,
-    sub_bin: &Path,
-    certs: &Path,
+    cluster: &Cluster,
     dir: &Path,
     payload: Payload,
     n: u16,
@@ -430,9 +427,8 @@ fn measure(
     // Active: N subscribers from `first`.
     let lagged0 = relay.scrape()?.get("lagged_total");
     let (kids, stats) = spawn_all(
-        sub_bin,
+        cluster,
         relay,
-        certs,
         dir,
         "sub",
         n,
@@ -506,7 +502,7 @@ fn measure(
     let relay_cpu_ms = (cb - ca) * 1e3 / f64::from(a.ledgers);
     let per_n = |x: f64| x / f64::from(n);
     // Idle: N sessions at the tip of a stopped source.
-    let (idle_rss, idle_cpu) = idle(a, relay, children, sub_bin, certs, dir, n, last)?;
+    let (idle_rss, idle_cpu) = idle(a, relay, children, cluster, dir, n, last)?;
     Ok(FanoutRow {
         payload,
         subscribers: n,
@@ -538,8 +534,7 @@ fn idle(
     a: &FanoutArgs,
     relay: &mut RelayProc,
     children: &mut Vec<Child>,
-    sub_bin: &Path,
-    certs: &Path,
+    cluster: &Cluster,
     dir: &Path,
     n: u16,
     last: u32,
@@ -547,7 +542,7 @@ fn idle(
     let pid = relay.pid;
     std::thread::sleep(Duration::from_millis(500));
     let before = status_kib(pid, "VmRSS").context("relay RSS")?;
-    let (kids, stats) = spawn_all(sub_bin, relay, certs, dir, "idle", n, a.lanes, last, None)?;
+    let (kids, stats) = spawn_all(cluster, relay, dir, "idle", n, a.lanes, last, None)?;
     children.extend(kids);
     let limit = Duration::from_secs(60) + Duration::from_secs_f64(f64::from(n) * 0.5);
     wait_for(relay, limit, "idle subscribers", |_| all_have(&stats, last))?;
@@ -652,22 +647,22 @@ fn failed(a: &FanoutArgs, p: Payload, n: u16, t: Instant, e: anyhow::Error) -> F
 /// The whole command: runs, prints the table and the targets, writes `--csv`, `--json` and
 /// `--plots`.
 pub fn main(a: &FanoutArgs) -> anyhow::Result<()> {
-    let report = run(a)?;
-    print!("{}", table(&report.rows));
-    print!("{}", targets(&report.rows));
-    if let Some(p) = &a.csv {
-        crate::report::write(p, &csv(&report.rows))?;
+    crate::cluster::emit(&run(a)?, &a.output)
+}
+
+impl crate::cluster::Report for FanoutReport {
+    fn table(&self) -> String {
+        table(&self.rows)
     }
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
+    fn targets(&self) -> String {
+        targets(&self.rows)
     }
-    if let Some(d) = &a.plots {
-        match plot(&report.rows, d) {
-            Ok(f) => eprintln!("ledger-bench: plot: {f}"),
-            Err(e) => eprintln!("ledger-bench: no plot: {e:#}"),
-        }
+    fn csv(&self) -> String {
+        csv(&self.rows)
     }
-    Ok(())
+    fn plots(&self, dir: &Path) -> anyhow::Result<String> {
+        plot(&self.rows, dir)
+    }
 }
 
 #[cfg(test)]

@@ -443,6 +443,8 @@ pub struct SubSpec {
     pub log: PathBuf,
     /// `--consume-delay`, ms.
     pub consume_delay_ms: Option<f64>,
+    /// More flags for this subscriber, after the others.
+    pub extra: Vec<String>,
 }
 
 /// Starts `ledger-subscribe` against `relay` writing ledgers to /dev/null (verified all the
@@ -480,6 +482,7 @@ pub fn spawn_subscriber_in(
     if let Some(d) = spec.consume_delay_ms {
         cmd.args(["--consume-delay", &format!("{d}ms")]);
     }
+    cmd.args(&spec.extra);
     let child = cmd
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())

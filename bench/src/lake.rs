@@ -203,6 +203,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
                     stats: stats.clone(),
                     log: dir.join("sub.log"),
                     consume_delay_ms: None,
+                    extra: Vec::new(),
                 },
             )?;
             let limit =

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod baseline;
+pub mod cluster;
 pub mod cpu;
 pub mod fanout;
 pub mod harness;

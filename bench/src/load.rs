@@ -248,6 +248,7 @@ fn start(
         stats: ctx.dir.join(format!("{}-{k}.csv", slot.report.name)),
         log: ctx.dir.join(format!("{}-{k}.log", slot.report.name)),
         consume_delay_ms: None,
+        extra: Vec::new(),
     };
     let child = harness::spawn_subscriber(&ctx.sub_bin, relay.addr, &ctx.certs, &spec)?;
     slot.child = Some(child);

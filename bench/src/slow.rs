@@ -228,6 +228,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                 stats: dir.join(format!("stats-{i}.csv")),
                 log: dir.join(format!("sub-{i}.log")),
                 consume_delay_ms: is_slow.then(|| a.delay_ms()),
+                extra: Vec::new(),
             };
             let child = harness::spawn_subscriber(&env.sub_bin, relay_ref.addr, &env.certs, &spec)?;
             subs.push(Sub {

@@ -328,6 +328,7 @@ fn subscriber(
         stats: dir.join(format!("{name}.csv")),
         log: dir.join(format!("{name}.log")),
         consume_delay_ms: None,
+        extra: Vec::new(),
     };
     Ok((
         spawn_subscriber_in(ns, bin, relay.addr, certs, &spec)?,

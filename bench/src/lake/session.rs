@@ -147,6 +147,7 @@ pub fn run(
             stats: stats.clone(),
             log: dir.join("sub.log"),
             consume_delay_ms: None,
+            extra: Vec::new(),
         },
     )?;
     let status = crate::harness::wait_child(&mut sub, Duration::from_secs(600))?;
