@@ -44,6 +44,9 @@ fn fanout_rows_measure_real_cpu_memory_and_delivery() {
         "2",
         "--idle-s",
         "0.5",
+        // The shared transport group reaches the relay (config file) and every subscriber.
+        "--max-mtu",
+        "1452",
     ];
     let Some(Helper::Fanout(args)) = Cli::try_parse_from(argv).unwrap().helper else {
         panic!("not the fanout subcommand")

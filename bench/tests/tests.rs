@@ -1,5 +1,6 @@
 //! Integration tests of `ledger-bench` (one binary, as ripgrep does).
 
+mod cli;
 mod emulation;
 mod fanout;
 mod reliability;

@@ -1,0 +1,61 @@
+//! The command line as a whole: clap's own consistency checks (no flag declared twice in a
+//! command, every default parses), and every subcommand's `--help` printing its flags.
+
+use clap::CommandFactory;
+use ledger_relay_bench::Cli;
+
+#[test]
+fn the_command_line_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn every_subcommand_prints_its_help() {
+    let mut cli = Cli::command();
+    let names: Vec<String> = cli
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_owned())
+        .collect();
+    assert!(names.len() >= 9, "subcommands: {names:?}");
+    for name in &names {
+        let e = Cli::try_parse_from_help(name);
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{name}");
+        let text = e.to_string();
+        assert!(text.contains("Usage: ledger-bench"), "{name}: {text}");
+        assert!(text.contains("--help"), "{name}: {text}");
+    }
+    let top = cli.render_long_help().to_string();
+    for name in &names {
+        assert!(
+            top.contains(name.as_str()),
+            "{name} missing from the top-level help"
+        );
+    }
+}
+
+#[test]
+fn fanout_takes_the_shared_transport_and_output_groups() {
+    let text = Cli::try_parse_from_help("fanout").to_string();
+    for flag in [
+        "--max-mtu",
+        "--min-mtu",
+        "--csv",
+        "--json",
+        "--plots",
+        "--relay-arg",
+    ] {
+        assert!(text.contains(flag), "fanout --help lacks {flag}");
+    }
+}
+
+trait HelpOf {
+    fn try_parse_from_help(name: &str) -> clap::Error;
+}
+
+impl HelpOf for Cli {
+    fn try_parse_from_help(name: &str) -> clap::Error {
+        use clap::Parser;
+        Cli::try_parse_from(["ledger-bench", name, "--help"]).expect_err("--help exits")
+    }
+}
