@@ -82,15 +82,11 @@ pub struct LanesArgs {
     /// Runs of each row; the table shows every run.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
-    /// Write the rows as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write the rows as CSV here.
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    /// Write plots (goodput against lanes with the ideal line; bytes per lane) here.
-    #[arg(long)]
-    pub plots: Option<PathBuf>,
+    /// `--csv`, `--json`, and `--plots` (goodput against lanes with the ideal line; bytes per
+    /// lane).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub output: crate::cluster::Output,
     /// MTU of the emulated link, both ends of the veth pair (9001: EC2's jumbo frames)
     /// [default: 1500].
     #[arg(long, value_name = "BYTES")]
@@ -679,29 +675,44 @@ pub fn main(args: &LanesArgs) -> anyhow::Result<()> {
         "ledger-bench lanes: {} ledgers of {} per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
         args.ledgers, args.size, args.chunk, args.flow_mbit, args.cadence_ms
     );
-    let rows = run(args)?;
-    print!("{}", table(&rows));
-    let t = targets(&rows);
-    if !t.is_empty() {
-        print!("\ntargets (issue 12 item 2), from this run's rows:\n{t}");
-    }
-    if let Some(p) = &args.csv {
-        crate::report::write(p, &csv(&rows))?;
-    }
-    if let Some(p) = &args.json {
-        let json = serde_json::json!({ "settings": args, "rows": rows });
-        crate::report::write(p, &serde_json::to_string_pretty(&json)?)?;
-    }
-    if let Some(dir) = &args.plots {
-        match plots(&rows, dir, args.flow_mbit) {
-            Ok(files) => eprintln!("ledger-bench lanes: plots: {}", files.join(", ")),
-            Err(e) => eprintln!("ledger-bench lanes: no plots: {e:#}"),
-        }
-    }
-    if rows.iter().all(|r| r.error.is_some()) {
+    let report = LanesReport {
+        settings: args.clone(),
+        rows: run(args)?,
+    };
+    crate::cluster::emit(&report, &args.output)?;
+    if report.rows.iter().all(|r| r.error.is_some()) {
         bail!("every row failed");
     }
     Ok(())
+}
+
+/// What `ledger-bench lanes` measured, with the settings it ran with (its `--json`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LanesReport {
+    /// The arguments.
+    pub settings: LanesArgs,
+    /// The rows.
+    pub rows: Vec<LaneRow>,
+}
+
+impl crate::cluster::Report for LanesReport {
+    fn table(&self) -> String {
+        table(&self.rows)
+    }
+    fn targets(&self) -> String {
+        let t = targets(&self.rows);
+        if t.is_empty() {
+            t
+        } else {
+            format!("\ntargets (issue 12 item 2), from this run's rows:\n{t}")
+        }
+    }
+    fn csv(&self) -> String {
+        csv(&self.rows)
+    }
+    fn plots(&self, dir: &Path) -> anyhow::Result<String> {
+        Ok(plots(&self.rows, dir, self.settings.flow_mbit)?.join(", "))
+    }
 }
 
 mod plots;
