@@ -14,11 +14,11 @@ use crate::harness::{spawn_subscriber, RelayProc, RelaySettings, SubSpec};
 /// QUIC packet sizes of every relay and subscriber of a run (`--max-mtu`, `--min-mtu`).
 #[derive(Debug, Clone, Copy, Default, clap::Args, serde::Serialize)]
 pub struct Transport {
-    /// Largest UDP payload of the QUIC lanes, relay (`[transport] max_mtu`) and every
-    /// subscriber (`--max-mtu`) [default: the transport's].
+    /// Largest UDP payload of the QUIC lanes: every subscriber's `--max-mtu`, and
+    /// `[transport] max_mtu` of every relay the bench starts [default: the transport's].
     #[arg(long)]
     pub max_mtu: Option<u16>,
-    /// UDP payload the lanes take the path to carry, relay (`min_mtu`) and every subscriber.
+    /// UDP payload the lanes take the path to carry (`--min-mtu`, `min_mtu`), same ends.
     #[arg(long)]
     pub min_mtu: Option<u16>,
 }

@@ -74,22 +74,16 @@ pub struct RemoteArgs {
     /// Longest a row may take, seconds.
     #[arg(long, default_value_t = 600)]
     pub row_timeout_s: u64,
-    /// Write the rows as CSV.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Write the rows (every delivery sample) and the clock estimate as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write the delivery CDF and goodput-against-lanes plots (SVG and PNG) here.
-    #[arg(long, value_name = "DIR")]
-    pub plots: Option<PathBuf>,
-    /// Passed to each `ledger-subscribe` as `--max-mtu`: with the relay's `[transport] max_mtu`,
-    /// jumbo frames between the hosts (8952 in an EC2 VPC).
-    #[arg(long, value_name = "BYTES")]
-    pub max_mtu: Option<u16>,
-    /// Passed to each `ledger-subscribe` as `--min-mtu` (the path's known MTU).
-    #[arg(long, value_name = "BYTES")]
-    pub min_mtu: Option<u16>,
+    /// `--csv`, `--json` (with every delivery sample and the clock estimate) and `--plots`
+    /// (delivery CDF and goodput against lanes, SVG and PNG).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub output: crate::cluster::Output,
+    /// `--max-mtu`/`--min-mtu` of each `ledger-subscribe` (the relay, on the other host, takes
+    /// its own `[transport]`; 8952 for jumbo frames in an EC2 VPC).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub transport: crate::cluster::Transport,
 }
 
 /// How delivery was put on one clock.
@@ -134,6 +128,22 @@ impl Clock {
                   hosts' clocks; inter-arrival, throughput and transfer goodput do not"
                 .into(),
         }
+    }
+}
+
+impl crate::cluster::Report for RemoteReport {
+    fn table(&self) -> String {
+        format!(
+            "{}\n{}",
+            self.clock.describe(),
+            crate::report::table(&self.rows)
+        )
+    }
+    fn csv(&self) -> String {
+        crate::report::csv(&self.rows)
+    }
+    fn plots(&self, dir: &Path) -> anyhow::Result<String> {
+        Ok(crate::report::plots(&self.rows, dir, 0)?.join(", "))
     }
 }
 
@@ -264,8 +274,8 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
             aggregate_bps: 0,
         },
         scale: 1.0,
-        max_mtu: args.max_mtu,
-        min_mtu: args.min_mtu,
+        max_mtu: args.transport.max_mtu,
+        min_mtu: args.transport.min_mtu,
     };
     let rows = measured
         .into_iter()
@@ -318,7 +328,10 @@ fn subscribe(
     let stats = tmp.join(format!("stats-l{lanes}.csv"));
     let log = tmp.join(format!("sub-l{lanes}.log"));
     let mut child = Command::new(bin)
-        .args(crate::proc::mtu_flags(args.max_mtu, args.min_mtu))
+        .args(crate::proc::mtu_flags(
+            args.transport.max_mtu,
+            args.transport.min_mtu,
+        ))
         .args(["--relay", &args.relay, "--certs"])
         .arg(&args.certs)
         .args(["--name", &args.name, "--server-name", server_name])
@@ -359,20 +372,7 @@ fn subscribe(
 /// `--plots`.
 pub fn main(args: &RemoteArgs) -> anyhow::Result<()> {
     let report = run(args)?;
-    println!("{}", report.clock.describe());
-    print!("{}", crate::report::table(&report.rows));
-    if let Some(p) = &args.csv {
-        crate::report::write(p, &crate::report::csv(&report.rows))?;
-    }
-    if let Some(p) = &args.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
-    if let Some(dir) = &args.plots {
-        match crate::report::plots(&report.rows, dir, 0) {
-            Ok(files) => eprintln!("ledger-bench: plots: {}", files.join(", ")),
-            Err(e) => eprintln!("ledger-bench: no plots: {e:#}"),
-        }
-    }
+    crate::cluster::emit(&report, &args.output)?;
     if report.rows.iter().all(|r| r.error.is_some()) {
         bail!("every row failed");
     }
