@@ -91,13 +91,10 @@ pub struct LanesArgs {
     /// [default: 1500].
     #[arg(long, value_name = "BYTES")]
     pub link_mtu: Option<u32>,
-    /// Largest UDP payload both ends' path MTU discovery may reach: the relay's `[transport]
-    /// max_mtu` and the subscriber's `--max-mtu` (8952 with `--link-mtu 9001`).
-    #[arg(long, value_name = "BYTES")]
-    pub max_mtu: Option<u16>,
-    /// UDP payload both ends take the path to carry: `min_mtu` and `--min-mtu`.
-    #[arg(long, value_name = "BYTES")]
-    pub min_mtu: Option<u16>,
+    /// `--max-mtu`/`--min-mtu` of both ends (8952 with `--link-mtu 9001`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub transport: crate::cluster::Transport,
 }
 
 /// What one lane did, from the relay's counters.
@@ -395,7 +392,8 @@ fn measure(
         LaneMode::CatchUp => (1.0, 0.0),
     };
     let relay_log = dir.join("relay.log");
-    let (relay_mtu, sub_mtu) = crate::proc::mtu_args(&dir, args.max_mtu, args.min_mtu)?;
+    let (relay_mtu, sub_mtu) =
+        crate::proc::mtu_args(&dir, args.transport.max_mtu, args.transport.min_mtu)?;
     let mut relay = Netem::exec_in(&netem.relay_ns, &bins.relay)
         .arg("run")
         .args(&relay_mtu)

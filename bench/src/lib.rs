@@ -202,25 +202,16 @@ pub struct Args {
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
     pub testdata: PathBuf,
-    /// Write the rows as CSV.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Write the rows (with every delivery sample) as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write delivery-cdf, throughput-vs-lanes and fanout-cost plots (SVG and PNG) here.
-    #[arg(long, value_name = "DIR")]
-    pub plots: Option<PathBuf>,
+    /// `--csv`, `--json` (with every delivery sample) and `--plots` (delivery-cdf,
+    /// throughput-vs-lanes and fanout-cost, SVG and PNG).
+    #[command(flatten)]
+    pub output: cluster::Output,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
-    /// Largest UDP payload of the relay rows' QUIC lanes, both ends (`[transport] max_mtu`
-    /// and `ledger-subscribe --max-mtu`; 8952 for jumbo frames) [default: 1452].
-    #[arg(long, value_name = "BYTES")]
-    pub max_mtu: Option<u16>,
-    /// UDP payload the relay rows' lanes take the path to carry, both ends (`min_mtu`).
-    #[arg(long, value_name = "BYTES")]
-    pub min_mtu: Option<u16>,
+    /// `--max-mtu`/`--min-mtu` of the relay rows (8952 for jumbo frames).
+    #[command(flatten)]
+    pub transport: cluster::Transport,
 }
 
 impl Args {
@@ -253,8 +244,8 @@ impl Args {
                     .unwrap_or(flow_bps * 8),
             },
             scale,
-            max_mtu: self.max_mtu,
-            min_mtu: self.min_mtu,
+            max_mtu: self.transport.max_mtu,
+            min_mtu: self.transport.min_mtu,
         })
     }
 }
@@ -533,35 +524,56 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         s.scale
     );
     let rows = run(&args)?;
-    print!("{}", report::table(&rows));
-    let lanes = perlane::table(&rows);
-    if !lanes.is_empty() {
-        print!("\n{lanes}(* lost: packets the subscriber sent, the acknowledgement path; the data direction's losses are the relay's)\n");
+    let table = ScenarioReport {
+        settings: s,
+        rows,
+        ledger_bytes: args.ledger_bytes,
+    };
+    cluster::emit(&table, &args.output)
+}
+
+/// What the scenario table measured, with its settings (its `--json`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScenarioReport {
+    /// The settings of the run.
+    pub settings: Settings,
+    /// The rows.
+    pub rows: Vec<Row>,
+    /// Unscaled ledger size of the projection.
+    #[serde(skip)]
+    pub ledger_bytes: u64,
+}
+
+impl cluster::Report for ScenarioReport {
+    fn table(&self) -> String {
+        let rows = &self.rows;
+        let mut out = report::table(rows);
+        let lanes = perlane::table(rows);
+        if !lanes.is_empty() {
+            out.push_str(&format!("\n{lanes}(* lost: packets the subscriber sent, the acknowledgement path; the data direction's losses are the relay's)\n"));
+        }
+        let projected = projection::table(rows);
+        if !projected.is_empty() {
+            out.push_str(&format!(
+                "\nprojection at {} bytes per ledger on {} cores (formula: bench/RESULTS.md):\n{projected}",
+                self.ledger_bytes,
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            ));
+        }
+        out
     }
-    let projected = projection::table(&rows);
-    if !projected.is_empty() {
-        print!(
-            "\nprojection at {} bytes per ledger on {} cores (formula: bench/RESULTS.md):\n{projected}",
-            args.ledger_bytes,
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        );
-    }
-    let targets = report::targets(&rows);
-    if !targets.is_empty() {
-        print!("\ntargets (issue 6), from this run's rows:\n{targets}");
-    }
-    if let Some(p) = &args.csv {
-        report::write(p, &report::csv(&rows))?;
-    }
-    if let Some(p) = &args.json {
-        let json = serde_json::json!({ "settings": s, "rows": rows });
-        report::write(p, &serde_json::to_string_pretty(&json)?)?;
-    }
-    if let Some(dir) = &args.plots {
-        match report::plots(&rows, dir, s.shape.flow_bps) {
-            Ok(files) => eprintln!("ledger-bench: plots: {}", files.join(", ")),
-            Err(e) => eprintln!("ledger-bench: no plots: {e:#}"),
+    fn targets(&self) -> String {
+        let targets = report::targets(&self.rows);
+        if targets.is_empty() {
+            targets
+        } else {
+            format!("\ntargets (issue 6), from this run's rows:\n{targets}")
         }
     }
-    Ok(())
+    fn csv(&self) -> String {
+        report::csv(&self.rows)
+    }
+    fn plots(&self, dir: &std::path::Path) -> anyhow::Result<String> {
+        Ok(report::plots(&self.rows, dir, self.settings.shape.flow_bps)?.join(", "))
+    }
 }
