@@ -23,15 +23,24 @@ pub struct Transport {
     pub min_mtu: Option<u16>,
 }
 
-/// Where a report goes besides the table on stdout.
+/// The files a report is written to besides the table on stdout.
 #[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
-pub struct Output {
+pub struct Files {
     /// Write the rows as CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
     /// Write the rows (with every delivery) as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+}
+
+/// [`Files`] and plots.
+#[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
+pub struct Output {
+    /// `--csv` and `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub files: Files,
     /// Write the plots (SVG) in this directory.
     #[arg(long, value_name = "DIR")]
     pub plots: Option<PathBuf>,
@@ -47,26 +56,52 @@ pub trait Report: serde::Serialize {
     }
     /// The rows as CSV.
     fn csv(&self) -> String;
-    /// Draws the plots in `dir`; returns what it wrote.
-    fn plots(&self, dir: &Path) -> anyhow::Result<String>;
+    /// Draws the plots in `dir`; returns what it wrote. Only subcommands that take `--plots`
+    /// ([`Output`]) are asked.
+    fn plots(&self, dir: &Path) -> anyhow::Result<String> {
+        anyhow::bail!("no plots for {}", dir.display())
+    }
+}
+
+/// Everything a series measured: its arguments, the machine's load around it, what is
+/// particular to the subcommand (`X`, flattened into the JSON) and the rows.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Measured<A, R, X = ()> {
+    /// The arguments.
+    pub args: A,
+    /// The machine's load averages before.
+    pub load_before: Option<[f64; 3]>,
+    /// After.
+    pub load_after: Option<[f64; 3]>,
+    /// What is particular to the subcommand.
+    #[serde(flatten)]
+    pub extra: X,
+    /// The rows.
+    pub rows: Vec<R>,
 }
 
 /// Prints `report`'s table and targets and writes what `out` asks for. A plot that cannot be
 /// drawn is reported on stderr and does not fail the run (the rows are already measured).
 pub fn emit<R: Report>(report: &R, out: &Output) -> anyhow::Result<()> {
-    print!("{}", report.table());
-    print!("{}", report.targets());
-    if let Some(p) = &out.csv {
-        crate::report::write(p, &report.csv())?;
-    }
-    if let Some(p) = &out.json {
-        crate::report::write(p, &serde_json::to_string_pretty(report)?)?;
-    }
+    emit_files(report, &out.files)?;
     if let Some(d) = &out.plots {
         match report.plots(d) {
             Ok(f) => eprintln!("ledger-bench: plot: {f}"),
             Err(e) => eprintln!("ledger-bench: no plot: {e:#}"),
         }
+    }
+    Ok(())
+}
+
+/// [`emit`] for a subcommand without plots.
+pub fn emit_files<R: Report>(report: &R, files: &Files) -> anyhow::Result<()> {
+    print!("{}", report.table());
+    print!("{}", report.targets());
+    if let Some(p) = &files.csv {
+        crate::report::write(p, &report.csv())?;
+    }
+    if let Some(p) = &files.json {
+        crate::report::write(p, &serde_json::to_string_pretty(report)?)?;
     }
     Ok(())
 }
@@ -149,10 +184,41 @@ mod tests {
     fn the_groups_parse_their_flags_and_default_to_nothing() {
         let p = Probe::try_parse_from(["x"]).unwrap();
         assert_eq!((p.transport.max_mtu, p.transport.min_mtu), (None, None));
-        assert!(p.out.csv.is_none() && p.out.json.is_none() && p.out.plots.is_none());
+        assert!(p.out.files.csv.is_none() && p.out.files.json.is_none() && p.out.plots.is_none());
         let p = Probe::try_parse_from(["x", "--max-mtu", "8952", "--csv", "a.csv"]).unwrap();
         assert_eq!(p.transport.max_mtu, Some(8952));
-        assert_eq!(p.out.csv.as_deref(), Some(Path::new("a.csv")));
+        assert_eq!(p.out.files.csv.as_deref(), Some(Path::new("a.csv")));
         assert!(Probe::try_parse_from(["x", "--max-mtu", "70000"]).is_err());
+    }
+
+    #[test]
+    fn a_measured_series_keeps_its_json_keys_with_or_without_extras() {
+        #[derive(serde::Serialize)]
+        struct Extra {
+            hedge_skipped: Option<String>,
+        }
+        let plain = Measured {
+            args: 1u8,
+            load_before: None,
+            load_after: Some([1.0, 2.0, 3.0]),
+            extra: (),
+            rows: vec![7u8],
+        };
+        let v = serde_json::to_value(&plain).unwrap();
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["args", "load_before", "load_after", "rows"]);
+        assert_eq!(v["rows"][0], 7);
+        let with = Measured {
+            args: 1u8,
+            load_before: None,
+            load_after: None,
+            extra: Extra {
+                hedge_skipped: Some("not root".into()),
+            },
+            rows: Vec::<u8>::new(),
+        };
+        let v = serde_json::to_value(&with).unwrap();
+        assert_eq!(v["hedge_skipped"], "not root");
+        assert_eq!(v.as_object().unwrap().len(), 5);
     }
 }

@@ -194,17 +194,7 @@ pub struct FanoutRow {
 }
 
 /// Everything `ledger-bench fanout` measured.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct FanoutReport {
-    /// The arguments.
-    pub args: FanoutArgs,
-    /// The machine's load averages before and after.
-    pub load_before: Option<[f64; 3]>,
-    /// After.
-    pub load_after: Option<[f64; 3]>,
-    /// The rows.
-    pub rows: Vec<FanoutRow>,
-}
+pub type FanoutReport = crate::cluster::Measured<FanoutArgs, FanoutRow>;
 
 /// Fills in the marginal cost (slope between consecutive rows of a payload) and the spread
 /// against the single-subscriber row.
@@ -615,6 +605,7 @@ pub fn run(a: &FanoutArgs) -> anyhow::Result<FanoutReport> {
         args: a.clone(),
         load_before,
         load_after: crate::harness::load_average(),
+        extra: (),
         rows,
     })
 }

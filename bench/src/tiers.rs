@@ -111,12 +111,10 @@ pub struct TiersArgs {
     /// zstd-1 ratio of the compressed payload.
     #[arg(long, default_value_t = 7.6)]
     pub ratio: f64,
-    /// Write the rows as CSV.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Write the rows (with every delivery) as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--csv` and `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub files: crate::cluster::Files,
 }
 
 /// Delivery of one subscriber (or, in a tree, of the last subscriber to finish each ledger).
@@ -177,18 +175,31 @@ pub struct TierRow {
 }
 
 /// Everything `ledger-bench tiers` measured.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TiersReport {
-    /// The arguments.
-    pub args: TiersArgs,
-    /// The machine's load averages before and after.
-    pub load_before: Option<[f64; 3]>,
-    /// After.
-    pub load_after: Option<[f64; 3]>,
+pub type TiersReport = crate::cluster::Measured<TiersArgs, TierRow, Skipped>;
+
+/// What only `ledger-bench tiers` reports besides its rows.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Skipped {
     /// Why the parts on the emulated network (hedge, tier-zone) did not run, if they did not.
     pub hedge_skipped: Option<String>,
-    /// The rows.
-    pub rows: Vec<TierRow>,
+}
+
+impl crate::cluster::Report for TiersReport {
+    fn table(&self) -> String {
+        table(&self.rows)
+    }
+    fn targets(&self) -> String {
+        let mut out = report::compare(&self.rows);
+        if let Some(why) = &self.extra.hedge_skipped {
+            out.push_str(&format!(
+                "emulated-network parts (hedge, tier-zone) skipped: {why}\n"
+            ));
+        }
+        out
+    }
+    fn csv(&self) -> String {
+        csv(&self.rows)
+    }
 }
 
 /// Ledgers of a row: the subscribers take `first..=last`, `measured..=last` counted.
@@ -627,26 +638,14 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
         args: a.clone(),
         load_before,
         load_after: crate::harness::load_average(),
-        hedge_skipped,
+        extra: Skipped { hedge_skipped },
         rows,
     })
 }
 
 /// The whole command: runs, prints the table and the comparisons, writes `--csv` and `--json`.
 pub fn main(a: &TiersArgs) -> anyhow::Result<()> {
-    let report = run(a)?;
-    print!("{}", table(&report.rows));
-    print!("{}", report::compare(&report.rows));
-    if let Some(why) = &report.hedge_skipped {
-        println!("emulated-network parts (hedge, tier-zone) skipped: {why}");
-    }
-    if let Some(p) = &a.csv {
-        crate::report::write(p, &csv(&report.rows))?;
-    }
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
-    Ok(())
+    crate::cluster::emit_files(&run(a)?, &a.files)
 }
 
 #[cfg(test)]

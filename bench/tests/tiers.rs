@@ -71,7 +71,7 @@ fn tier_tree_and_hedge_rows_are_measured() {
         tree.root_cpu_ms.is_some() && tree.edge_cpu_ms.is_some(),
         "{tree:?}"
     );
-    match &report.hedge_skipped {
+    match &report.extra.hedge_skipped {
         Some(why) => eprintln!("hedge part skipped: {why}"),
         None => {
             let (a, b, h) = (
