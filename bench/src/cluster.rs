@@ -46,6 +46,25 @@ pub struct Output {
     pub plots: Option<PathBuf>,
 }
 
+/// Parses `--cadence` to milliseconds: a duration in the transport's grammar (`600ms`, `2s`),
+/// or a bare number of milliseconds (how the old `--cadence-ms`, kept as a hidden alias, was
+/// spelled, so recorded commands still run).
+pub fn cadence_ms(s: &str) -> Result<f64, String> {
+    let ms = match s.trim().parse::<f64>() {
+        Ok(ms) => ms,
+        Err(_) => {
+            ledger_relay_transport::parse_duration(s)
+                .map_err(|e| e.to_string())?
+                .as_secs_f64()
+                * 1e3
+        }
+    };
+    if !ms.is_finite() || ms <= 0.0 {
+        return Err(format!("the cadence must be positive, not {s}"));
+    }
+    Ok(ms)
+}
+
 /// What a subcommand measured, in every form it is given.
 pub trait Report: serde::Serialize {
     /// The table printed on stdout.
@@ -189,6 +208,16 @@ mod tests {
         assert_eq!(p.transport.max_mtu, Some(8952));
         assert_eq!(p.out.files.csv.as_deref(), Some(Path::new("a.csv")));
         assert!(Probe::try_parse_from(["x", "--max-mtu", "70000"]).is_err());
+    }
+
+    #[test]
+    fn the_cadence_takes_units_or_bare_milliseconds() {
+        assert_eq!(cadence_ms("600ms"), Ok(600.0));
+        assert_eq!(cadence_ms("2s"), Ok(2000.0));
+        assert_eq!(cadence_ms("12.5"), Ok(12.5));
+        assert!(cadence_ms("0").is_err());
+        assert!(cadence_ms("-3").is_err());
+        assert!(cadence_ms("fast").is_err());
     }
 
     #[test]

@@ -61,8 +61,9 @@ pub struct LakeArgs {
     /// Rounds of the three delivery runs [default: 2, quick 1].
     #[arg(long)]
     pub rounds: Option<u32>,
-    /// Time between ledgers, ms.
-    #[arg(long, default_value_t = 600.0)]
+    /// Time between ledgers.
+    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
+    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
     pub cadence_ms: f64,
     /// Ledger size in bytes.
     #[arg(long, default_value_t = 15_204_352)]

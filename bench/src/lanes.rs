@@ -73,8 +73,9 @@ pub struct LanesArgs {
     /// Per-flow cap, Mbit/s.
     #[arg(long, default_value_t = 100.0)]
     pub flow_mbit: f64,
-    /// Source cadence in live rows, ms (faster than the lanes carry, so they bind).
-    #[arg(long, default_value_t = 15.0)]
+    /// Source cadence in live rows (faster than the lanes carry, so they bind).
+    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
+    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "15ms")]
     pub cadence_ms: f64,
     /// Also run 4 lanes with lane 0 capped at half the others (per mode).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

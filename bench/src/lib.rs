@@ -177,8 +177,9 @@ pub struct Args {
     /// Ledgers left out at the start of each subscriber.
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
-    /// Time between ledgers, ms [default: 600, quick 250].
-    #[arg(long)]
+    /// Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old
+    /// `--cadence-ms` took) [default: 600ms, quick 250ms].
+    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms)]
     pub cadence_ms: Option<f64>,
     /// Emit window of the source, ms.
     #[arg(long, default_value_t = 8.0)]

@@ -70,8 +70,9 @@ pub struct LoadArgs {
     /// Relay codec.
     #[arg(long, default_value = "zstd")]
     pub codec: String,
-    /// Time between ledgers, ms.
-    #[arg(long, default_value_t = 250.0)]
+    /// Time between ledgers.
+    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
+    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "250ms")]
     pub cadence_ms: f64,
     /// Emit window, ms.
     #[arg(long, default_value_t = 8.0)]

@@ -52,8 +52,9 @@ pub struct SlowArgs {
     /// Ledgers left out at the start of each normal subscriber.
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
-    /// Time between ledgers, ms.
-    #[arg(long, default_value_t = 250.0)]
+    /// Time between ledgers.
+    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
+    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "250ms")]
     pub cadence_ms: f64,
     /// Emit window of the source, ms.
     #[arg(long, default_value_t = 8.0)]

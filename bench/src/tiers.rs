@@ -83,8 +83,9 @@ pub struct TiersArgs {
     /// Ledgers each subscriber takes before the measured ones.
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
-    /// Time between ledgers in the tier and hedge parts, ms.
-    #[arg(long, default_value_t = 600.0)]
+    /// Time between ledgers in the tier and hedge parts.
+    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
+    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
     pub cadence_ms: f64,
     /// Time between ledgers in the tree part, ms (every subscriber and edge runs on this
     /// machine too).
