@@ -93,3 +93,48 @@ fn the_old_cadence_ms_spelling_still_parses_as_the_cadence() {
     let top = Cli::try_parse_from(["ledger-bench", "--cadence-ms", "250"]).unwrap();
     assert_eq!(top.args.cadence_ms, Some(250.0));
 }
+
+/// The `ledger-bench` command lines recorded in bench/RESULTS.md: continuation lines joined,
+/// from `ledger-bench` up to a comment, `;`, `|` or the end of a code span; optional parts
+/// (`[--flag]`) taken as given; a shell variable left out, with the flag it is the value of.
+fn recorded_commands() -> Vec<Vec<String>> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/RESULTS.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let joined = text.replace("\\\n", " ");
+    let mut out = Vec::new();
+    for line in joined.lines() {
+        let Some(i) = line.find("target/release/ledger-bench") else {
+            continue;
+        };
+        let rest = &line[i + "target/release/ledger-bench".len()..];
+        let end = rest.find(['#', ';', '|', '`']).unwrap_or(rest.len());
+        let mut argv = vec!["ledger-bench".to_owned()];
+        for w in rest[..end].split_whitespace() {
+            let w = w.trim_matches(['[', ']']);
+            if w.contains('$') {
+                if argv
+                    .last()
+                    .is_some_and(|f| f.starts_with("--") && !f.contains('='))
+                {
+                    argv.pop();
+                }
+            } else if !w.is_empty() {
+                argv.push(w.to_owned());
+            }
+        }
+        out.push(argv);
+    }
+    out
+}
+
+#[test]
+fn every_command_recorded_in_results_still_parses() {
+    use clap::Parser;
+    let commands = recorded_commands();
+    assert!(commands.len() >= 40, "{} commands found", commands.len());
+    for argv in &commands {
+        if let Err(e) = Cli::try_parse_from(argv) {
+            panic!("{}: {e}", argv.join(" "));
+        }
+    }
+}
