@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
-use crate::harness::{spawn_subscriber, RelayProc, RelaySettings, SubSpec};
+use crate::harness::{spawn_subscriber_in, RelayProc, RelaySettings, SubSpec};
 
 /// QUIC packet sizes of every relay and subscriber of a run (`--max-mtu`, `--min-mtu`).
 #[derive(Debug, Clone, Copy, Default, clap::Args, serde::Serialize)]
@@ -163,6 +163,19 @@ impl Cluster {
         s: &RelaySettings,
         extra: &[String],
     ) -> anyhow::Result<RelayProc> {
+        self.relay_in(None, dir, s, &s.synthetic_source(), extra)
+    }
+
+    /// [`Cluster::relay`] on `source` (`relay:ADDR` for an edge), in network namespace `ns`
+    /// listening on its address (from [`crate::netem`]) when given.
+    pub fn relay_in(
+        &self,
+        ns: Option<(&str, &str)>,
+        dir: &Path,
+        s: &RelaySettings,
+        source: &str,
+        extra: &[String],
+    ) -> anyhow::Result<RelayProc> {
         std::fs::create_dir_all(dir)?;
         let t = self.transport;
         let (mtu, _) = crate::proc::mtu_args(dir, t.max_mtu, t.min_mtu)?;
@@ -172,17 +185,28 @@ impl Cluster {
             .collect();
         all.extend(self.relay_extra.iter().cloned());
         all.extend(extra.iter().cloned());
-        RelayProc::start_with(&self.relay_bin, &self.certs, dir, s, &all, &[])
+        let (bin, certs) = (&self.relay_bin, &self.certs);
+        RelayProc::start_in(ns, bin, certs, dir, s, source, &all, &[])
     }
 
     /// Starts `ledger-subscribe` for `spec` against `relay` with the transport settings
     /// (its [`SubSpec::extra`] flags come last).
     pub fn subscriber(&self, relay: SocketAddr, spec: &SubSpec) -> anyhow::Result<Child> {
+        self.subscriber_in(None, relay, spec)
+    }
+
+    /// [`Cluster::subscriber`] in network namespace `ns` when given.
+    pub fn subscriber_in(
+        &self,
+        ns: Option<&str>,
+        relay: SocketAddr,
+        spec: &SubSpec,
+    ) -> anyhow::Result<Child> {
         let mut spec = spec.clone();
         let mut extra = crate::proc::mtu_flags(self.transport.max_mtu, self.transport.min_mtu);
         extra.append(&mut spec.extra);
         spec.extra = extra;
-        spawn_subscriber(&self.sub_bin, relay, &self.certs, &spec)
+        spawn_subscriber_in(ns, &self.sub_bin, relay, &self.certs, &spec)
     }
 }
 

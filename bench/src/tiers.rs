@@ -30,12 +30,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::cluster::Cluster;
 use crate::fanout::Payload;
-use crate::harness::{
-    make_certs, read_stats_lenient, spawn_subscriber_in, RelayProc, RelaySettings,
-};
+use crate::harness::{make_certs, read_stats_lenient, RelayProc, RelaySettings};
 use crate::netem::{Netem, Shape};
-use crate::proc::{cpu_seconds, kill_all, sibling_binary};
+use crate::proc::{cpu_seconds, kill_all};
 use crate::stats::{quantile, Record};
 
 mod hedge;
@@ -262,27 +261,16 @@ fn span(a: &TiersArgs, cadence: f64, connect_s: f64) -> Span {
 
 /// A root relay with the synthetic source of `s`; a subscriber may ask for a ledger up to
 /// `start_wait` ahead of its newest.
-fn root(
-    bin: &Path,
-    certs: &Path,
-    dir: &Path,
-    s: &RelaySettings,
-    start_wait: &str,
-) -> anyhow::Result<RelayProc> {
-    root_in(None, bin, certs, dir, s, start_wait)
-}
-
-/// [`root`] in network namespace `ns` listening on its address, when given.
+/// In network namespace `ns` listening on its address, when given.
 fn root_in(
     ns: Option<(&str, &str)>,
-    bin: &Path,
-    certs: &Path,
+    c: &Cluster,
     dir: &Path,
     s: &RelaySettings,
     start_wait: &str,
 ) -> anyhow::Result<RelayProc> {
     let wait = ["--start-wait".to_owned(), start_wait.to_owned()];
-    RelayProc::start_in(ns, bin, certs, dir, s, &s.synthetic_source(), &wait, &[])
+    c.relay_in(ns, dir, s, &s.synthetic_source(), &wait)
 }
 
 /// An edge relay fed by `upstream` with client certificate `name`, passing ledgers on as their
@@ -291,8 +279,7 @@ fn root_in(
 #[allow(clippy::too_many_arguments)]
 fn edge_with(
     ns: Option<(&str, &str)>,
-    bin: &Path,
-    certs: &Path,
+    c: &Cluster,
     dir: &Path,
     s: &RelaySettings,
     upstream: &RelayProc,
@@ -316,7 +303,7 @@ fn edge_with(
         extra.push("--cut-through".into());
     }
     let source = format!("relay:{}", upstream.addr);
-    RelayProc::start_in(ns, bin, certs, dir, s, &source, &extra, &[])
+    c.relay_in(ns, dir, s, &source, &extra)
 }
 
 /// Subscriber `name` on `relay` for `span`, stats in `dir/name.csv`; in network namespace
@@ -324,9 +311,8 @@ fn edge_with(
 #[allow(clippy::too_many_arguments)]
 fn subscriber(
     ns: Option<&str>,
-    bin: &Path,
+    c: &Cluster,
     relay: &RelayProc,
-    certs: &Path,
     dir: &Path,
     name: &str,
     lanes: u8,
@@ -342,10 +328,7 @@ fn subscriber(
         consume_delay_ms: None,
         extra: Vec::new(),
     };
-    Ok((
-        spawn_subscriber_in(ns, bin, relay.addr, certs, &spec)?,
-        spec.stats,
-    ))
+    Ok((c.subscriber_in(ns, relay.addr, &spec)?, spec.stats))
 }
 
 /// Waits until every stats file holds ledger `seq`; fails after `limit`, or when a subscriber
@@ -454,11 +437,7 @@ fn cpu_of(relays: &[RelayProc]) -> anyhow::Result<f64> {
 
 /// One tree row: `edges` edge relays (0: every subscriber on the root).
 fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow::Result<TierRow> {
-    let (relay_bin, sub_bin) = (
-        sibling_binary("ledger-relay")?,
-        sibling_binary("ledger-subscribe")?,
-    );
-    let certs = work.join("certs");
+    let c = Cluster::local(&work.join("certs"), Default::default())?;
     let n = a.tree_subscribers;
     let name = if edges == 0 {
         format!("direct-{n}")
@@ -471,13 +450,12 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
     let s = settings(a, payload, cadence, sp.last);
     let mut p = Procs::default();
     p.relays
-        .push(root(&relay_bin, &certs, &dir.join("root"), &s, "300s")?);
+        .push(root_in(None, &c, &dir.join("root"), &s, "300s")?);
     for e in 0..edges {
         let cert = format!("sub-{}", n + e);
         let r = edge_with(
             None,
-            &relay_bin,
-            &certs,
+            &c,
             &dir.join(format!("edge-{e}")),
             &s,
             &p.relays[0],
@@ -496,9 +474,8 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
         };
         let (c, st) = subscriber(
             None,
-            &sub_bin,
+            &c,
             &p.relays[at],
-            &certs,
             &dir,
             &format!("sub-{i}"),
             a.lanes,

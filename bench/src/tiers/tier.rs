@@ -11,7 +11,6 @@ use super::{
 };
 use crate::fanout::Payload;
 use crate::netem::{Netem, RELAY_ADDR};
-use crate::proc::sibling_binary;
 
 /// The tier part for `payload`: rows `direct`, `edge` and `edge-ct`. On loopback, or with
 /// `zone` on the emulated network: the root in the relay namespace behind a link whose share
@@ -33,24 +32,14 @@ pub(super) fn tier(
     // The edges listen on the subscriber namespace's loopback: their subscribers are local to
     // them, as in a zone (and the relay certificate names 127.0.0.1).
     let edge_ns = sub_ns.as_deref().map(|n| (n, "127.0.0.1"));
-    let (relay_bin, sub_bin) = (
-        sibling_binary("ledger-relay")?,
-        sibling_binary("ledger-subscribe")?,
-    );
-    let certs = work.join("certs");
+    let c = crate::cluster::Cluster::local(&work.join("certs"), Default::default())?;
     let dir = work.join(format!("{part:?}-{payload:?}").to_lowercase());
     let sp = span(a, a.cadence_ms, 5.0);
     let s = settings(a, payload, a.cadence_ms, sp.last);
     let mut p = Procs::default();
     let root_ns = root_ns.as_ref().map(|(n, ip)| (n.as_str(), *ip));
-    p.relays.push(root_in(
-        root_ns,
-        &relay_bin,
-        &certs,
-        &dir.join("root"),
-        &s,
-        "120s",
-    )?);
+    p.relays
+        .push(root_in(root_ns, &c, &dir.join("root"), &s, "120s")?);
     if let Some((netem, bps)) = zone.as_mut() {
         netem.cap_source_port(p.relays[0].addr.port(), *bps)?;
     }
@@ -58,8 +47,7 @@ pub(super) fn tier(
     for (name, cert, cut_through) in [("edge", "sub-15", false), ("edge-ct", "sub-14", true)] {
         let e = edge_with(
             edge_ns,
-            &relay_bin,
-            &certs,
+            &c,
             &dir.join(name),
             &s,
             &p.relays[0],
@@ -74,9 +62,8 @@ pub(super) fn tier(
         let name = format!("sub-{i}");
         let (c, st) = subscriber(
             sub_ns.as_deref(),
-            &sub_bin,
+            &c,
             &p.relays[i],
-            &certs,
             &dir,
             &name,
             a.lanes,
