@@ -197,8 +197,7 @@ struct Slot {
 struct Ctx<'a> {
     a: &'a LoadArgs,
     dir: PathBuf,
-    certs: PathBuf,
-    sub_bin: PathBuf,
+    cluster: crate::cluster::Cluster,
     t0: Instant,
 }
 
@@ -251,7 +250,7 @@ fn start(
         consume_delay_ms: None,
         extra: Vec::new(),
     };
-    let child = harness::spawn_subscriber(&ctx.sub_bin, relay.addr, &ctx.certs, &spec)?;
+    let child = ctx.cluster.subscriber(relay.addr, &spec)?;
     slot.child = Some(child);
     slot.report.segments.push(Segment {
         from,
@@ -300,12 +299,10 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         .context("creating a temporary directory")?;
     let certs = tmp.path().join("certs");
     harness::make_certs(&certs, a.subscribers)?;
-    let relay_bin = crate::proc::sibling_binary("ledger-relay")?;
     let ctx = Ctx {
         a,
         dir: tmp.path().join("subs"),
-        certs,
-        sub_bin: crate::proc::sibling_binary("ledger-subscribe")?,
+        cluster: crate::cluster::Cluster::local(&certs, Default::default())?,
         t0: Instant::now(),
     };
     std::fs::create_dir_all(&ctx.dir)?;
@@ -316,7 +313,9 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         retention: s.retention,
         ..RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms)
     };
-    let mut relay = RelayProc::start(&relay_bin, &ctx.certs, &tmp.path().join("relay"), &settings)?;
+    let mut relay = ctx
+        .cluster
+        .relay(&tmp.path().join("relay"), &settings, &[])?;
     let total_s = s.preroll_s + s.duration_s + 30.0;
     let sampler = RssSampler::start(
         relay.pid,

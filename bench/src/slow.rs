@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::harness::{
-    self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler, SubSpec, Written,
+    self, mib, status_kib, RelaySettings, RssSample, RssSampler, SubSpec, Written,
 };
 use crate::stats::{quantile, summarize, Record, Summary};
 
@@ -146,9 +146,7 @@ impl SlowArgs {
 }
 
 struct Env {
-    relay_bin: PathBuf,
-    sub_bin: PathBuf,
-    certs: PathBuf,
+    cluster: crate::cluster::Cluster,
     tmp: PathBuf,
 }
 
@@ -165,7 +163,7 @@ fn idle_rss(env: &Env) -> anyhow::Result<u64> {
         chunk: 4096,
         retention: 100,
     };
-    let relay = RelayProc::start(&env.relay_bin, &env.certs, &env.tmp.join("idle"), &s)?;
+    let relay = env.cluster.relay(&env.tmp.join("idle"), &s, &[])?;
     std::thread::sleep(Duration::from_secs(2));
     let rss = status_kib(relay.pid, "VmRSS");
     relay.stop();
@@ -202,7 +200,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let (slow, wait_slow, retention) = (*slow, *wait_slow, *retention);
     let dir = env.tmp.join(format!("run-{name}"));
     let settings = a.relay(retention);
-    let relay = RelayProc::start(&env.relay_bin, &env.certs, &dir, &settings)?;
+    let relay = env.cluster.relay(&dir, &settings, &[])?;
     let t0 = Instant::now();
     let at_listen = status_kib(relay.pid, "VmRSS").unwrap_or(0);
     let normal_s = f64::from(a.ledgers) * a.cadence_ms / 1e3 + 60.0;
@@ -231,7 +229,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                 consume_delay_ms: is_slow.then(|| a.delay_ms()),
                 extra: Vec::new(),
             };
-            let child = harness::spawn_subscriber(&env.sub_bin, relay_ref.addr, &env.certs, &spec)?;
+            let child = env.cluster.subscriber(relay_ref.addr, &spec)?;
             subs.push(Sub {
                 child,
                 stats: spec.stats,
@@ -466,9 +464,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
     let certs = tmp.path().join("certs");
     harness::make_certs(&certs, usize::from(a.subscribers) + 1)?;
     let env = Env {
-        relay_bin: crate::proc::sibling_binary("ledger-relay")?,
-        sub_bin: crate::proc::sibling_binary("ledger-subscribe")?,
-        certs,
+        cluster: crate::cluster::Cluster::local(&certs, Default::default())?,
         tmp: tmp.path().to_path_buf(),
     };
     let idle = idle_rss(&env)?;
