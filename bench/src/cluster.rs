@@ -141,6 +141,8 @@ pub struct Cluster {
     pub transport: Transport,
     /// More flags for every relay.
     pub relay_extra: Vec<String>,
+    /// Environment of every relay (a data lake's credentials).
+    pub relay_env: Vec<(&'static str, String)>,
 }
 
 impl Cluster {
@@ -152,6 +154,7 @@ impl Cluster {
             certs: certs.to_owned(),
             transport,
             relay_extra: Vec::new(),
+            relay_env: Vec::new(),
         })
     }
 
@@ -186,7 +189,7 @@ impl Cluster {
         all.extend(self.relay_extra.iter().cloned());
         all.extend(extra.iter().cloned());
         let (bin, certs) = (&self.relay_bin, &self.certs);
-        RelayProc::start_in(ns, bin, certs, dir, s, source, &all, &[])
+        RelayProc::start_in(ns, bin, certs, dir, s, source, &all, &self.relay_env)
     }
 
     /// Starts `ledger-subscribe` for `spec` against `relay` with the transport settings

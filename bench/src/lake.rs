@@ -43,7 +43,7 @@ use ledger_relay_lake::{
 use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::header::peek_header;
 
-use crate::harness::{make_certs, spawn_subscriber, RelayProc, RelaySettings, SubSpec};
+use crate::harness::{make_certs, RelaySettings, SubSpec};
 use crate::stats::{read_csv, summarize, Summary};
 
 /// `ledger-bench lake` arguments.
@@ -151,10 +151,10 @@ pub struct LakeReport {
 }
 
 fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<DeliveryRun>> {
-    let relay_bin = crate::proc::sibling_binary("ledger-relay")?;
-    let sub_bin = crate::proc::sibling_binary("ledger-subscribe")?;
     let certs = work.join("certs");
     make_certs(&certs, 1)?;
+    let mut cluster = crate::cluster::Cluster::local(&certs, Default::default())?;
+    cluster.relay_env = server.env();
     let ledgers = a.ledgers.unwrap_or(if a.quick { 20 } else { 60 });
     if ledgers <= a.warmup {
         bail!("--ledgers must exceed --warmup");
@@ -189,13 +189,10 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
                 }
                 _ => {}
             }
-            let env = server.env();
-            let relay = RelayProc::start_with(&relay_bin, &certs, &dir, &settings, &extra, &env)?;
+            let relay = cluster.relay(&dir, &settings, &extra)?;
             let stats = dir.join("sub.csv");
-            let mut sub = spawn_subscriber(
-                &sub_bin,
+            let mut sub = cluster.subscriber(
                 relay.addr,
-                &certs,
                 &SubSpec {
                     name: "sub-0".into(),
                     from: "tip".into(),

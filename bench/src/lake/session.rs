@@ -19,9 +19,7 @@ use ledger_relay_lake::testing::S3Server;
 use ledger_relay_lake::LakeUrl;
 
 use super::{read_run, ReadRun};
-use crate::harness::{
-    http_get, mib, spawn_subscriber, RelayProc, RelaySettings, RssSampler, SubSpec,
-};
+use crate::harness::{http_get, mib, RelaySettings, RssSampler, SubSpec};
 use crate::stats::read_csv;
 
 /// Ledgers the relay reads beyond the lake, and the ring of a backfill run.
@@ -78,8 +76,6 @@ pub fn run(
     set: &SessionSet<'_>,
     depth: Option<usize>,
 ) -> anyhow::Result<SessionRun> {
-    let relay_bin = crate::proc::sibling_binary("ledger-relay")?;
-    let sub_bin = crate::proc::sibling_binary("ledger-subscribe")?;
     let tag = depth.map_or("ring".to_string(), |d| format!("lake-{d}"));
     let dir = work.join(format!("session-{}-{tag}", set.first));
     let certs = work.join("certs");
@@ -108,17 +104,9 @@ pub fn run(
             d.to_string(),
         ]);
     }
-    let env = server.env();
-    let mut relay = RelayProc::start_in(
-        None,
-        &relay_bin,
-        &certs,
-        &dir,
-        &settings,
-        &set.source,
-        &extra,
-        &env,
-    )?;
+    let mut cluster = crate::cluster::Cluster::local(&certs, Default::default())?;
+    cluster.relay_env = server.env();
+    let mut relay = cluster.relay_in(None, &dir, &settings, &set.source, &extra)?;
     let last = set.first + total - 1;
     let t = Instant::now();
     loop {
@@ -135,10 +123,8 @@ pub fn run(
     let stats = dir.join("sub.csv");
     let t0 = Instant::now();
     let rss = RssSampler::start(relay.pid, Duration::from_millis(20), t0, 100_000);
-    let mut sub = spawn_subscriber(
-        &sub_bin,
+    let mut sub = cluster.subscriber(
         relay.addr,
-        &certs,
         &SubSpec {
             name: "sub-0".into(),
             from: set.first.to_string(),
