@@ -23,7 +23,8 @@ mod lane_stats;
 use lane_stats::LaneStatsWriter;
 pub use lane_stats::DEFAULT_LANE_STATS_INTERVAL;
 
-/// Command-line arguments of `ledger-subscribe` (see CONTRACT.md).
+/// Command-line arguments of `ledger-subscribe` (see `docs/operations.md`, "The command
+/// contract").
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "ledger-subscribe",
@@ -327,7 +328,7 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// The process exit code (CONTRACT.md): 3 for an authorization failure, 4 for a start below
+    /// The process exit code (`docs/operations.md`, "The command contract"): 3 for an authorization failure, 4 for a start below
     /// retention, 2 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
