@@ -20,6 +20,7 @@ use ledger_relay_cli::{LogFormat, Shell};
 use ledger_relay_transport::parse_duration;
 
 mod lane_stats;
+mod sessions;
 use lane_stats::LaneStatsWriter;
 pub use lane_stats::DEFAULT_LANE_STATS_INTERVAL;
 
@@ -147,6 +148,15 @@ pub struct Args {
     /// No status line and no summaries (warnings and errors are still logged).
     #[arg(long)]
     pub quiet: bool,
+    /// Bench mode: hold N independent subscriptions in this one process, each its own session
+    /// and lanes, every ledger verified as without it and then counted, not written (so no
+    /// --out; --stats FILE writes FILE.0 to FILE.N-1, one per session; --count applies to each;
+    /// no status line). For measuring what each subscriber costs a relay with few processes; a
+    /// relay admits at most its --max-sessions-per-identity of one name
+    #[arg(long, value_name = "N", default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=1024),
+        conflicts_with_all = ["out", "hedge", "lane_stats", "lane_ports"])]
+    pub sessions: u16,
     /// Log format on stderr: text (human-readable) or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -212,6 +222,8 @@ pub struct CliConfig {
     pub log_format: LogFormat,
     /// Pause after writing each ledger (`--consume-delay`; zero: none).
     pub consume_delay: Duration,
+    /// Subscriptions held at once (`--sessions`, a bench mode; 1: the normal run).
+    pub sessions: u16,
 }
 
 impl Args {
@@ -293,6 +305,7 @@ impl Args {
             status_interval,
             log_format: self.log_format,
             consume_delay: self.consume_delay.unwrap_or(Duration::ZERO),
+            sessions: self.sessions,
         })
     }
 }
@@ -352,8 +365,20 @@ pub struct RunSummary {
 }
 
 /// Subscribes and writes ledgers until `count` ledgers are written, `shutdown` completes, or
-/// a terminal error. Prints a status line on stderr every `status_interval`.
+/// a terminal error. Prints a status line on stderr every `status_interval`. With
+/// `sessions` above 1, runs that many subscriptions at once (`--sessions`, a bench mode).
 pub async fn run(
+    config: CliConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<RunSummary, RunError> {
+    if config.sessions > 1 {
+        return sessions::run(config, shutdown).await;
+    }
+    run_one(config, shutdown).await
+}
+
+/// [`run`] of one subscription.
+async fn run_one(
     config: CliConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RunSummary, RunError> {
