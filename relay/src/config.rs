@@ -22,7 +22,7 @@ use crate::server::ServerConfig;
 use crate::session::SessionConfig;
 use crate::source::{SourceOptions, SourceSpec};
 
-/// Flags of `ledger-relay run` (CONTRACT.md), all optional here so a config file can supply
+/// Flags of `ledger-relay run` (`docs/operations.md`, "The command contract"), all optional here so a config file can supply
 /// them.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct RunArgs {

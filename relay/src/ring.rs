@@ -292,9 +292,11 @@ fn after_gap(newest: u32, seq: u32) -> bool {
     newest.checked_add(1).is_some_and(|next| seq > next)
 }
 
-/// The first bytes of a hash in hex, for messages.
+/// The first 8 bytes of a hash in hex, for messages.
 fn hex8(h: &[u8; 32]) -> String {
-    h[..8].iter().map(|b| format!("{b:02x}")).collect()
+    let mut s = ledger_relay_wire::Hex(h).to_string();
+    s.truncate(16);
+    s
 }
 
 /// A held ledger, as the writer needs it for pruning and accounting.

@@ -1,4 +1,4 @@
-//! Lane loss against the real relay (DESIGN.md: "a lane that dies mid-ledger costs nothing but
+//! Lane loss against the real relay (`docs/architecture.md`, "Lanes": "a lane that dies mid-ledger costs nothing but
 //! time"): a raw 4-lane session reassembles the 320 testnet ledgers with the wire crate's
 //! reassembler while one lane's connection is closed in the middle of the stream; every ledger
 //! still arrives, in order and byte-identical, and the lane then rejoins.

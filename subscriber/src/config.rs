@@ -187,8 +187,7 @@ pub struct Anchor {
 
 impl fmt::Display for Anchor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:", self.seq)?;
-        self.hash.iter().try_for_each(|b| write!(f, "{b:02x}"))
+        write!(f, "{}:{}", self.seq, ledger_relay_wire::Hex(&self.hash))
     }
 }
 

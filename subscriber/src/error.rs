@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use ledger_relay_wire::content::ContentError;
 use ledger_relay_wire::frame::{ErrorCode, ErrorFrame};
 use ledger_relay_wire::header::{ChainError, HeaderError};
-use ledger_relay_wire::AssemblyError;
+use ledger_relay_wire::{AssemblyError, Hex};
 
 use ledger_relay_transport::{FrameIoError, TlsConfigError};
 
@@ -62,15 +62,6 @@ impl std::fmt::Display for AuthReason {
             AuthReason::RelayCertificate => f.write_str("the relay's certificate is not trusted"),
             AuthReason::RelayRevoked => f.write_str("the relay's certificate is revoked"),
         }
-    }
-}
-
-/// Lowercase hex of a hash, for messages.
-struct Hex<'a>(&'a [u8; 32]);
-
-impl std::fmt::Display for Hex<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
 }
 

@@ -43,6 +43,9 @@ use lanes::{read_control, read_data, run_lane};
 mod peer;
 use peer::{open, Peer};
 
+mod close;
+use close::{close_code, verdict, Cause};
+
 /// Data streams read but not yet taken by the session loop, across all lanes. Each holds at
 /// most one chunk (256 KiB by default), so this bounds what sits between QUIC's buffers and
 /// the reassembler (64 MiB at the default chunk size); when the loop pauses, readers stop
@@ -295,19 +298,14 @@ impl Exit {
     fn stopped() -> Box<Exit> {
         Box::new(Exit {
             end: End::Stopped,
-            tell: None,
+            tell: verdict(Cause::Stopped),
         })
     }
 
     /// A protocol violation by the relay is told to it; other failures are the relay's own
-    /// doing (it closed, it sent an `Error`) or the network's.
+    /// doing (it closed, it sent an `Error`) or the network's ([`close::verdict`]).
     fn failure(f: Failure) -> Box<Exit> {
-        let tell = match &f {
-            Failure::Transient(Transient::Protocol { detail, .. }) => {
-                Some((ErrorCode::ProtocolViolation, detail.clone()))
-            }
-            _ => None,
-        };
+        let tell = verdict(Cause::Failure(&f));
         Box::new(Exit {
             end: f.into(),
             tell,
@@ -316,10 +314,10 @@ impl Exit {
 
     /// A terminal integrity failure: the relay sent data that does not check out.
     fn integrity(e: SubscribeError) -> Box<Exit> {
-        let message = ErrorChain(&e).to_string();
+        let tell = verdict(Cause::Integrity(&e));
         Box::new(Exit {
             end: End::Fatal(e),
-            tell: Some((ErrorCode::ProtocolViolation, message)),
+            tell,
         })
     }
 }
@@ -329,14 +327,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// Wall clock, ns since the Unix epoch (0 if the clock is before it).
-fn wall_clock_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 impl Session<'_> {
@@ -468,7 +458,7 @@ impl Session<'_> {
             previous_hash: info.previous_hash,
             relay_first_byte_ns: a.end.first_byte_ns,
             relay_last_byte_ns: a.end.last_byte_ns,
-            received_ns: wall_clock_ns(),
+            received_ns: transport::now_ns(),
             wire_bytes: self.wire_bytes.remove(&a.seq).unwrap_or(a.wire_bytes),
             relay: self.peer.addr,
         })
@@ -652,7 +642,8 @@ impl Session<'_> {
     /// out, then hands the consumer the ledgers verified before the end.
     async fn finish(mut self, exit: Box<Exit>) -> Outcome {
         let limits = &self.peer.shared.config.limits;
-        let (code, reason) = match &exit.tell {
+        let code = close_code(exit.tell.as_ref());
+        let reason = match &exit.tell {
             Some((code, message)) => {
                 let message =
                     ledger_relay_wire::frame::truncate_utf8(message, limits.max_message_len.into())
@@ -672,13 +663,13 @@ impl Session<'_> {
                     )
                     .await;
                 }
-                (code.close_code(), error.message)
+                error.message
             }
-            None => (0, "session ended".to_owned()),
+            None => "session ended".to_owned(),
         };
         let reason = ledger_relay_wire::frame::truncate_utf8(&reason, 200);
         for lane in self.lanes.iter().flatten() {
-            lane.conn.close(VarInt::from_u32(code), reason.as_bytes());
+            lane.conn.close(code, reason.as_bytes());
         }
         self.tasks.abort_all();
         let endpoints: Vec<quinn::Endpoint> = self

@@ -282,7 +282,7 @@ async fn run_binary(args: &[&str]) -> (i32, Vec<u8>, String) {
 }
 
 fn hex(hash: &[u8; 32]) -> String {
-    hash.iter().map(|b| format!("{b:02x}")).collect()
+    ledger_relay_wire::Hex(hash).to_string()
 }
 
 #[tokio::test]

@@ -7,4 +7,5 @@ mod cli;
 mod consume_delay;
 mod content;
 mod session;
+mod sessions;
 mod verify;

@@ -10,7 +10,8 @@
 //!   protocol's ALPN);
 //! - [`frames`]: frame IO on QUIC streams, bounded by the protocol's limits, and the closing
 //!   handshake of `docs/protocol.md` section 2;
-//! - [`units`]: the one grammar of durations and sizes the CLIs and config files accept.
+//! - [`units`]: the one grammar of durations and sizes the CLIs and config files accept;
+//! - [`now_ns`]: the wall clock both ends stamp and time ledgers with.
 //!
 //! What it does not do: decide anything about sessions, lanes or ledgers (that is the sans-IO
 //! `ledger-relay-wire`), authorize clients (the relay's CA, allow-list and CRL live in
@@ -35,3 +36,26 @@ pub use tls::{
     client_config, client_tls, crypto_provider, server_config, server_tls, TlsConfigError,
 };
 pub use units::{parse_duration, parse_size, UnitError};
+
+/// Time in ns since the Unix epoch (wall clock), as carried in `LedgerEnd`'s first/last byte
+/// stamps and used for every delivery time the relay, the subscriber and the bench report.
+///
+/// The wall clock, not a monotonic one, so that the relay's stamps and a subscriber's arrival
+/// times on the same machine (or on NTP-synced machines) can be subtracted. A clock set before
+/// 1970 reads as 0; one past the year 2554 saturates.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn now_ns_is_wall_clock() {
+        let a = super::now_ns();
+        // After 2020-01-01 and before 2200.
+        assert!(a > 1_577_836_800_000_000_000 && a < 7_258_118_400_000_000_000);
+        assert!(super::now_ns() >= a);
+    }
+}

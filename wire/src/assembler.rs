@@ -9,7 +9,7 @@
 //!   [`Reassembler::poll_missing`] (chunks to ask for again after a stall) and
 //!   [`Reassembler::poll_timeout`] (when to call `handle_timeout` next).
 //!
-//! Checks, in the order of DESIGN.md's layers: every chunk's index, offset and length are
+//! Checks, in the order of the integrity layers (`docs/architecture.md`): every chunk's index, offset and length are
 //! bounded, and its payload decompresses to exactly its declared raw length (layer 1); a ledger
 //! is complete when its end record and all its chunks are present, and it is delivered only if
 //! the chunks tile its raw length and its checksum matches (layer 2); ledgers come out in

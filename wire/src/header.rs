@@ -350,8 +350,19 @@ fn parse(lcm: &[u8]) -> Result<LedgerHeaderInfo, Stop> {
     })
 }
 
-/// Formats a hash as lowercase hex.
-pub(crate) struct Hex<'a>(pub(crate) &'a [u8; 32]);
+/// Formats a 32-byte hash (a header, transaction-set or result hash) as 64 lowercase hex
+/// digits: the one formatter every crate of the workspace uses for hashes in messages, logs,
+/// lake keys and `--anchor` values.
+///
+/// ```
+/// use ledger_relay_wire::Hex;
+/// let mut h = [0u8; 32];
+/// h[0] = 0xab;
+/// assert!(Hex(&h).to_string().starts_with("ab00"));
+/// assert_eq!(Hex(&h).to_string().len(), 64);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Hex<'a>(pub &'a [u8; 32]);
 
 impl std::fmt::Display for Hex<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -436,8 +447,9 @@ impl From<&LedgerEnd> for ChainLink {
     }
 }
 
-/// Layer 4 of DESIGN.md's integrity checks: sequence is previous+1 (or the requested start),
-/// previousLedgerHash == previous ledger's hash.
+/// Layer 4 of the integrity checks (`docs/architecture.md`, "Integrity in five layers"):
+/// sequence is previous+1 (or the requested start), previousLedgerHash == previous ledger's
+/// hash.
 ///
 /// Feed it [`LedgerHeaderInfo`]s from [`peek_header`], whose hashes are already checked
 /// against the headers. It is strict: a repeated ledger is an error, so deduplicate (core may

@@ -66,6 +66,7 @@ pub use chunker::{Chunker, LedgerSummary, RawChunk};
 pub use compress::Codec;
 pub use error::{AssemblyError, CodecError, FrameError};
 pub use frame::Frame;
+pub use header::Hex;
 pub use limits::Limits;
 pub use sender::{CloseReason, CompleteLedger, Sender, SenderConfig};
 

@@ -382,10 +382,7 @@ fn every_file_matches_its_size_and_digest_in_sources() {
     for (name, (bytes, sha)) in &listed {
         let data = std::fs::read(path(name)).unwrap();
         assert_eq!(data.len() as u64, *bytes, "{name}: size");
-        let got: String = Sha256::digest(&data)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let got = ledger_relay_wire::Hex(&Sha256::digest(&data).into()).to_string();
         assert_eq!(&got, sha, "{name}: sha256");
     }
 }

@@ -1,4 +1,4 @@
-//! The `ledger-relay` binary's contract (CONTRACT.md): `--help` exits 0, bad arguments exit 2
+//! The `ledger-relay` binary's contract (`docs/operations.md`, "The command contract"): `--help` exits 0, bad arguments exit 2
 //! with a one-line reason (the delivery-mode flags among them); and the metrics endpoint of a
 //! running relay.
 

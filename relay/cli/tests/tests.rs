@@ -9,6 +9,7 @@ macro_rules! testdata {
     };
 }
 
+mod architecture;
 mod backfill;
 mod cli;
 mod flood;

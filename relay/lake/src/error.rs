@@ -215,7 +215,7 @@ impl LakeError {
         prev_hash: &[u8; 32],
         next: &ChainLink,
     ) -> LakeError {
-        let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let hex = |h: &[u8; 32]| ledger_relay_wire::Hex(h).to_string();
         LakeError::BrokenChain {
             key,
             seq: next.seq,

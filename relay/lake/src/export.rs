@@ -44,7 +44,7 @@ pub struct BatchAssembler {
 }
 
 fn hex(h: &[u8; 32]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
+    ledger_relay_wire::Hex(h).to_string()
 }
 
 impl BatchAssembler {

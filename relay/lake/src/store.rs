@@ -71,7 +71,7 @@ pub struct Lake {
 }
 
 fn hex(h: &[u8; 32]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
+    ledger_relay_wire::Hex(h).to_string()
 }
 
 impl Lake {

@@ -33,7 +33,7 @@ pub(super) enum SourceRefused {
 }
 
 pub(super) fn hex(h: &[u8; 32]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
+    ledger_relay_wire::Hex(h).to_string()
 }
 
 pub(super) enum Ledger {

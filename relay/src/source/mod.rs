@@ -31,7 +31,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ledger_relay_wire::record::DEFAULT_MAX_RECORD_LEN;
@@ -52,17 +52,8 @@ pub use synthetic::{synthetic_ledgers, SyntheticLedgers, SyntheticSpec};
 /// else [`AHEAD`] kept ready, over [`POOL`] filler bodies.
 pub use synthetic::{AHEAD, POOL, UPFRONT_BYTES};
 
-/// Time in ns since the Unix epoch (wall clock), as carried in `LedgerEnd`'s first/last byte
-/// stamps.
-///
-/// The wall clock, not a monotonic one, so that the relay's stamps and a subscriber's arrival
-/// times on the same machine (or on NTP-synced machines) can be subtracted. A clock set before
-/// 1970 reads as 0.
-pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
+/// The wall clock in ns that `LedgerEnd`'s stamps carry (defined once, in the transport crate).
+pub use ledger_relay_transport::now_ns;
 
 /// Where the relay's ledgers come from: the `SOURCE` argument of `ledger-relay run`.
 ///
@@ -766,13 +757,5 @@ mod tests {
                 assert!(sizes.len() == 1 || size >= 64 << 10, "{len}: {size}");
             }
         }
-    }
-
-    #[test]
-    fn now_ns_is_wall_clock() {
-        let a = now_ns();
-        // After 2020-01-01 and before 2200.
-        assert!(a > 1_577_836_800_000_000_000 && a < 7_258_118_400_000_000_000);
-        assert!(now_ns() >= a);
     }
 }

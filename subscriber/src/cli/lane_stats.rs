@@ -43,10 +43,7 @@ impl LaneStatsWriter {
                     Err(RecvTimeoutError::Timeout) => false,
                     Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
                 };
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64() * 1e3)
-                    .unwrap_or(0.0);
+                let now = ledger_relay_transport::now_ns() as f64 / 1e6;
                 let rows: String = monitor.snapshot().iter().map(|l| l.csv_row(now)).collect();
                 w.write_all(rows.as_bytes())
                     .and_then(|()| w.flush())

@@ -171,13 +171,7 @@ pub(super) async fn run_lane(
                     f = read_data(&peer, lane, &conn.conn, &data_tx, &permits, &limits) => f,
                     f = lane_control(&peer, &mut reader) => f,
                 };
-                let code = match &failure {
-                    Failure::Transient(Transient::Protocol { .. }) => {
-                        ErrorCode::ProtocolViolation.close_code()
-                    }
-                    _ => 0,
-                };
-                conn.conn.close(VarInt::from_u32(code), b"lane closed");
+                super::close::close_for(&conn.conn, &failure, b"lane closed");
                 (true, failure)
             }
             Err(failure) => (false, failure),
@@ -224,7 +218,7 @@ pub(super) async fn join_lane(
     match joined {
         Ok(io) => Ok((conn, io)),
         Err(failure) => {
-            conn.conn.close(VarInt::from_u32(0), b"lane not joined");
+            super::close::close_for(&conn.conn, &failure, b"lane not joined");
             Err(failure)
         }
     }

@@ -171,15 +171,7 @@ pub(super) async fn open(
     match result {
         Ok((io, accept)) => Ok((peer, lane0, io, accept)),
         Err(failure) => {
-            let code = match &failure {
-                Failure::Transient(Transient::Protocol { .. }) => {
-                    ErrorCode::ProtocolViolation.close_code()
-                }
-                _ => 0,
-            };
-            lane0
-                .conn
-                .close(VarInt::from_u32(code), b"session not opened");
+            super::close::close_for(&lane0.conn, &failure, b"session not opened");
             Err(failure)
         }
     }

@@ -155,12 +155,7 @@ fn prepare(plan: &Plan) -> Vec<Prepared> {
         .collect()
 }
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
+use ledger_relay_transport::now_ns;
 
 /// A running fake relay; dropped, it stops.
 pub struct FakeRelay {
