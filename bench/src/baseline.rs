@@ -14,19 +14,14 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use crate::stats::{Record, CSV_HEADER};
 
-/// Wall clock in ns since the epoch (the relay and subscriber use the same clock).
-pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
+/// Wall clock in ns since the epoch: the clock the relay and subscriber stamp ledgers with.
+pub use ledger_relay_transport::now_ns;
 
 /// Pacing of a baseline source.
 #[derive(Debug, Clone, Copy, clap::Args)]

@@ -105,6 +105,11 @@ pub struct FanoutArgs {
     /// Seconds of the idle phase (CPU of idle sessions).
     #[arg(long, default_value_t = 3.0)]
     pub idle_s: f64,
+    /// Subscriptions per `ledger-subscribe` process (`--sessions K`: each verified, written
+    /// nowhere), so that many subscribers cost the shared cores less than one process each;
+    /// the relay's per-identity caps are raised to match.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub sessions_per_process: u16,
     /// More flags for every relay (an A/B of relay settings), e.g. `--relay-arg=--config=a.toml`.
     #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub relay_args: Vec<String>,
@@ -302,15 +307,18 @@ fn spawn_all(
     dir: &Path,
     tag: &str,
     n: u16,
+    per_process: u16,
     lanes: u8,
     from: u32,
     count: Option<u32>,
 ) -> anyhow::Result<(Vec<Child>, Vec<PathBuf>)> {
     let mut children = Vec::new();
     let mut stats = Vec::new();
-    for i in 0..n {
+    let per_process = per_process.max(1);
+    for i in 0..n.div_ceil(per_process) {
         let spec = SubSpec {
             name: format!("sub-{i}"),
+            sessions: per_process.min(n - i * per_process),
             from: from.to_string(),
             count,
             lanes,
@@ -326,9 +334,29 @@ fn spawn_all(
                 return Err(e);
             }
         }
-        stats.push(spec.stats);
+        stats.extend(spec.stats_files());
     }
     Ok((children, stats))
+}
+
+/// The relay's caps raised for `n` sessions of `lanes` lanes from one address, `per_process`
+/// of them under one certificate (the relay's defaults allow 64 sessions per identity and 256
+/// connections per address); never below the defaults.
+fn caps_for(n: u16, per_process: u16, lanes: u8) -> Vec<String> {
+    let connections = (usize::from(n) * usize::from(lanes) + 16).max(256);
+    let per_identity = usize::from(per_process);
+    [
+        ("--max-sessions", usize::from(n).max(256)),
+        ("--max-connections-per-address", connections),
+        (
+            "--max-connections-per-identity",
+            (per_identity * usize::from(lanes) + 16).max(256),
+        ),
+        ("--max-sessions-per-identity", per_identity.max(64)),
+    ]
+    .into_iter()
+    .flat_map(|(flag, v)| [flag.to_owned(), v.to_string()])
+    .collect()
 }
 
 /// Runs one row; the relay and subscribers are stopped whatever happens.
@@ -362,7 +390,8 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
         retention: 40,
     };
     let mut cluster = Cluster::local(&certs, a.transport)?;
-    cluster.relay_extra = a.relay_args.clone();
+    cluster.relay_extra = caps_for(n, a.sessions_per_process, a.lanes);
+    cluster.relay_extra.extend(a.relay_args.iter().cloned());
     let extra = ["--start-wait".to_owned(), "300s".to_owned()];
     let mut relay = cluster.relay(&dir, &settings, &extra)?;
     let mut children = Vec::new();
@@ -423,6 +452,7 @@ fn measure(
         dir,
         "sub",
         n,
+        a.sessions_per_process,
         a.lanes,
         first,
         Some(last - first + 1),
@@ -533,7 +563,17 @@ fn idle(
     let pid = relay.pid;
     std::thread::sleep(Duration::from_millis(500));
     let before = status_kib(pid, "VmRSS").context("relay RSS")?;
-    let (kids, stats) = spawn_all(cluster, relay, dir, "idle", n, a.lanes, last, None)?;
+    let (kids, stats) = spawn_all(
+        cluster,
+        relay,
+        dir,
+        "idle",
+        n,
+        a.sessions_per_process,
+        a.lanes,
+        last,
+        None,
+    )?;
     children.extend(kids);
     let limit = Duration::from_secs(60) + Duration::from_secs_f64(f64::from(n) * 0.5);
     wait_for(relay, limit, "idle subscribers", |_| all_have(&stats, last))?;

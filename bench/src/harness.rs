@@ -443,8 +443,28 @@ pub struct SubSpec {
     pub log: PathBuf,
     /// `--consume-delay`, ms.
     pub consume_delay_ms: Option<f64>,
+    /// `--sessions`: subscriptions this process holds, each verified and written nowhere, its
+    /// stats in `STATS.k` (see [`SubSpec::stats_files`]); 1 is one subscription written to
+    /// /dev/null with its stats in `stats`.
+    pub sessions: u16,
     /// More flags for this subscriber, after the others.
     pub extra: Vec<String>,
+}
+
+impl SubSpec {
+    /// The stats file of each subscription of this process, in session order.
+    pub fn stats_files(&self) -> Vec<PathBuf> {
+        if self.sessions <= 1 {
+            return vec![self.stats.clone()];
+        }
+        (0..self.sessions)
+            .map(|k| {
+                let mut name = self.stats.as_os_str().to_owned();
+                name.push(format!(".{k}"));
+                PathBuf::from(name)
+            })
+            .collect()
+    }
 }
 
 /// Starts `ledger-subscribe` against `relay` writing ledgers to /dev/null (verified all the
@@ -473,9 +493,14 @@ pub fn spawn_subscriber_in(
     cmd.args(["--relay", &relay.to_string(), "--certs"])
         .arg(certs)
         .args(["--name", &spec.name, "--from", &spec.from])
-        .args(["--lanes", &spec.lanes.to_string(), "--out", "/dev/null"])
+        .args(["--lanes", &spec.lanes.to_string()])
         .arg("--stats")
         .arg(&spec.stats);
+    if spec.sessions > 1 {
+        cmd.args(["--sessions", &spec.sessions.to_string()]);
+    } else {
+        cmd.args(["--out", "/dev/null"]);
+    }
     if let Some(n) = spec.count {
         cmd.args(["--count", &n.to_string()]);
     }

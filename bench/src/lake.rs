@@ -201,6 +201,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
                     stats: stats.clone(),
                     log: dir.join("sub.log"),
                     consume_delay_ms: None,
+                    sessions: 1,
                     extra: Vec::new(),
                 },
             )?;

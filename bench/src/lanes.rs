@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
@@ -222,10 +222,7 @@ pub fn imbalance(lanes: &[LaneStat]) -> f64 {
 }
 
 fn unix_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .unwrap_or(0.0)
+    ledger_relay_transport::now_ns() as f64 / 1e6
 }
 
 struct Bins {

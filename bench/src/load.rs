@@ -248,6 +248,7 @@ fn start(
         stats: ctx.dir.join(format!("{}-{k}.csv", slot.report.name)),
         log: ctx.dir.join(format!("{}-{k}.log", slot.report.name)),
         consume_delay_ms: None,
+        sessions: 1,
         extra: Vec::new(),
     };
     let child = ctx.cluster.subscriber(relay.addr, &spec)?;

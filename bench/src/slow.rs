@@ -227,6 +227,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                 stats: dir.join(format!("stats-{i}.csv")),
                 log: dir.join(format!("sub-{i}.log")),
                 consume_delay_ms: is_slow.then(|| a.delay_ms()),
+                sessions: 1,
                 extra: Vec::new(),
             };
             let child = env.cluster.subscriber(relay_ref.addr, &spec)?;

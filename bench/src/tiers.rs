@@ -326,6 +326,7 @@ fn subscriber(
         stats: dir.join(format!("{name}.csv")),
         log: dir.join(format!("{name}.log")),
         consume_delay_ms: None,
+        sessions: 1,
         extra: Vec::new(),
     };
     Ok((c.subscriber_in(ns, relay.addr, &spec)?, spec.stats))

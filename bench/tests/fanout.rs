@@ -1,5 +1,6 @@
 //! The fan-out series end to end in a tiny configuration against the real binaries: one and
-//! two subscribers of small compressed ledgers, every row real (relay CPU measured, every
+//! three subscribers of small compressed ledgers (two sessions per subscriber process, so the
+//! three are one process of two sessions and one of one), every row real (relay CPU measured, every
 //! ledger delivered to every subscriber, first no later than last). Skips with the reason when
 //! `ledger-relay` and `ledger-subscribe` are not built next to the test binary.
 
@@ -21,7 +22,9 @@ fn fanout_rows_measure_real_cpu_memory_and_delivery() {
         "ledger-bench",
         "fanout",
         "--subscribers",
-        "1,2",
+        "1,3",
+        "--sessions-per-process",
+        "2",
         "--payload",
         "compressed",
         "--ledgers",
@@ -56,7 +59,7 @@ fn fanout_rows_measure_real_cpu_memory_and_delivery() {
     eprint!("{}", fanout::table(&report.rows));
     assert!(started.elapsed() < Duration::from_secs(150));
     assert_eq!(report.rows.len(), 2);
-    for (row, n) in report.rows.iter().zip([1u16, 2]) {
+    for (row, n) in report.rows.iter().zip([1u16, 3]) {
         assert_eq!(row.error, None, "{n} subscribers");
         assert_eq!((row.payload, row.subscribers), (Payload::Compressed, n));
         // Every measured ledger reached every subscriber (run() also checks each stats file

@@ -133,6 +133,7 @@ pub fn run(
             stats: stats.clone(),
             log: dir.join("sub.log"),
             consume_delay_ms: None,
+            sessions: 1,
             extra: Vec::new(),
         },
     )?;
