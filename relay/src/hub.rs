@@ -381,4 +381,50 @@ pub(crate) mod tests {
             Err(broadcast::error::TryRecvError::Lagged(_))
         ));
     }
+
+    /// A chunk is compressed once and every session reads the same bytes: the hub hands each
+    /// receiver, a late joiner, the ledger in progress, the complete ledger in memory and the
+    /// conversions to and from the ring's form the published `Bytes` (one allocation), never
+    /// a copy per subscriber.
+    #[test]
+    fn every_session_gets_the_published_chunk_bytes_not_a_copy() {
+        let payload = |i: u32| Bytes::from(vec![i as u8; 4096]);
+        let chunks: Vec<Chunk> = (0..3)
+            .map(|i| Chunk {
+                payload: payload(i),
+                ..chunk(7, i)
+            })
+            .collect();
+        let ptrs = |cs: &[Chunk]| -> Vec<(*const u8, usize)> {
+            cs.iter()
+                .map(|c| (c.payload.as_ptr(), c.payload.len()))
+                .collect()
+        };
+        let want = ptrs(&chunks);
+        let hub = Hub::new(64, 2);
+        let mut early = [hub.join(), hub.join()];
+        hub.publish_chunk(chunks[0].clone());
+        hub.publish_chunk(chunks[1].clone());
+        let late = hub.join();
+        hub.publish_chunk(chunks[2].clone());
+        let ledger = Arc::new(CompleteLedger {
+            chunks: chunks.clone(),
+            ..(*complete(7, 3)).clone()
+        });
+        assert_eq!(ptrs(&hub.in_progress(7).unwrap()), want);
+        hub.complete(ledger);
+
+        for (n, join) in early.iter_mut().enumerate() {
+            let mut got = Vec::new();
+            while let Ok(Item::Chunk(c)) = join.rx.try_recv() {
+                got.push(c);
+            }
+            assert_eq!(ptrs(&got), want, "session {n} got a copy");
+        }
+        assert_eq!(ptrs(&late.current.unwrap().chunks), want[..2]);
+        let recent = hub.recent(7).unwrap();
+        assert_eq!(ptrs(&recent.chunks), want);
+        let round = stored_ledger(recent.end, stored_chunks(&recent));
+        assert_eq!(ptrs(&round.chunks), want, "the ring's form copied");
+    }
 }

@@ -527,3 +527,70 @@ fn heartbeats_follow_the_interval() {
     s.handle_timeout(hb);
     assert!(events(&mut s).contains(&Event::Heartbeat));
 }
+
+/// The address of each chunk payload a sender put on a stream, by chunk index.
+fn payload_ptrs(t: &[Transmit]) -> Vec<(u32, *const u8, usize)> {
+    t.iter()
+        .filter_map(|t| match &t.unit {
+            Unit::Chunk(c) => Some((c.header.index, c.payload.as_ptr(), c.payload.len())),
+            Unit::End(_) => None,
+        })
+        .collect()
+}
+
+/// The relay compresses a chunk once and every session sends those bytes: a sender hands its
+/// shell the very `Bytes` it was given (the same allocation, not a copy), whether the ledger
+/// came whole (catching up), chunk by chunk (live, joined mid-ledger) or is sent again.
+#[test]
+fn every_session_sends_the_chunk_bytes_it_was_given_not_a_copy() {
+    let l = ledger(5, 3);
+    let want: Vec<(u32, *const u8, usize)> = l
+        .chunks
+        .iter()
+        .map(|c| (c.header.index, c.payload.as_ptr(), c.payload.len()))
+        .collect();
+
+    // Catching up: the ledger whole.
+    let mut a = sender(5, 2);
+    a.handle_timeout(Duration::ZERO);
+    events(&mut a);
+    a.handle_loaded(5, LoadResult::Complete(l.clone()), MS);
+    let ta = transmits(&mut a, MS);
+
+    // Live: joined after chunk 0, chunks 1 and 2 from the broadcast, then the end record.
+    let mut b = sender(5, 2);
+    b.handle_timeout(Duration::ZERO);
+    events(&mut b);
+    b.handle_loaded(5, LoadResult::InProgress(vec![]), MS);
+    events(&mut b);
+    b.handle_joined(Some((5, l.chunks[..1].to_vec())), 4);
+    b.handle_live(LiveItem::Chunk(l.chunks[1].clone()));
+    b.handle_live(LiveItem::Chunk(l.chunks[2].clone()));
+    b.handle_live(LiveItem::End(l.clone()));
+    let tb = transmits(&mut b, MS);
+
+    let mut got_a = payload_ptrs(&ta);
+    let mut got_b = payload_ptrs(&tb);
+    got_a.sort();
+    got_b.sort();
+    assert_eq!(got_a, want, "catching up sent a copy");
+    assert_eq!(got_b, want, "live sent a copy");
+
+    // A resend of chunk 1 goes out from the same bytes too.
+    deliver(&mut a, &ta, MS);
+    a.handle_frame(
+        Frame::Resend(Resend {
+            seq: 5,
+            whole: false,
+            indices: vec![1],
+        }),
+        2 * MS,
+    );
+    for e in events(&mut a) {
+        if let Event::Load(5) = e {
+            a.handle_loaded(5, LoadResult::Complete(l.clone()), 2 * MS);
+        }
+    }
+    let again = payload_ptrs(&transmits(&mut a, 2 * MS));
+    assert_eq!(again, vec![want[1]], "the resend sent a copy");
+}
