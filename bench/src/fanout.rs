@@ -1,8 +1,9 @@
 //! `ledger-bench fanout`: what each extra subscriber costs one relay (issue 18).
 //!
 //! One `ledger-relay run` on loopback with a synthetic source, and a series of rows at 1, 4,
-//! 16 and 64 subscribers (one `ledger-subscribe` process each, 4 lanes), compressed (zstd,
-//! ratio 7.6) and raw (`--codec none`, ratio 1). Each row is a fresh relay:
+//! 16 and 64 subscribers (one `ledger-subscribe` process each, or K sessions per process with
+//! `--sessions-per-process K`; 4 lanes), compressed (zstd, ratio 7.6) and raw (`--codec
+//! none`, ratio 1). Each row is a fresh relay:
 //!
 //! 1. **baseline**: `--baseline-ledgers` ledgers with no subscriber; the relay's CPU per ledger
 //!    (source, compression, ring) and its resident memory once the hub holds its recent ledgers;
@@ -58,7 +59,8 @@ impl Payload {
 /// `ledger-bench fanout` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 pub struct FanoutArgs {
-    /// Subscriber counts of the series (one `ledger-subscribe` process each).
+    /// Subscriber counts of the series (one `ledger-subscribe` process each, or
+    /// `--sessions-per-process` of them per process).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub subscribers: Vec<u16>,
     /// Payloads of the series.

@@ -104,8 +104,8 @@ pub enum Helper {
     RingDisk(ring_disk::RingDiskArgs),
     /// What each extra subscriber costs one relay on loopback: relay CPU per ledger per
     /// subscriber and its slope, memory per session, and the delivery of the first and last
-    /// subscriber to finish each ledger, at 1, 4, 16 and 64 subscribers (one process each),
-    /// compressed and raw (issue 18).
+    /// subscriber to finish each ledger, at 1, 4, 16 and 64 subscribers (one process each, or
+    /// `--sessions-per-process K`), compressed and raw (issue 18).
     Fanout(fanout::FanoutArgs),
     /// Relay tiers and hedging (issue 15): what an edge relay adds to delivery (root -> edge ->
     /// subscriber against root -> subscriber, compressed and raw), the root's CPU with N
