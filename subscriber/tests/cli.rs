@@ -7,7 +7,7 @@ use clap::Parser;
 use ledger_relay_subscriber::cli::{self, Args, Output};
 
 use crate::support::fake_relay::{FakeRelay, Plan};
-use crate::support::{testnet_ledgers, within, Pki, FIRST_SEQ, TESTNET};
+use crate::support::{subscribe_args, testnet_ledgers, within, Pki, FIRST_SEQ, TESTNET};
 
 /// The first `n` records of the sample, framing included, exactly as core wrote them.
 fn source_prefix(n: usize) -> Vec<u8> {
@@ -295,27 +295,16 @@ async fn retry_forever_keeps_retrying_an_unreachable_relay() {
 
 /// The args of a run against `relay` that takes `count` ledgers at 200 ms each.
 fn slow_run(relay: &FakeRelay, pki: &Pki, count: usize, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--relay",
-        &relay.addr.to_string(),
-        "--certs",
-        pki.path().to_str().unwrap(),
-        "--name",
-        "rpc-1",
-        "--from",
-        &FIRST_SEQ.to_string(),
+    let count = count.to_string();
+    let fixed = [
         "--count",
-        &count.to_string(),
+        &count,
         "--consume-delay",
         "200ms",
         "--out",
         "/dev/null",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
+    ];
+    subscribe_args(&relay.addr.to_string(), pki, &[&fixed[..], extra].concat())
 }
 
 async fn run_owned(args: &[String]) -> (i32, Vec<u8>, String) {

@@ -7,25 +7,17 @@ use clap::Parser;
 use ledger_relay_subscriber::cli::{self, Args};
 
 use crate::support::fake_relay::{FakeRelay, Plan};
-use crate::support::{testnet_ledgers, within, Pki, FIRST_SEQ};
+use crate::support::{subscribe_args, testnet_ledgers, within, Pki, FIRST_SEQ};
 
 fn args(relay: &FakeRelay, pki: &Pki, out: &std::path::Path, extra: &[&str]) -> Args {
-    let mut argv = vec![
-        "ledger-subscribe".to_owned(),
-        "--relay".into(),
-        relay.addr.to_string(),
-        "--certs".into(),
-        pki.path().to_str().unwrap().into(),
-        "--name".into(),
-        "rpc-1".into(),
-        "--from".into(),
-        FIRST_SEQ.to_string(),
-        "--lanes".into(),
-        "2".into(),
-        "--out".into(),
-        out.to_str().unwrap().into(),
-    ];
-    argv.extend(extra.iter().map(|s| s.to_string()));
+    let out = out.to_str().unwrap();
+    let mut argv = vec!["ledger-subscribe".to_owned()];
+    let fixed = ["--lanes", "2", "--out", out];
+    argv.extend(subscribe_args(
+        &relay.addr.to_string(),
+        pki,
+        &[&fixed[..], extra].concat(),
+    ));
     Args::try_parse_from(argv).unwrap()
 }
 

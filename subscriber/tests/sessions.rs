@@ -7,26 +7,15 @@ use clap::Parser;
 use ledger_relay_subscriber::cli::{self, Args};
 
 use crate::support::fake_relay::{FakeRelay, Plan};
-use crate::support::{testnet_ledgers, within, Pki, FIRST_SEQ};
+use crate::support::{subscribe_args, testnet_ledgers, within, Pki, FIRST_SEQ};
 
 fn argv(relay: &str, pki: &Pki, extra: &[&str]) -> Vec<String> {
-    let mut argv: Vec<String> = [
-        "ledger-subscribe",
-        "--relay",
+    let mut argv = vec!["ledger-subscribe".to_owned()];
+    argv.extend(subscribe_args(
         relay,
-        "--certs",
-        pki.path().to_str().unwrap(),
-        "--name",
-        "rpc-1",
-        "--from",
-        &FIRST_SEQ.to_string(),
-        "--lanes",
-        "2",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.extend(extra.iter().map(|s| s.to_string()));
+        pki,
+        &[&["--lanes", "2"], extra].concat(),
+    ));
     argv
 }
 

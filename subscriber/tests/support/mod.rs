@@ -91,6 +91,18 @@ pub fn with_filler(ledger: &Bytes, filler: &[u8]) -> Bytes {
     Bytes::from(LedgerCloseMeta::V0(v0).to_xdr(Limits::none()).unwrap())
 }
 
+/// `ledger-subscribe`'s arguments (without the program name) against `relay` as client `rpc-1`
+/// of `pki`, from the first testnet ledger, then `extra`.
+pub fn subscribe_args(relay: &str, pki: &Pki, extra: &[&str]) -> Vec<String> {
+    let base = ["--relay", relay, "--certs", pki.path().to_str().unwrap()];
+    let from = FIRST_SEQ.to_string();
+    base.into_iter()
+        .chain(["--name", "rpc-1", "--from", &from])
+        .chain(extra.iter().copied())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A certificate directory with a relay certificate (`relay`, SANs localhost and 127.0.0.1)
 /// and a client certificate (`rpc-1`).
 pub struct Pki {
