@@ -203,6 +203,7 @@ impl Relay {
             refetch: config.refetch.clone(),
             pipeline: config.pipeline.clone(),
             metrics: metrics.clone(),
+            ring_reads: Default::default(),
         };
         tokio::spawn(scrub::run(
             shared.clone(),

@@ -77,7 +77,7 @@ pub use files::{ledger_file, LEDGERS_DIR, MAX_SPARES};
 use write::validate;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// sled segment size, persisted by sled in the store (format 1 chose it for payloads in sled;
 /// the records of format 2 are far below any size that matters to sled).
@@ -415,6 +415,12 @@ impl Ring {
     /// [`Ring::holds`], [`Ring::next_held`] or [`Ring::runs`].
     pub fn range(&self) -> Option<(u32, u32)> {
         self.read_state().range()
+    }
+
+    /// The reset counter ([`RingStats::epoch`]), from memory: a ledger read under one epoch is
+    /// not the one a later epoch holds under the same sequence.
+    pub fn epoch(&self) -> u64 {
+        self.read_state().epoch
     }
 
     /// Whether ledger `seq` is held, from memory.

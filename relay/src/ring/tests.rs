@@ -73,7 +73,7 @@ fn small(seq: u32) -> (LedgerEnd, Vec<StoredChunk>) {
     (e, vec![chunk])
 }
 
-fn append_small(ring: &Ring, seq: u32) {
+pub(crate) fn append_small(ring: &Ring, seq: u32) {
     let (e, chunks) = small(seq);
     ring.append(&e, &chunks).unwrap();
 }

@@ -2,7 +2,7 @@
 //! first ledger of a session, and loading a ledger from memory, the ring or the lake.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use ledger_relay_wire::compress::Compressor;
@@ -36,6 +36,51 @@ pub struct Shared {
     pub pipeline: PipelineConfig,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Ledgers read back from the ring that some session still holds, so that sessions
+    /// catching up together share one read, one check and one copy.
+    pub ring_reads: Arc<RingReads>,
+}
+
+/// Ledgers recently read back from the ring, by sequence, held weakly: an entry lives only as
+/// long as a session holds the ledger, so this keeps no ledger in memory by itself, and it
+/// never has more than [`RingReads::MAX`] entries.
+///
+/// Without it, N sessions catching up over the same ledgers (subscribers resuming together
+/// after a relay restart, say) made N reads of each ledger file, N copies and N checks.
+#[derive(Debug, Default)]
+pub struct RingReads(
+    std::sync::Mutex<std::collections::BTreeMap<u32, (u64, Weak<CompleteLedger>)>>,
+);
+
+impl RingReads {
+    /// Most entries kept (dead ones are dropped first, then the oldest sequences).
+    pub const MAX: usize = 256;
+
+    /// Ledger `seq` of the ring's `epoch` if a session still holds it from an earlier read.
+    pub fn get(&self, epoch: u64, seq: u32) -> Option<Arc<CompleteLedger>> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&seq)
+            .filter(|(e, _)| *e == epoch)
+            .and_then(|(_, w)| w.upgrade())
+    }
+
+    /// Records `ledger`, just read from the ring in `epoch`, for the sessions after this one.
+    pub fn insert(&self, epoch: u64, ledger: &Arc<CompleteLedger>) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= Self::MAX {
+            map.retain(|_, (_, w)| w.strong_count() > 0);
+        }
+        while map.len() >= Self::MAX {
+            map.pop_first();
+        }
+        map.insert(ledger.end.seq, (epoch, Arc::downgrade(ledger)));
+    }
+
+    /// Entries, dead or alive.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
 }
 
 /// Oldest and newest ledger the relay can serve now.
@@ -273,12 +318,22 @@ async fn load_held(shared: &Shared, seq: u32) -> LoadResult {
             return LoadResult::Complete(l);
         }
         if let Some(ring) = shared.ring.clone() {
+            let epoch = ring.epoch();
+            if let Some(l) = shared
+                .ring_reads
+                .get(epoch, seq)
+                .filter(|_| ring.holds(seq))
+            {
+                return LoadResult::Complete(l);
+            }
             if ring.holds(seq) {
                 Metrics::add(&shared.metrics.ring_reads_total, 1);
                 let got = tokio::task::spawn_blocking(move || ring.get(seq)).await;
                 match got {
                     Ok(Ok(Some((end, chunks)))) => {
-                        return LoadResult::Complete(Arc::new(stored_ledger(end, chunks)))
+                        let l = Arc::new(stored_ledger(end, chunks));
+                        shared.ring_reads.insert(epoch, &l);
+                        return LoadResult::Complete(l);
                     }
                     // Pruned meanwhile: look again.
                     Ok(Ok(None)) => {}
@@ -358,6 +413,7 @@ mod tests {
             refetch: None,
             pipeline: PipelineConfig::default(),
             metrics: Metrics::new(),
+            ring_reads: Default::default(),
         };
         for seq in [1, 50, 100] {
             match load_held(&shared, seq).await {
@@ -371,6 +427,72 @@ mod tests {
             load_held(&shared, 1).await,
             LoadResult::NotHeld { .. }
         ));
+    }
+
+    /// Sessions catching up over the same ring ledgers share one read of each while one of them
+    /// holds it; a ledger nobody holds any more, or one of an earlier epoch, is read again.
+    #[tokio::test]
+    async fn sessions_catching_up_together_share_one_ring_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::open(&crate::ring::RingConfig::new(dir.path())).unwrap());
+        for seq in 2..=4 {
+            crate::ring::tests::append_small(&ring, seq);
+        }
+        let hub = Arc::new(Hub::new(64, 1));
+        let shared = Shared {
+            hub,
+            ring: Some(ring.clone()),
+            backfill: None,
+            refetch: None,
+            pipeline: PipelineConfig::default(),
+            metrics: Metrics::new(),
+            ring_reads: Default::default(),
+        };
+        let reads = || shared.metrics.ring_reads_total.load(Ordering::Relaxed);
+        let get = |l: LoadResult| match l {
+            LoadResult::Complete(l) => l,
+            other => panic!("a ledger the ring holds: {other:?}"),
+        };
+        let a = get(load_held(&shared, 3).await);
+        let b = get(load_held(&shared, 3).await);
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the second session shares the first's read"
+        );
+        assert_eq!(reads(), 1);
+        assert_eq!(a.end.seq, 3);
+        // Each chunk's bytes are the same allocation for both.
+        assert_eq!(a.chunks[0].payload.as_ptr(), b.chunks[0].payload.as_ptr());
+        drop((a, b));
+        let c = get(load_held(&shared, 3).await);
+        assert_eq!(reads(), 2, "nobody held it: read again");
+        // A reset (a new run of the source) makes earlier reads stale, held or not.
+        ring.reset().unwrap();
+        crate::ring::tests::append_small(&ring, 3);
+        let d = get(load_held(&shared, 3).await);
+        assert!(
+            !Arc::ptr_eq(&c, &d),
+            "a new epoch's ledger 3 is read from the ring"
+        );
+        assert_eq!(reads(), 3);
+        // Bounded, however many ledgers are held.
+        let held: Vec<_> = (0..RingReads::MAX as u32 + 10)
+            .map(|seq| {
+                let l = crate::hub::tests::complete(seq + 10, 1);
+                shared.ring_reads.insert(0, &l);
+                l
+            })
+            .collect();
+        assert_eq!(shared.ring_reads.len(), RingReads::MAX);
+        assert!(
+            shared.ring_reads.get(0, 10).is_none(),
+            "the oldest went first"
+        );
+        assert!(shared
+            .ring_reads
+            .get(0, RingReads::MAX as u32 + 19)
+            .is_some());
+        drop(held);
     }
 
     /// Issue 13, item 2: while the ring's store is degraded (a disk error), a ledger that is
@@ -392,6 +514,7 @@ mod tests {
             refetch: None,
             pipeline: PipelineConfig::default(),
             metrics: Metrics::new(),
+            ring_reads: Default::default(),
         };
         // Healthy: ledger 5 is below what the relay holds (12, in memory).
         assert!(matches!(
