@@ -215,13 +215,12 @@ impl LakeError {
         prev_hash: &[u8; 32],
         next: &ChainLink,
     ) -> LakeError {
-        let hex = |h: &[u8; 32]| ledger_relay_wire::Hex(h).to_string();
         LakeError::BrokenChain {
             key,
             seq: next.seq,
             prev,
-            got: hex(&next.previous_hash),
-            expected: hex(prev_hash),
+            got: ledger_relay_wire::Hex(&next.previous_hash).to_string(),
+            expected: ledger_relay_wire::Hex(prev_hash).to_string(),
         }
     }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ledger_relay_wire::header::{ChainError, ChainVerifier};
 use ledger_relay_wire::lake::{BatchLedger, Schema};
+use ledger_relay_wire::Hex;
 use rand::Rng;
 
 use crate::error::LakeError;
@@ -41,10 +42,6 @@ pub struct BatchAssembler {
     schema: Schema,
     tail: Option<(u32, [u8; 32])>,
     pending: Vec<BatchLedger>,
-}
-
-fn hex(h: &[u8; 32]) -> String {
-    ledger_relay_wire::Hex(h).to_string()
 }
 
 impl BatchAssembler {
@@ -82,8 +79,8 @@ impl BatchAssembler {
                     key: key(),
                     reason: format!(
                         "the lake holds ledger {seq} with hash {}, this relay has {}",
-                        hex(&thash),
-                        hex(&info.hash)
+                        Hex(&thash),
+                        Hex(&info.hash)
                     ),
                 });
             }

@@ -8,6 +8,7 @@ use futures::TryStreamExt;
 use ledger_relay_wire::lake::{
     self, Batch, BatchLimits, Extension, Manifest, ObjectName, Schema, MANIFEST_KEY,
 };
+use ledger_relay_wire::Hex;
 use object_store::path::Path;
 use object_store::{
     Attribute, AttributeValue, Attributes, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
@@ -68,10 +69,6 @@ pub struct Lake {
     schema: Schema,
     limits: BatchLimits,
     stats: Arc<LakeStats>,
-}
-
-fn hex(h: &[u8; 32]) -> String {
-    ledger_relay_wire::Hex(h).to_string()
 }
 
 impl Lake {
@@ -505,8 +502,8 @@ impl Lake {
                                 "the lake holds {}-{} (first hash {}), this relay has {start}-{end} (first hash {})",
                                 held.start,
                                 held.end,
-                                held.ledgers.first().map_or(String::new(), |l| hex(&l.info.hash)),
-                                hex(&first.info.hash),
+                                held.ledgers.first().map_or(String::new(), |l| Hex(&l.info.hash).to_string()),
+                                Hex(&first.info.hash),
                             ),
                         })
                     }

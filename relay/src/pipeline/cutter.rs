@@ -5,6 +5,7 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 use ledger_relay_wire::header::{ChainError, ChainVerifier};
+use ledger_relay_wire::Hex;
 
 /// Why the cutter refused the source's output.
 #[derive(Debug, thiserror::Error)]
@@ -30,10 +31,6 @@ pub(super) enum SourceRefused {
     Regression { seq: u32, last: u32 },
     #[error("no ledger header in the first {MAX_HEADER_PEEK} bytes")]
     NoHeader,
-}
-
-pub(super) fn hex(h: &[u8; 32]) -> String {
-    ledger_relay_wire::Hex(h).to_string()
 }
 
 pub(super) enum Ledger {
@@ -317,8 +314,8 @@ impl Cutter {
             if self.last.is_some() || self.recent.contains_key(&seq) {
                 return Err(SourceRefused::ConflictingHash {
                     seq,
-                    held: hex(&held),
-                    got: hex(&info.hash),
+                    held: Hex(&held).to_string(),
+                    got: Hex(&info.hash).to_string(),
                 });
             }
             // The first ledger of this run differs from what an earlier run left in the ring:
@@ -346,8 +343,8 @@ impl Cutter {
                     return Err(SourceRefused::BrokenChain {
                         seq,
                         prev: last,
-                        got: hex(&got_previous),
-                        expected: hex(&expected_previous),
+                        got: Hex(&got_previous).to_string(),
+                        expected: Hex(&expected_previous).to_string(),
                     });
                 }
                 Err(other) => return Err(SourceRefused::Chain(other)),
