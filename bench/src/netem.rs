@@ -3,9 +3,9 @@
 //! class per subscriber lane, keyed by the lane's destination port, so the rate cap is per
 //! 5-tuple as EC2's per-flow limit is.
 //!
-//! `fq`, `netem` and `sfq` are not available in this kernel; HTB, TBF and u32 filters are
-//! (as `docs/architecture.md` says). Everything is done with the `ip` and `tc` commands. [`Netem`] removes its
-//! namespaces when dropped, and [`cleanup_registered`] (called by the SIGINT/SIGTERM handler)
+//! `fq`, `netem` and `sfq` are not available in this kernel; HTB, TBF and u32 filters are.
+//! Everything is done with the `ip` and `tc` commands. [`Netem`] removes its namespaces when
+//! dropped, and [`cleanup_registered`] (called by the SIGINT/SIGTERM handler)
 //! removes every namespace this process created, so an error or Ctrl-C never leaves one behind.
 
 use std::process::{Command, Stdio};

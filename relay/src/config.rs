@@ -22,8 +22,8 @@ use crate::server::ServerConfig;
 use crate::session::SessionConfig;
 use crate::source::{SourceOptions, SourceSpec};
 
-/// Flags of `ledger-relay run` (`docs/operations.md`, "The command contract"), all optional here so a config file can supply
-/// them.
+/// Flags of `ledger-relay run` (`docs/operations.md`, "The command contract"), all optional
+/// here so a config file can supply them.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct RunArgs {
     /// UDP address to listen on, e.g. 0.0.0.0:7400.

@@ -343,8 +343,8 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// The process exit code (`docs/operations.md`, "The command contract"): 3 for an authorization failure, 4 for a start below
-    /// retention, 2 for everything else.
+    /// The process exit code (`docs/operations.md`, "The command contract"): 3 for an
+    /// authorization failure, 4 for a start below retention, 2 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             RunError::Subscribe(e) if e.is_unauthorized() => 3,

@@ -318,15 +318,11 @@ async fn load_held(shared: &Shared, seq: u32) -> LoadResult {
             return LoadResult::Complete(l);
         }
         if let Some(ring) = shared.ring.clone() {
-            let epoch = ring.epoch();
-            if let Some(l) = shared
-                .ring_reads
-                .get(epoch, seq)
-                .filter(|_| ring.holds(seq))
-            {
-                return LoadResult::Complete(l);
-            }
             if ring.holds(seq) {
+                let epoch = ring.epoch();
+                if let Some(l) = shared.ring_reads.get(epoch, seq) {
+                    return LoadResult::Complete(l);
+                }
                 Metrics::add(&shared.metrics.ring_reads_total, 1);
                 let got = tokio::task::spawn_blocking(move || ring.get(seq)).await;
                 match got {
