@@ -271,6 +271,23 @@ impl SubscribeError {
     pub fn is_below_retention(&self) -> bool {
         matches!(self, SubscribeError::BelowRetention { .. })
     }
+
+    /// For a start below retention, the machine-readable line the CLIs print after the error
+    /// (a stable contract, docs/operations.md): `below-retention requested=R oldest=O
+    /// newest=N` (0: unknown).
+    pub fn below_retention_line(&self) -> Option<String> {
+        match self {
+            SubscribeError::BelowRetention {
+                requested,
+                oldest,
+                newest,
+                ..
+            } => Some(format!(
+                "below-retention requested={requested} oldest={oldest} newest={newest}"
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// A failure that ends a session (or a lane) but not the subscription: it is logged and the

@@ -85,6 +85,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod captive;
 pub mod cli;
 mod client;
 pub mod config;

@@ -43,7 +43,16 @@ fn main() -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();
-            fail(format, &anyhow::Error::new::<RunError>(e), code)
+            let line = match &e {
+                RunError::Subscribe(s) => s.below_retention_line(),
+                _ => None,
+            };
+            let exit = fail(format, &anyhow::Error::new::<RunError>(e), code);
+            // After the human line, the bounds for programs (the Go client parses it).
+            if let Some(line) = line {
+                eprintln!("{line}");
+            }
+            exit
         }
     }
 }

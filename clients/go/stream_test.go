@@ -1,0 +1,321 @@
+package ledgerrelay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stellar/go-stellar-sdk/ingest/ledgerbackend"
+	"github.com/stellar/go-stellar-sdk/xdr"
+)
+
+func fileSource(t testing.TB) string {
+	t.Helper()
+	p, err := filepath.Abs(testnetFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "file:" + p
+}
+
+func (e *env) config(name string, relays ...string) Config {
+	return Config{Binary: e.bin.subscribe, Relays: relays, CertDir: e.certs, Name: name, Lanes: 2,
+		RestartDelay: 100 * time.Millisecond}
+}
+
+// pids records every child the stream starts.
+type pids struct {
+	mu   sync.Mutex
+	list []int
+}
+
+func (p *pids) add(pid int) { p.mu.Lock(); p.list = append(p.list, pid); p.mu.Unlock() }
+func (p *pids) all() []int  { p.mu.Lock(); defer p.mu.Unlock(); return append([]int(nil), p.list...) }
+
+func newStream(t testing.TB, cfg Config) (*Stream, *pids) {
+	t.Helper()
+	s, err := NewStream(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pids{}
+	s.started = p.add
+	return s, p
+}
+
+func assertReaped(t testing.TB, p *pids) {
+	t.Helper()
+	for _, pid := range p.all() {
+		if alive(pid) {
+			t.Errorf("ledger-subscribe %d is still a process (running or not reaped)", pid)
+		}
+	}
+}
+
+func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
+	src := sourceLedgers(t)
+	e := newEnv(t)
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
+	r.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
+
+	s, p := newStream(t, e.config("rpc-1", r.addr))
+	next := uint32(1410100)
+	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(1410100, 1410200)) {
+		if err != nil {
+			t.Fatalf("after ledger %d: %v", next-1, err)
+		}
+		if !bytes.Equal(raw, src[next]) {
+			t.Fatalf("ledger %d differs from the source", next)
+		}
+		next++
+	}
+	if next != 1410201 {
+		t.Fatalf("the range ended at %d", next-1)
+	}
+	if n := len(p.all()); n != 1 {
+		t.Errorf("%d children for one range", n)
+	}
+	assertReaped(t, p)
+
+	// The same through the LedgerBackend interface.
+	b, err := NewBackend(e.config("rpc-1", r.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	if err := b.PrepareRange(ctx, ledgerbackend.BoundedRange(1410300, 1410310)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.IsPrepared(ctx, ledgerbackend.BoundedRange(1410300, 1410310)); !ok {
+		t.Error("the prepared range is not prepared")
+	}
+	if ok, _ := b.IsPrepared(ctx, ledgerbackend.BoundedRange(1410300, 1410311)); ok {
+		t.Error("a range past the prepared one is prepared")
+	}
+	for seq := uint32(1410300); seq <= 1410310; seq++ {
+		lcm, err := b.GetLedger(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := lcm.MarshalBinary()
+		if !bytes.Equal(raw, src[seq]) || lcm.LedgerSequence() != seq {
+			t.Fatalf("ledger %d differs from the source", seq)
+		}
+	}
+	if latest, _ := b.GetLatestLedgerSequence(ctx); latest != 1410310 {
+		t.Errorf("latest %d", latest)
+	}
+	if _, err := b.GetLedger(ctx, 1410305); err == nil {
+		t.Error("a ledger behind the stream was returned")
+	}
+	if _, err := b.GetLedger(ctx, 1410311); err == nil {
+		t.Error("a ledger past the bounded range was returned")
+	}
+}
+
+func TestUnboundedRangeFollowsTheRelayLive(t *testing.T) {
+	src := sourceLedgers(t)
+	e := newEnv(t)
+	// 20 ms between ledgers: the 320 take 6.4 s, and the reader starts before most exist.
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "20ms", "--emit", "1ms")
+	s, p := newStream(t, e.config("rpc-1", r.addr))
+	next := uint32(testnetFirst)
+	start := time.Now()
+	var firstAt, lastAt time.Duration
+	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.UnboundedRange(testnetFirst)) {
+		if err != nil {
+			t.Fatalf("after ledger %d: %v", next-1, err)
+		}
+		if !bytes.Equal(raw, src[next]) {
+			t.Fatalf("ledger %d differs from the source", next)
+		}
+		if next == testnetFirst {
+			firstAt = time.Since(start)
+		}
+		if next == testnetLast {
+			lastAt = time.Since(start)
+			break
+		}
+		next++
+	}
+	// Followed live: the last ledger came about 319 cadences after the first, not at once.
+	if lastAt-firstAt < 3*time.Second {
+		t.Errorf("the 320 ledgers came within %v: not followed live", lastAt-firstAt)
+	}
+	assertReaped(t, p)
+
+	// Synthetic ledgers through the backend, from the relay's newest on: in order, chained.
+	syn := e.startRelay(t, "syn", "synthetic:size=64KiB,ratio=2", "--cadence", "50ms")
+	b, err := NewBackend(e.config("rpc-1", syn.addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	from := uint32(10)
+	if err := b.PrepareRange(ctx, ledgerbackend.UnboundedRange(from)); err != nil {
+		t.Fatal(err)
+	}
+	var prev xdr.Hash
+	for seq := from; seq < from+20; seq++ {
+		lcm, err := b.GetLedger(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lcm.LedgerSequence() != seq {
+			t.Fatalf("asked %d, got %d", seq, lcm.LedgerSequence())
+		}
+		if seq > from && lcm.PreviousLedgerHash() != prev {
+			t.Fatalf("ledger %d does not link to %d", seq, seq-1)
+		}
+		prev = lcm.LedgerHash()
+		if latest, _ := b.GetLatestLedgerSequence(ctx); latest < seq {
+			t.Fatalf("latest %d below the ledger just read, %d", latest, seq)
+		}
+	}
+	if ok, _ := b.IsPrepared(ctx, ledgerbackend.UnboundedRange(from+25)); !ok {
+		t.Error("a later start on the same unbounded stream is not prepared")
+	}
+}
+
+func TestASIGKILLedRelayFailsOverToTheSecond(t *testing.T) {
+	src := sourceLedgers(t)
+	e := newEnv(t)
+	// a streams live (30 ms per ledger); b already holds them all.
+	a := e.startRelay(t, "a", fileSource(t), "--cadence", "30ms", "--emit", "1ms")
+	b := e.startRelay(t, "b", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
+	b.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
+
+	s, p := newStream(t, e.config("rpc-1", a.addr, b.addr))
+	next := uint32(testnetFirst)
+	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetLast)) {
+		if err != nil {
+			t.Fatalf("after ledger %d: %v", next-1, err)
+		}
+		if !bytes.Equal(raw, src[next]) {
+			t.Fatalf("ledger %d differs from the source", next)
+		}
+		if next == testnetFirst+100 {
+			// a has about 100 of 320: the rest can only come from b.
+			if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		next++
+	}
+	if next != testnetLast+1 {
+		t.Fatalf("ended at %d", next-1)
+	}
+	if n := len(p.all()); n != 1 {
+		t.Errorf("%d children: the relay switch should happen inside ledger-subscribe", n)
+	}
+	assertReaped(t, p)
+}
+
+func TestAKilledChildIsRestartedFromTheNextLedger(t *testing.T) {
+	src := sourceLedgers(t)
+	e := newEnv(t)
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "10ms", "--emit", "1ms")
+	s, p := newStream(t, e.config("rpc-1", r.addr))
+	next := uint32(testnetFirst)
+	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetFirst+150)) {
+		if err != nil {
+			t.Fatalf("after ledger %d: %v", next-1, err)
+		}
+		if !bytes.Equal(raw, src[next]) {
+			t.Fatalf("ledger %d differs from the source", next)
+		}
+		if next == testnetFirst+50 {
+			_ = syscall.Kill(p.all()[0], syscall.SIGKILL)
+		}
+		next++
+	}
+	if next != testnetFirst+151 {
+		t.Fatalf("ended at %d", next-1)
+	}
+	if n := len(p.all()); n != 2 {
+		t.Errorf("%d children, want 2 (one restart)", n)
+	}
+	assertReaped(t, p)
+}
+
+func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {
+	e := newEnv(t)
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms", "--retention", "50")
+	r.waitHolds(t, testnetLast-49, testnetLast, 60*time.Second)
+
+	s, p := newStream(t, e.config("rpc-1", r.addr))
+	var got error
+	for _, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetFirst+10)) {
+		got = err
+	}
+	var below *BelowRetentionError
+	if !errors.As(got, &below) {
+		t.Fatalf("got %v, want a BelowRetentionError", got)
+	}
+	if below.Requested != testnetFirst || below.Oldest != testnetLast-49 || below.Newest != testnetLast {
+		t.Errorf("bounds %+v", below)
+	}
+	if n := len(p.all()); n != 1 {
+		t.Errorf("%d children: a start below retention is not retried", n)
+	}
+	assertReaped(t, p)
+
+	b, _ := NewBackend(e.config("rpc-1", r.addr))
+	defer b.Close()
+	if err := b.PrepareRange(context.Background(), ledgerbackend.UnboundedRange(testnetFirst)); !errors.As(err, &below) {
+		t.Errorf("PrepareRange: %v", err)
+	}
+}
+
+func TestARevokedCertificateIsFinal(t *testing.T) {
+	e := newEnv(t)
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
+	s, p := newStream(t, e.config("gone", r.addr))
+	var got error
+	for _, err := range s.RawLedgers(context.Background(), ledgerbackend.UnboundedRange(testnetFirst)) {
+		got = err
+	}
+	if !errors.Is(got, ErrUnauthorized) {
+		t.Fatalf("got %v, want ErrUnauthorized", got)
+	}
+	if n := len(p.all()); n != 1 {
+		t.Errorf("%d children: a refused certificate is not retried", n)
+	}
+	assertReaped(t, p)
+}
+
+func TestCancellationStopsAndReapsTheChild(t *testing.T) {
+	e := newEnv(t)
+	// One ledger every 300 ms: the reader is blocked in a read when the context ends.
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "300ms", "--emit", "1ms")
+	s, p := newStream(t, e.config("rpc-1", r.addr))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n := 0
+	var got error
+	began := time.Now()
+	for _, err := range s.RawLedgers(ctx, ledgerbackend.UnboundedRange(testnetFirst)) {
+		if err != nil {
+			got = err
+			break
+		}
+		n++
+		if n == 2 {
+			time.AfterFunc(100*time.Millisecond, cancel)
+		}
+	}
+	if !errors.Is(got, context.Canceled) {
+		t.Fatalf("after %d ledgers: %v, want context.Canceled", n, got)
+	}
+	if took := time.Since(began); took > 20*time.Second {
+		t.Errorf("stopping took %v", took)
+	}
+	assertReaped(t, p)
+}

@@ -1,0 +1,191 @@
+//! `ledger-captive-core`: stands in for stellar-core under the Go SDK's `CaptiveStellarCore`
+//! and streams verified ledgers from relays (see `ledger_relay_subscriber::captive` and
+//! docs/rpc.md). Answers the commands the SDK runs; exits non-zero with one line on stderr on
+//! failure.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use ledger_relay_cli::{logging, LogFormat};
+use ledger_relay_subscriber::captive::{
+    checkpoint_start, parse_args, stream, version_text, CaptiveError, Command, Settings, State,
+};
+use ledger_relay_subscriber::Anchor;
+
+const PROGRAM: &str = "ledger-captive-core";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if matches!(args.as_slice(), [a] if a == "--help" || a == "-h" || a == "help") {
+        print!("{}", help());
+        return ExitCode::SUCCESS;
+    }
+    logging::init(LogFormat::Text, "warn");
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let code = e.exit_code();
+            let line = match &e {
+                CaptiveError::Subscribe(s) => s.below_retention_line(),
+                _ => None,
+            };
+            let text = format!("{PROGRAM}: {:#}", anyhow::Error::new(e));
+            logging::fatal(LogFormat::Text, PROGRAM, &text);
+            if let Some(line) = line {
+                eprintln!("{line}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<(), CaptiveError> {
+    let command = parse_args(args)?;
+    // One line per command, as core logs its own start: the SDK copies it into its log.
+    eprintln!("{PROGRAM}: {}", args.join(" "));
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let dir = PathBuf::from(".");
+    match command {
+        Command::Version => {
+            let settings = Settings::load(&env)?;
+            print!("{}", version_text(settings.protocol_version()));
+            Ok(())
+        }
+        Command::NewDb => State {
+            ledger: 1,
+            hash: None,
+        }
+        .save(&dir),
+        Command::OfflineInfo => {
+            let settings = Settings::load(&env)?;
+            let state = State::load(&dir)?.ok_or_else(|| CaptiveError::NoDatabase(cwd()))?;
+            let protocol = settings.protocol_version();
+            let build = version_text(protocol);
+            print!("{}", state.info_json(build.lines().next().unwrap_or(""), protocol));
+            Ok(())
+        }
+        // Without a metadata stream core only applies the ledgers; here that is recording where
+        // `run` resumes.
+        Command::Catchup {
+            to, stream: None, ..
+        }
+        | Command::Catchup { to, count: 0, .. } => State {
+            ledger: to,
+            hash: None,
+        }
+        .save(&dir),
+        Command::Catchup {
+            to,
+            count,
+            stream: Some(fd),
+        } => {
+            let settings = Settings::load(&env)?;
+            let first = to.saturating_sub(count - 1).max(2);
+            let start = checkpoint_start(first, settings.checkpoint_frequency());
+            let config = settings.subscription(start, None)?;
+            let wanted = u64::from(to - start) + 1;
+            let (written, _) = runtime()?.block_on(stream(
+                config,
+                Some(wanted),
+                fd,
+                &dir,
+                shutdown_signal(),
+            ))?;
+            if written < wanted {
+                // Stopped by a signal before the end, as core would be: non-zero.
+                return Err(CaptiveError::Usage(format!(
+                    "stopped after {written} of {wanted} ledgers"
+                )));
+            }
+            Ok(())
+        }
+        Command::Run {
+            stream: fd,
+            start_at,
+            start_hash,
+        } => {
+            let settings = Settings::load(&env)?;
+            let state = State::load(&dir)?.ok_or_else(|| CaptiveError::NoDatabase(cwd()))?;
+            let (from, anchor) = match (start_at, start_hash) {
+                (Some(seq), Some(hash)) => (seq + 1, Some(Anchor { seq, hash })),
+                (Some(seq), None) => (seq + 1, None),
+                (None, _) => (
+                    state.ledger + 1,
+                    state.hash.map(|hash| Anchor {
+                        seq: state.ledger,
+                        hash,
+                    }),
+                ),
+            };
+            let Some(fd) = fd else {
+                return Err(CaptiveError::Usage(
+                    "run without --metadata-output-stream: nothing to do".into(),
+                ));
+            };
+            let config = settings.subscription(from.max(2), anchor)?;
+            runtime()?.block_on(stream(config, None, fd, &dir, shutdown_signal()))?;
+            Ok(())
+        }
+    }
+}
+
+fn cwd() -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CaptiveError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| CaptiveError::Io {
+            what: "cannot start the async runtime".into(),
+            source,
+        })
+}
+
+/// Completes on SIGINT (how the SDK stops core) or SIGTERM.
+async fn shutdown_signal() {
+    let mut term =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn help() -> String {
+    format!(
+        "{PROGRAM} {}: stands in for stellar-core under the Go SDK's CaptiveStellarCore and
+streams verified ledgers from Ledger Relays on the metadata file descriptor.
+
+Commands (as the SDK runs them; `--conf FILE` and `--console` are accepted and ignored):
+  version                          core's version line and `ledger protocol version: N`
+  new-db                           forget the last closed ledger
+  offline-info                     core's info JSON with the last closed ledger
+  catchup TO/0                     set the last closed ledger to TO
+  catchup TO/COUNT --metadata-output-stream fd:N
+                                   stream from the checkpoint start of TO-COUNT+1 to TO, exit 0
+  run --metadata-output-stream fd:N [--start-at-ledger S --start-at-hash H]
+                                   stream from the last closed ledger + 1 until SIGINT/SIGTERM
+
+Settings: the TOML file ${cfg} names (default {default}), keys relay, certs, name, hedge,
+lanes, server_name, connect_timeout, checkpoint_frequency, protocol_version; each can be set
+or overridden by the environment variable {prefix}KEY (upper case), e.g.
+{prefix}RELAY=10.0.0.5:7000,10.0.1.5:7000.
+
+Exit codes: 0 done, 2 failure, 3 certificate refused, 4 start below every relay's retention
+(with a line `below-retention requested=R oldest=O newest=N`). See docs/rpc.md.
+",
+        env!("CARGO_PKG_VERSION"),
+        cfg = ledger_relay_subscriber::captive::CONFIG_ENV,
+        default = ledger_relay_subscriber::captive::DEFAULT_CONFIG,
+        prefix = ledger_relay_subscriber::captive::ENV_PREFIX,
+    )
+}

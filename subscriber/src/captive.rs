@@ -1,0 +1,399 @@
+//! `ledger-captive-core`: a stand-in for the stellar-core binary that the Go SDK's
+//! `CaptiveStellarCore` (`ingest/ledgerbackend`, used by stellar-rpc, Horizon and Galexie)
+//! starts. Set it as the SDK's core binary path and the SDK's ledgers come from relays instead
+//! of a core replaying history: same commands, same record-marked stream on `fd:3`, every
+//! ledger verified as `ledger-subscribe` verifies it.
+//!
+//! The commands the SDK (go-stellar-sdk v0.7.3) builds, and what this stand-in does with each
+//! (docs/rpc.md has the table):
+//! - `version`: a first line `vX.Y.Z-...` and `ledger protocol version: N`.
+//! - `--conf FILE [--console]` before every other command: accepted; the SDK's core config is
+//!   not needed, the relay settings come from [`Settings`].
+//! - `new-db`: forgets the last closed ledger (it becomes 1, as in a fresh core database).
+//! - `offline-info`: core's info JSON with the last closed ledger; fails when there is none.
+//! - `catchup TO/0`: records TO as the last closed ledger (the ledger after it is where `run`
+//!   starts).
+//! - `catchup TO/COUNT --metadata-output-stream fd:N`: streams from the first ledger of the
+//!   checkpoint holding `TO-COUNT+1` (where core's replay starts, and where the SDK expects
+//!   the stream to start) to TO, then exits 0.
+//! - `run --metadata-output-stream fd:N [--start-at-ledger S --start-at-hash H]`: streams from
+//!   the ledger after the last closed one (or S), anchored to its hash when known, until
+//!   SIGINT or SIGTERM, recording each ledger as the last closed one.
+//!
+//! The state (the last closed ledger and its hash) is a small file in the working directory,
+//! which the SDK sets to its storage path, as core keeps its database there.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use ledger_relay_transport::parse_duration;
+
+use crate::config::{Anchor, Credentials, RelayAddr, SubscribeConfig};
+use crate::error::SubscribeError;
+
+mod run;
+pub use run::{stream, StreamEnd};
+
+/// The environment variable naming the settings file.
+pub const CONFIG_ENV: &str = "LEDGER_CAPTIVE_CORE_CONFIG";
+/// The settings file read when [`CONFIG_ENV`] is not set.
+pub const DEFAULT_CONFIG: &str = "/etc/ledger-relay/captive-core.toml";
+/// Prefix of the environment variables that override single settings
+/// (`LEDGER_CAPTIVE_CORE_RELAY`, `..._CERTS`, `..._NAME`, ...).
+pub const ENV_PREFIX: &str = "LEDGER_CAPTIVE_CORE_";
+/// The state file, in the working directory.
+pub const STATE_FILE: &str = "ledger-captive-core.state";
+/// The lowest ledger protocol the Go SDK accepts from `version` (go-stellar-sdk v0.7.3's
+/// `minProtocolVersionSupported`); reported unless `protocol_version` says otherwise.
+pub const DEFAULT_PROTOCOL_VERSION: u32 = 23;
+
+/// Why the stand-in failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptiveError {
+    /// The command line is not one the stand-in answers.
+    #[error("unsupported command line: {0}")]
+    Usage(String),
+    /// The settings are missing or wrong.
+    #[error("settings: {0}")]
+    Settings(String),
+    /// `offline-info` or `run` without a database (core says the same before `new-db`).
+    #[error("no database in {0}: run new-db first")]
+    NoDatabase(PathBuf),
+    /// Reading or writing the state file, or opening the metadata stream, failed.
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The subscription failed.
+    #[error(transparent)]
+    Subscribe(#[from] SubscribeError),
+}
+
+impl CaptiveError {
+    /// Exit code, as `ledger-subscribe`'s: 3 authorization, 4 below retention, else 2 (core's
+    /// runner only looks at non-zero).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CaptiveError::Subscribe(e) if e.is_unauthorized() => 3,
+            CaptiveError::Subscribe(e) if e.is_below_retention() => 4,
+            _ => 2,
+        }
+    }
+}
+
+/// One command line, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `version`.
+    Version,
+    /// `new-db`.
+    NewDb,
+    /// `offline-info`.
+    OfflineInfo,
+    /// `catchup TO/COUNT`, with the metadata stream's file descriptor when given.
+    Catchup {
+        /// The last ledger.
+        to: u32,
+        /// How many ledgers up to `to` (0: none, only set the last closed ledger).
+        count: u32,
+        /// `--metadata-output-stream fd:N`.
+        stream: Option<i32>,
+    },
+    /// `run`.
+    Run {
+        /// `--metadata-output-stream fd:N`.
+        stream: Option<i32>,
+        /// `--start-at-ledger`.
+        start_at: Option<u32>,
+        /// `--start-at-hash`.
+        start_hash: Option<[u8; 32]>,
+    },
+}
+
+/// Parses the arguments after the program name. Options core takes and that change nothing
+/// here (`--conf FILE`, `--console`, `--in-memory`, `--ll LEVEL`) are accepted anywhere.
+pub fn parse_args(args: &[String]) -> Result<Command, CaptiveError> {
+    let usage = || CaptiveError::Usage(args.join(" "));
+    let mut words = Vec::new();
+    let mut flags: HashMap<&str, &str> = HashMap::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--console" | "--in-memory" => {}
+            "--conf" | "--ll" | "--metadata-output-stream" | "--start-at-ledger"
+            | "--start-at-hash" => {
+                let value = it.next().ok_or_else(usage)?;
+                flags.insert(arg.as_str(), value.as_str());
+            }
+            flag if flag.starts_with("--") => return Err(usage()),
+            word => words.push(word),
+        }
+    }
+    let stream = flags
+        .get("--metadata-output-stream")
+        .map(|s| parse_fd(s).ok_or_else(usage))
+        .transpose()?;
+    match words.as_slice() {
+        ["version"] => Ok(Command::Version),
+        ["new-db"] => Ok(Command::NewDb),
+        ["offline-info"] => Ok(Command::OfflineInfo),
+        ["catchup", range] => {
+            let (to, count) = range.split_once('/').ok_or_else(usage)?;
+            Ok(Command::Catchup {
+                to: to.parse().map_err(|_| usage())?,
+                count: count.parse().map_err(|_| usage())?,
+                stream,
+            })
+        }
+        ["run"] => {
+            let start_at = flags
+                .get("--start-at-ledger")
+                .map(|s| s.parse().map_err(|_| usage()))
+                .transpose()?;
+            let start_hash = flags
+                .get("--start-at-hash")
+                .map(|s| parse_hash(s).ok_or_else(usage))
+                .transpose()?;
+            Ok(Command::Run {
+                stream,
+                start_at,
+                start_hash,
+            })
+        }
+        _ => Err(usage()),
+    }
+}
+
+fn parse_fd(s: &str) -> Option<i32> {
+    s.strip_prefix("fd:")?.parse().ok().filter(|fd| *fd >= 0)
+}
+
+fn parse_hash(s: &str) -> Option<[u8; 32]> {
+    Anchor::from_str(&format!("1:{s}")).ok().map(|a| a.hash)
+}
+
+/// The first ledger core's catch-up to `first` streams: the first ledger of the checkpoint
+/// holding it (checkpoints end at multiples of `frequency`, minus one), and never ledger 1.
+pub fn checkpoint_start(first: u32, frequency: u32) -> u32 {
+    let frequency = frequency.max(1);
+    ((first / frequency) * frequency).max(2)
+}
+
+/// Relay settings: the file [`CONFIG_ENV`] names (else [`DEFAULT_CONFIG`]), then the
+/// environment ([`ENV_PREFIX`] + the upper-case key) over it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Relays in order of preference (`ledger-subscribe --relay`).
+    #[serde(default)]
+    pub relay: Vec<String>,
+    /// Certificate directory (`--certs`).
+    pub certs: Option<PathBuf>,
+    /// Certificate name (`--name`).
+    pub name: Option<String>,
+    /// Subscribe to every relay at once (`--hedge`).
+    pub hedge: Option<bool>,
+    /// Lanes per relay (`--lanes`).
+    pub lanes: Option<u8>,
+    /// TLS name of the relays (`--server-name`).
+    pub server_name: Option<String>,
+    /// Give up when no relay answers for this long at the start (`--connect-timeout`).
+    pub connect_timeout: Option<String>,
+    /// Ledgers per history checkpoint (64 on every public network).
+    pub checkpoint_frequency: Option<u32>,
+    /// The protocol `version` reports.
+    pub protocol_version: Option<u32>,
+}
+
+impl Settings {
+    /// Reads the settings: the file, then the environment `env` over it.
+    pub fn load(env: &HashMap<String, String>) -> Result<Settings, CaptiveError> {
+        let explicit = env.get(CONFIG_ENV).filter(|p| !p.is_empty());
+        let path = PathBuf::from(explicit.map_or(DEFAULT_CONFIG, String::as_str));
+        let mut settings = match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text)
+                .map_err(|e| CaptiveError::Settings(format!("{}: {e}", path.display())))?,
+            // No file is fine when the environment gives everything.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+                Settings::default()
+            }
+            Err(source) => {
+                return Err(CaptiveError::Io {
+                    what: format!("cannot read settings {}", path.display()),
+                    source,
+                })
+            }
+        };
+        settings.apply_env(env)?;
+        Ok(settings)
+    }
+
+    fn apply_env(&mut self, env: &HashMap<String, String>) -> Result<(), CaptiveError> {
+        for (key, value) in env {
+            let Some(name) = key.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let bad = |what: &str| CaptiveError::Settings(format!("{key}={value}: {what}"));
+            match name {
+                "CONFIG" => {}
+                _ if value.is_empty() => {}
+                "RELAY" => self.relay = value.split(',').map(str::to_owned).collect(),
+                "CERTS" => self.certs = Some(value.into()),
+                "NAME" => self.name = Some(value.clone()),
+                "HEDGE" => self.hedge = Some(value.parse().map_err(|_| bad("true or false"))?),
+                "LANES" => self.lanes = Some(value.parse().map_err(|_| bad("1 to 64"))?),
+                "SERVER_NAME" => self.server_name = Some(value.clone()),
+                "CONNECT_TIMEOUT" => self.connect_timeout = Some(value.clone()),
+                "CHECKPOINT_FREQUENCY" => {
+                    self.checkpoint_frequency = Some(value.parse().map_err(|_| bad("a number"))?)
+                }
+                "PROTOCOL_VERSION" => {
+                    self.protocol_version = Some(value.parse().map_err(|_| bad("a number"))?)
+                }
+                _ => return Err(bad("unknown setting")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Ledgers per checkpoint.
+    pub fn checkpoint_frequency(&self) -> u32 {
+        self.checkpoint_frequency.unwrap_or(64)
+    }
+
+    /// The protocol `version` reports.
+    pub fn protocol_version(&self) -> u32 {
+        self.protocol_version.unwrap_or(DEFAULT_PROTOCOL_VERSION)
+    }
+
+    /// The subscription these settings describe, from `from`, anchored to `anchor`.
+    pub fn subscription(
+        &self,
+        from: u32,
+        anchor: Option<Anchor>,
+    ) -> Result<SubscribeConfig, CaptiveError> {
+        let missing = |what: &str| {
+            CaptiveError::Settings(format!(
+                "{what} not set (in {CONFIG_ENV}'s file or {ENV_PREFIX}{})",
+                what.to_uppercase()
+            ))
+        };
+        if self.relay.is_empty() {
+            return Err(missing("relay"));
+        }
+        let relays = self
+            .relay
+            .iter()
+            .map(|r| {
+                r.trim()
+                    .parse::<RelayAddr>()
+                    .map_err(|e| CaptiveError::Settings(format!("relay {r}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let certs = self.certs.as_deref().ok_or_else(|| missing("certs"))?;
+        let name = self.name.as_deref().ok_or_else(|| missing("name"))?;
+        let mut config = SubscribeConfig::new(relays, Credentials::from_cert_dir(certs, name)?);
+        config.start = ledger_relay_wire::frame::Start::Seq(from);
+        config.anchor = anchor;
+        config.hedge = self.hedge.unwrap_or(false);
+        config.lanes = self.lanes.unwrap_or(config.lanes);
+        config.server_name.clone_from(&self.server_name);
+        let timeout = match &self.connect_timeout {
+            Some(t) => parse_duration(t)
+                .map_err(|e| CaptiveError::Settings(format!("connect_timeout {t}: {e}")))?,
+            None => crate::cli::DEFAULT_CONNECT_TIMEOUT,
+        };
+        config.first_connect_timeout = Some(timeout);
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// The last closed ledger, as the stand-in's "database" holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// Its sequence (1 after `new-db`).
+    pub ledger: u32,
+    /// Its header hash, once a ledger was streamed.
+    pub hash: Option<[u8; 32]>,
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.hash {
+            Some(h) => write!(f, "{} {}", self.ledger, ledger_relay_wire::Hex(&h)),
+            None => write!(f, "{}", self.ledger),
+        }
+    }
+}
+
+impl State {
+    /// Reads `dir`'s state; `None` when there is no database.
+    pub fn load(dir: &Path) -> Result<Option<State>, CaptiveError> {
+        let path = dir.join(STATE_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(CaptiveError::Io {
+                    what: format!("cannot read {}", path.display()),
+                    source,
+                })
+            }
+        };
+        let damaged = || CaptiveError::Settings(format!("{} is damaged: {text:?}", path.display()));
+        let mut parts = text.split_whitespace();
+        let ledger = parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(damaged)?;
+        let hash = match parts.next() {
+            Some(h) => Some(parse_hash(h).ok_or_else(damaged)?),
+            None => None,
+        };
+        Ok(Some(State { ledger, hash }))
+    }
+
+    /// Writes it to `dir`, atomically (a temporary file renamed over the old one).
+    pub fn save(&self, dir: &Path) -> Result<(), CaptiveError> {
+        let path = dir.join(STATE_FILE);
+        let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+        std::fs::write(&tmp, format!("{self}\n"))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|source| CaptiveError::Io {
+                what: format!("cannot write {}", path.display()),
+                source,
+            })
+    }
+
+    /// Core's `offline-info` JSON for it (the fields the SDK reads: `info.ledger.num`).
+    pub fn info_json(&self, build: &str, protocol: u32) -> String {
+        let hash = self
+            .hash
+            .map(|h| ledger_relay_wire::Hex(&h).to_string())
+            .unwrap_or_default();
+        format!(
+            "{{\"info\":{{\"build\":\"{build}\",\"protocol_version\":{protocol},\"state\":\"Catching up\",\"ledger\":{{\"num\":{},\"hash\":\"{hash}\",\"version\":{protocol}}}}}}}\n",
+            self.ledger
+        )
+    }
+}
+
+/// `version`'s output: core's first line (`vX.Y.Z-...`) and the protocol line the SDK parses.
+pub fn version_text(protocol: u32) -> String {
+    format!(
+        "v{protocol}.0.0-ledger-captive-core-{}\nledger protocol version: {protocol}\nrelayed by ledger-relay {}: ledgers are not applied here\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,169 @@
+use super::*;
+
+fn args(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_owned).collect()
+}
+
+#[test]
+fn every_command_line_the_sdk_builds_parses() {
+    assert_eq!(parse_args(&args("version")).unwrap(), Command::Version);
+    assert_eq!(
+        parse_args(&args("--conf /s/stellar-core.conf --console new-db")).unwrap(),
+        Command::NewDb
+    );
+    assert_eq!(
+        parse_args(&args("--conf c offline-info")).unwrap(),
+        Command::OfflineInfo
+    );
+    assert_eq!(
+        parse_args(&args("--conf c --console catchup 1410046/0")).unwrap(),
+        Command::Catchup {
+            to: 1410046,
+            count: 0,
+            stream: None
+        }
+    );
+    assert_eq!(
+        parse_args(&args(
+            "--conf c --console catchup 1410200/101 --metadata-output-stream fd:3"
+        ))
+        .unwrap(),
+        Command::Catchup {
+            to: 1410200,
+            count: 101,
+            stream: Some(3)
+        }
+    );
+    assert_eq!(
+        parse_args(&args("--conf c --console run --metadata-output-stream fd:3")).unwrap(),
+        Command::Run {
+            stream: Some(3),
+            start_at: None,
+            start_hash: None
+        }
+    );
+    let hash = "ab".repeat(32);
+    assert_eq!(
+        parse_args(&args(&format!(
+            "run --metadata-output-stream fd:3 --start-at-ledger 9 --start-at-hash {hash}"
+        )))
+        .unwrap(),
+        Command::Run {
+            stream: Some(3),
+            start_at: Some(9),
+            start_hash: Some([0xab; 32])
+        }
+    );
+}
+
+#[test]
+fn command_lines_it_cannot_answer_are_refused_by_name() {
+    for line in [
+        "",
+        "http-command info",
+        "catchup 10",
+        "catchup x/1",
+        "run --metadata-output-stream 3",
+        "run --unknown",
+        "--conf",
+    ] {
+        let e = parse_args(&args(line)).unwrap_err();
+        assert!(matches!(e, CaptiveError::Usage(_)), "{line}: {e}");
+        assert_eq!(e.exit_code(), 2);
+    }
+}
+
+#[test]
+fn catch_up_starts_where_core_replays_from() {
+    // The SDK expects a bounded stream to begin at the first ledger of the checkpoint.
+    assert_eq!(checkpoint_start(1410100, 64), 1410048);
+    assert_eq!(checkpoint_start(1410048, 64), 1410048);
+    assert_eq!(checkpoint_start(1410111, 64), 1410048);
+    assert_eq!(checkpoint_start(1410112, 64), 1410112);
+    assert_eq!(checkpoint_start(5, 64), 2);
+    assert_eq!(checkpoint_start(20, 8), 16);
+}
+
+#[test]
+fn state_round_trips_and_damage_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(State::load(dir.path()).unwrap(), None);
+    let s = State {
+        ledger: 7,
+        hash: None,
+    };
+    s.save(dir.path()).unwrap();
+    assert_eq!(State::load(dir.path()).unwrap(), Some(s));
+    let s = State {
+        ledger: 1410100,
+        hash: Some([7; 32]),
+    };
+    s.save(dir.path()).unwrap();
+    assert_eq!(State::load(dir.path()).unwrap(), Some(s));
+    let json = s.info_json("v23.0.0-x", 23);
+    assert!(json.contains("\"num\":1410100"), "{json}");
+    assert!(json.contains(&"07".repeat(32)), "{json}");
+    std::fs::write(dir.path().join(STATE_FILE), "seven\n").unwrap();
+    let e = State::load(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("damaged"), "{e}");
+}
+
+#[test]
+fn settings_come_from_the_file_and_the_environment_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("captive-core.toml");
+    std::fs::write(
+        &file,
+        "relay = [\"127.0.0.1:7000\"]\ncerts = \"/c\"\nname = \"rpc-1\"\nlanes = 2\n",
+    )
+    .unwrap();
+    let mut env = HashMap::new();
+    env.insert(CONFIG_ENV.to_owned(), file.display().to_string());
+    env.insert(
+        format!("{ENV_PREFIX}RELAY"),
+        "127.0.0.1:7001,127.0.0.1:7002".to_owned(),
+    );
+    env.insert(format!("{ENV_PREFIX}HEDGE"), "true".to_owned());
+    let s = Settings::load(&env).unwrap();
+    assert_eq!(s.relay, ["127.0.0.1:7001", "127.0.0.1:7002"]);
+    assert_eq!(s.lanes, Some(2));
+    assert_eq!(s.hedge, Some(true));
+    assert_eq!(s.name.as_deref(), Some("rpc-1"));
+    assert_eq!(s.checkpoint_frequency(), 64);
+
+    env.insert(format!("{ENV_PREFIX}LANES"), "many".to_owned());
+    let e = Settings::load(&env).unwrap_err().to_string();
+    assert!(e.contains("LEDGER_CAPTIVE_CORE_LANES=many"), "{e}");
+    env.remove(&format!("{ENV_PREFIX}LANES"));
+    env.insert(format!("{ENV_PREFIX}RELAYS"), "x".to_owned());
+    let e = Settings::load(&env).unwrap_err().to_string();
+    assert!(e.contains("unknown setting"), "{e}");
+
+    std::fs::write(&file, "relays = []\n").unwrap();
+    let e = Settings::load(&HashMap::from([(
+        CONFIG_ENV.to_owned(),
+        file.display().to_string(),
+    )]))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("relays"), "{e}");
+    // A named file that is missing is an error, not an empty configuration.
+    let e = Settings::load(&HashMap::from([(
+        CONFIG_ENV.to_owned(),
+        "/nonexistent/x.toml".to_owned(),
+    )]))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("/nonexistent/x.toml"), "{e}");
+    // Nothing set: the missing key is named.
+    let e = Settings::default().subscription(5, None).unwrap_err().to_string();
+    assert!(e.contains("relay not set"), "{e}");
+}
+
+#[test]
+fn version_prints_what_the_sdk_parses() {
+    let v = version_text(23);
+    let first = v.lines().next().unwrap();
+    assert!(first.starts_with("v23.0.0-"), "{first}");
+    assert!(v.lines().any(|l| l == "ledger protocol version: 23"), "{v}");
+}
