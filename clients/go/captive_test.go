@@ -45,7 +45,7 @@ func (e *env) captiveCore(t testing.TB, relay string) (*ledgerbackend.CaptiveSte
 		ledgerbackend.CaptiveCoreTomlParams{
 			NetworkPassphrase:  testnetPass,
 			HistoryArchiveURLs: []string{archive},
-			CoreBinaryPath:     e.bin.captive,
+			CoreBinaryPath:     e.bin.Captive,
 		})
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func (e *env) captiveCore(t testing.TB, relay string) (*ledgerbackend.CaptiveSte
 	logger.SetLevel(log.InfoLevel)
 	logger.SetOutput(logs)
 	core, err := ledgerbackend.NewCaptive(ledgerbackend.CaptiveCoreConfig{
-		BinaryPath:          e.bin.captive,
+		BinaryPath:          e.bin.Captive,
 		NetworkPassphrase:   testnetPass,
 		HistoryArchiveURLs:  []string{archive},
 		CheckpointFrequency: 64,
@@ -131,7 +131,7 @@ func TestTheSDKsCaptiveCoreReadsABoundedRangeThroughTheStandIn(t *testing.T) {
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
 	r.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
-	core, logs := e.captiveCore(t, r.addr)
+	core, logs := e.captiveCore(t, r.Addr)
 	// Core's catch-up streams from the checkpoint's first ledger, 1410048: the SDK skips to
 	// 1410100 itself.
 	readRange(t, core, ledgerbackend.BoundedRange(1410100, 1410200), 1410200, src)
@@ -148,7 +148,7 @@ func TestTheSDKsCaptiveCoreFollowsAnUnboundedRangeThroughTheStandIn(t *testing.T
 	src := sourceLedgers(t)
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "10ms", "--emit", "1ms")
-	core, logs := e.captiveCore(t, r.addr)
+	core, logs := e.captiveCore(t, r.Addr)
 	// new-db, catchup 1410098/0, then run from 1410099; the SDK skips 1410099 itself.
 	readRange(t, core, ledgerbackend.UnboundedRange(1410100), testnetLast, src)
 	latest, err := core.GetLatestLedgerSequence(context.Background())

@@ -24,7 +24,7 @@ func fileSource(t testing.TB) string {
 }
 
 func (e *env) config(name string, relays ...string) Config {
-	return Config{Binary: e.bin.subscribe, Relays: relays, CertDir: e.certs, Name: name, Lanes: 2,
+	return Config{Binary: e.bin.Subscribe, Relays: relays, CertDir: e.certs, Name: name, Lanes: 2,
 		RestartDelay: 100 * time.Millisecond}
 }
 
@@ -63,7 +63,7 @@ func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
 	r.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
 
-	s, p := newStream(t, e.config("rpc-1", r.addr))
+	s, p := newStream(t, e.config("rpc-1", r.Addr))
 	next := uint32(1410100)
 	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(1410100, 1410200)) {
 		if err != nil {
@@ -83,7 +83,7 @@ func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
 	assertReaped(t, p)
 
 	// The same through the LedgerBackend interface.
-	b, err := NewBackend(e.config("rpc-1", r.addr))
+	b, err := NewBackend(e.config("rpc-1", r.Addr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestUnboundedRangeFollowsTheRelayLive(t *testing.T) {
 	e := newEnv(t)
 	// 20 ms between ledgers: the 320 take 6.4 s, and the reader starts before most exist.
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "20ms", "--emit", "1ms")
-	s, p := newStream(t, e.config("rpc-1", r.addr))
+	s, p := newStream(t, e.config("rpc-1", r.Addr))
 	next := uint32(testnetFirst)
 	start := time.Now()
 	var firstAt, lastAt time.Duration
@@ -152,7 +152,7 @@ func TestUnboundedRangeFollowsTheRelayLive(t *testing.T) {
 
 	// Synthetic ledgers through the backend, from the relay's newest on: in order, chained.
 	syn := e.startRelay(t, "syn", "synthetic:size=64KiB,ratio=2", "--cadence", "50ms")
-	b, err := NewBackend(e.config("rpc-1", syn.addr))
+	b, err := NewBackend(e.config("rpc-1", syn.Addr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestASIGKILLedRelayFailsOverToTheSecond(t *testing.T) {
 	b := e.startRelay(t, "b", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
 	b.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
 
-	s, p := newStream(t, e.config("rpc-1", a.addr, b.addr))
+	s, p := newStream(t, e.config("rpc-1", a.Addr, b.Addr))
 	next := uint32(testnetFirst)
 	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetLast)) {
 		if err != nil {
@@ -203,7 +203,7 @@ func TestASIGKILLedRelayFailsOverToTheSecond(t *testing.T) {
 		}
 		if next == testnetFirst+100 {
 			// a has about 100 of 320: the rest can only come from b.
-			if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			if err := a.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -222,7 +222,7 @@ func TestAKilledChildIsRestartedFromTheNextLedger(t *testing.T) {
 	src := sourceLedgers(t)
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "10ms", "--emit", "1ms")
-	s, p := newStream(t, e.config("rpc-1", r.addr))
+	s, p := newStream(t, e.config("rpc-1", r.Addr))
 	next := uint32(testnetFirst)
 	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetFirst+150)) {
 		if err != nil {
@@ -250,7 +250,7 @@ func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms", "--retention", "50")
 	r.waitHolds(t, testnetLast-49, testnetLast, 60*time.Second)
 
-	s, p := newStream(t, e.config("rpc-1", r.addr))
+	s, p := newStream(t, e.config("rpc-1", r.Addr))
 	var got error
 	for _, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetFirst+10)) {
 		got = err
@@ -267,7 +267,7 @@ func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {
 	}
 	assertReaped(t, p)
 
-	b, _ := NewBackend(e.config("rpc-1", r.addr))
+	b, _ := NewBackend(e.config("rpc-1", r.Addr))
 	defer b.Close()
 	if err := b.PrepareRange(context.Background(), ledgerbackend.UnboundedRange(testnetFirst)); !errors.As(err, &below) {
 		t.Errorf("PrepareRange: %v", err)
@@ -277,7 +277,7 @@ func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {
 func TestARevokedCertificateIsFinal(t *testing.T) {
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
-	s, p := newStream(t, e.config("gone", r.addr))
+	s, p := newStream(t, e.config("gone", r.Addr))
 	var got error
 	for _, err := range s.RawLedgers(context.Background(), ledgerbackend.UnboundedRange(testnetFirst)) {
 		got = err
@@ -295,7 +295,7 @@ func TestCancellationStopsAndReapsTheChild(t *testing.T) {
 	e := newEnv(t)
 	// One ledger every 300 ms: the reader is blocked in a read when the context ends.
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "300ms", "--emit", "1ms")
-	s, p := newStream(t, e.config("rpc-1", r.addr))
+	s, p := newStream(t, e.config("rpc-1", r.Addr))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	n := 0
@@ -318,4 +318,41 @@ func TestCancellationStopsAndReapsTheChild(t *testing.T) {
 		t.Errorf("stopping took %v", took)
 	}
 	assertReaped(t, p)
+}
+
+func TestCloseInterruptsABlockedGetLedgerAndReapsTheChild(t *testing.T) {
+	e := newEnv(t)
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "300ms", "--emit", "1ms")
+	b, err := NewBackend(e.config("rpc-1", r.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pids{}
+	b.stream.started = p.add
+	ctx := context.Background()
+	if err := b.PrepareRange(ctx, ledgerbackend.UnboundedRange(testnetFirst)); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		// Ledger 1410367 is about 95 s away at this cadence.
+		_, err := b.GetLedger(ctx, testnetLast)
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err == nil {
+			t.Fatal("GetLedger returned a ledger after Close")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("GetLedger still blocked 10 s after Close")
+	}
+	assertReaped(t, p)
+	if _, err := b.GetLedger(ctx, testnetFirst); err == nil {
+		t.Error("a closed backend returned a ledger")
+	}
 }

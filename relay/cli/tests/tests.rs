@@ -1,5 +1,6 @@
 //! Tests of the `ledger-relay` binary: its command-line contract, and the relay run as a
-//! process of its own (SIGKILL and restart, a slow consumer measured apart, the crash rounds).
+//! process of its own (SIGKILL and restart, a slow consumer measured apart, the crash rounds),
+//! and the Go client's suite against it.
 //! They share the relay's test support module.
 
 /// A file of the repository's `testdata/`, from this crate's directory (`relay/cli`).
@@ -13,6 +14,7 @@ mod architecture;
 mod backfill;
 mod cli;
 mod flood;
+mod go_client;
 mod health;
 mod lake;
 mod process;
