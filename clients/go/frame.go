@@ -6,7 +6,27 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 )
+
+// ReadRecords yields each record of stellar-core's record-marked stream r (what core writes
+// to --metadata-output-stream, and ledger-subscribe to --out): one LedgerCloseMeta each,
+// borrowed until the next step, none longer than max bytes. It ends at a clean end of r, or
+// with an error (io.ErrUnexpectedEOF for a record cut short).
+func ReadRecords(r io.Reader, max int) iter.Seq2[[]byte, error] {
+	return func(yield func([]byte, error) bool) {
+		rr := newRecordReader(r, max)
+		for {
+			raw, err := rr.next()
+			if err == io.EOF {
+				return
+			}
+			if !yield(raw, err) || err != nil {
+				return
+			}
+		}
+	}
+}
 
 // recordReader reads stellar-core's record-marked stream (RFC 5531 record marking: a 4-byte
 // big-endian header per fragment, the top bit set on a record's last fragment).

@@ -127,7 +127,10 @@ pub fn parse_args(args: &[String]) -> Result<Command, CaptiveError> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--console" | "--in-memory" => {}
-            "--conf" | "--ll" | "--metadata-output-stream" | "--start-at-ledger"
+            "--conf"
+            | "--ll"
+            | "--metadata-output-stream"
+            | "--start-at-ledger"
             | "--start-at-hash" => {
                 let value = it.next().ok_or_else(usage)?;
                 flags.insert(arg.as_str(), value.as_str());

@@ -62,7 +62,10 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
             let state = State::load(&dir)?.ok_or_else(|| CaptiveError::NoDatabase(cwd()))?;
             let protocol = settings.protocol_version();
             let build = version_text(protocol);
-            print!("{}", state.info_json(build.lines().next().unwrap_or(""), protocol));
+            print!(
+                "{}",
+                state.info_json(build.lines().next().unwrap_or(""), protocol)
+            );
             Ok(())
         }
         // Without a metadata stream core only applies the ledgers; here that is recording where
@@ -85,13 +88,8 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
             let start = checkpoint_start(first, settings.checkpoint_frequency());
             let config = settings.subscription(start, None)?;
             let wanted = u64::from(to - start) + 1;
-            let (written, _) = runtime()?.block_on(stream(
-                config,
-                Some(wanted),
-                fd,
-                &dir,
-                shutdown_signal(),
-            ))?;
+            let (written, _) =
+                runtime()?.block_on(stream(config, Some(wanted), fd, &dir, shutdown_signal()))?;
             if written < wanted {
                 // Stopped by a signal before the end, as core would be: non-zero.
                 return Err(CaptiveError::Usage(format!(
@@ -146,14 +144,13 @@ fn runtime() -> Result<tokio::runtime::Runtime, CaptiveError> {
 
 /// Completes on SIGINT (how the SDK stops core) or SIGTERM.
 async fn shutdown_signal() {
-    let mut term =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

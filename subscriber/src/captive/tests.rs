@@ -35,7 +35,10 @@ fn every_command_line_the_sdk_builds_parses() {
         }
     );
     assert_eq!(
-        parse_args(&args("--conf c --console run --metadata-output-stream fd:3")).unwrap(),
+        parse_args(&args(
+            "--conf c --console run --metadata-output-stream fd:3"
+        ))
+        .unwrap(),
         Command::Run {
             stream: Some(3),
             start_at: None,
@@ -156,7 +159,10 @@ fn settings_come_from_the_file_and_the_environment_overrides() {
     .to_string();
     assert!(e.contains("/nonexistent/x.toml"), "{e}");
     // Nothing set: the missing key is named.
-    let e = Settings::default().subscription(5, None).unwrap_err().to_string();
+    let e = Settings::default()
+        .subscription(5, None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("relay not set"), "{e}");
 }
 
@@ -166,4 +172,12 @@ fn version_prints_what_the_sdk_parses() {
     let first = v.lines().next().unwrap();
     assert!(first.starts_with("v23.0.0-"), "{first}");
     assert!(v.lines().any(|l| l == "ledger protocol version: 23"), "{v}");
+}
+
+#[test]
+fn the_packaged_example_settings_parse() {
+    let text = include_str!("../../../packaging/config/captive-core.toml");
+    let s: Settings = toml::from_str(text).unwrap();
+    assert_eq!(s.relay.len(), 2);
+    assert_eq!(s.name.as_deref(), Some("rpc-1"));
 }
