@@ -139,7 +139,16 @@ async fn the_binary_exits_4_below_retention_with_the_oldest_held() {
         stderr.contains(&format!("oldest ledger held is {FIRST_SEQ}")),
         "{stderr}"
     );
-    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    // The error for people, then the bounds for programs (the Go client parses them).
+    let lines: Vec<&str> = stderr.trim().lines().collect();
+    assert_eq!(lines.len(), 2, "two lines: {stderr}");
+    let bounds = lines[1]
+        .strip_prefix("below-retention requested=1 oldest=")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        bounds.starts_with(&format!("{FIRST_SEQ} newest=")),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

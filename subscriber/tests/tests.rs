@@ -3,6 +3,7 @@
 mod support;
 
 mod auth;
+mod captive;
 mod cli;
 mod consume_delay;
 mod content;
