@@ -57,15 +57,13 @@ func assertReaped(t testing.TB, p *pids) {
 	}
 }
 
-func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
-	src := sourceLedgers(t)
-	e := newEnv(t)
-	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
-	r.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
-
-	s, p := newStream(t, e.config("rpc-1", r.Addr))
-	next := uint32(1410100)
-	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(1410100, 1410200)) {
+// readChecked reads rng through s, checks that every ledger is the next one and
+// byte-identical to src, and calls after(seq) once each is read; after returning false stops
+// the loop. It returns the sequence after the last ledger read.
+func readChecked(t *testing.T, s *Stream, rng ledgerbackend.Range, src map[uint32][]byte, after func(seq uint32) bool) uint32 {
+	t.Helper()
+	next := rng.From()
+	for raw, err := range s.RawLedgers(context.Background(), rng) {
 		if err != nil {
 			t.Fatalf("after ledger %d: %v", next-1, err)
 		}
@@ -73,14 +71,34 @@ func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
 			t.Fatalf("ledger %d differs from the source", next)
 		}
 		next++
+		if after != nil && !after(next-1) {
+			break
+		}
 	}
-	if next != 1410201 {
-		t.Fatalf("the range ended at %d", next-1)
+	return next
+}
+
+// checkEnd checks that a read ended before want, with children processes, all reaped.
+func checkEnd(t *testing.T, next, want uint32, p *pids, children int, why string) {
+	t.Helper()
+	if next != want {
+		t.Fatalf("ended at %d, not %d", next-1, want-1)
 	}
-	if n := len(p.all()); n != 1 {
-		t.Errorf("%d children for one range", n)
+	if n := len(p.all()); n != children {
+		t.Errorf("%d children, want %d (%s)", n, children, why)
 	}
 	assertReaped(t, p)
+}
+
+func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
+	src := sourceLedgers(t)
+	e := newEnv(t)
+	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
+	r.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
+
+	s, p := newStream(t, e.config("rpc-1", r.Addr))
+	next := readChecked(t, s, ledgerbackend.BoundedRange(1410100, 1410200), src, nil)
+	checkEnd(t, next, 1410201, p, 1, "one range")
 
 	// The same through the LedgerBackend interface.
 	b, err := NewBackend(e.config("rpc-1", r.Addr))
@@ -125,25 +143,18 @@ func TestUnboundedRangeFollowsTheRelayLive(t *testing.T) {
 	// 20 ms between ledgers: the 320 take 6.4 s, and the reader starts before most exist.
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "20ms", "--emit", "1ms")
 	s, p := newStream(t, e.config("rpc-1", r.Addr))
-	next := uint32(testnetFirst)
 	start := time.Now()
 	var firstAt, lastAt time.Duration
-	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.UnboundedRange(testnetFirst)) {
-		if err != nil {
-			t.Fatalf("after ledger %d: %v", next-1, err)
-		}
-		if !bytes.Equal(raw, src[next]) {
-			t.Fatalf("ledger %d differs from the source", next)
-		}
-		if next == testnetFirst {
+	readChecked(t, s, ledgerbackend.UnboundedRange(testnetFirst), src, func(seq uint32) bool {
+		if seq == testnetFirst {
 			firstAt = time.Since(start)
 		}
-		if next == testnetLast {
+		if seq == testnetLast {
 			lastAt = time.Since(start)
-			break
+			return false
 		}
-		next++
-	}
+		return true
+	})
 	// Followed live: the last ledger came about 319 cadences after the first, not at once.
 	if lastAt-firstAt < 3*time.Second {
 		t.Errorf("the 320 ledgers came within %v: not followed live", lastAt-firstAt)
@@ -193,29 +204,16 @@ func TestASIGKILLedRelayFailsOverToTheSecond(t *testing.T) {
 	b.waitHolds(t, testnetFirst, testnetLast, 60*time.Second)
 
 	s, p := newStream(t, e.config("rpc-1", a.Addr, b.Addr))
-	next := uint32(testnetFirst)
-	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetLast)) {
-		if err != nil {
-			t.Fatalf("after ledger %d: %v", next-1, err)
-		}
-		if !bytes.Equal(raw, src[next]) {
-			t.Fatalf("ledger %d differs from the source", next)
-		}
-		if next == testnetFirst+100 {
+	next := readChecked(t, s, ledgerbackend.BoundedRange(testnetFirst, testnetLast), src, func(seq uint32) bool {
+		if seq == testnetFirst+100 {
 			// a has about 100 of 320: the rest can only come from b.
 			if err := a.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 		}
-		next++
-	}
-	if next != testnetLast+1 {
-		t.Fatalf("ended at %d", next-1)
-	}
-	if n := len(p.all()); n != 1 {
-		t.Errorf("%d children: the relay switch should happen inside ledger-subscribe", n)
-	}
-	assertReaped(t, p)
+		return true
+	})
+	checkEnd(t, next, testnetLast+1, p, 1, "the relay switch happens inside ledger-subscribe")
 }
 
 func TestAKilledChildIsRestartedFromTheNextLedger(t *testing.T) {
@@ -223,26 +221,13 @@ func TestAKilledChildIsRestartedFromTheNextLedger(t *testing.T) {
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "10ms", "--emit", "1ms")
 	s, p := newStream(t, e.config("rpc-1", r.Addr))
-	next := uint32(testnetFirst)
-	for raw, err := range s.RawLedgers(context.Background(), ledgerbackend.BoundedRange(testnetFirst, testnetFirst+150)) {
-		if err != nil {
-			t.Fatalf("after ledger %d: %v", next-1, err)
-		}
-		if !bytes.Equal(raw, src[next]) {
-			t.Fatalf("ledger %d differs from the source", next)
-		}
-		if next == testnetFirst+50 {
+	next := readChecked(t, s, ledgerbackend.BoundedRange(testnetFirst, testnetFirst+150), src, func(seq uint32) bool {
+		if seq == testnetFirst+50 {
 			_ = syscall.Kill(p.all()[0], syscall.SIGKILL)
 		}
-		next++
-	}
-	if next != testnetFirst+151 {
-		t.Fatalf("ended at %d", next-1)
-	}
-	if n := len(p.all()); n != 2 {
-		t.Errorf("%d children, want 2 (one restart)", n)
-	}
-	assertReaped(t, p)
+		return true
+	})
+	checkEnd(t, next, testnetFirst+151, p, 2, "one restart")
 }
 
 func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {

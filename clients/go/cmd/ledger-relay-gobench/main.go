@@ -106,7 +106,9 @@ func run(o options, w io.Writer) error {
 		}
 		source := fmt.Sprintf("synthetic:size=%s,ratio=%s", o.size, p.ratio)
 		relay, err := cluster.StartRelay(bins, dir, certs, "relay-"+name, source,
-			"--codec", p.codec, "--cadence", o.cadence.String(), "--retention", "1000")
+			"--codec", p.codec, "--cadence", o.cadence.String(),
+			// Enough for the catch-up runs, and no more: 14.5 MiB ledgers fill a disk fast.
+			"--retention", strconv.Itoa(o.ledgers+10))
 		if err != nil {
 			return err
 		}
