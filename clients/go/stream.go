@@ -48,6 +48,9 @@ type Config struct {
 	// StopTimeout is how long a stopped child may take to exit after SIGTERM before it is
 	// killed (0: 5s).
 	StopTimeout time.Duration
+	// PipeBytes is the size asked of the kernel for the pipe from the child (0: 1 MiB, the
+	// default limit of /proc/sys/fs/pipe-max-size; negative: the system's 64 KiB).
+	PipeBytes int
 	// MaxLedgerBytes bounds one ledger record (0: 256 MiB).
 	MaxLedgerBytes int
 	// Stderr receives the child's log lines (nil: kept only for error messages).
@@ -66,6 +69,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StopTimeout == 0 {
 		c.StopTimeout = 5 * time.Second
+	}
+	if c.PipeBytes == 0 {
+		c.PipeBytes = 1 << 20
 	}
 	if c.MaxLedgerBytes == 0 {
 		c.MaxLedgerBytes = 256 << 20
@@ -283,7 +289,9 @@ func (s *Stream) start(from, count uint32, anchor string) (*child, error) {
 	}
 	// A 1 MiB pipe instead of 64 KiB: a 14.5 MiB ledger crosses in 15 wake-ups, not 232.
 	// Best effort (the kernel may cap it: /proc/sys/fs/pipe-max-size).
-	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSize, 1<<20)
+	if s.cfg.PipeBytes > 0 {
+		_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSize, uintptr(s.cfg.PipeBytes))
+	}
 	cmd.Stdout = w
 	err = cmd.Start()
 	w.Close()

@@ -44,6 +44,7 @@ type options struct {
 	payloads []string
 	rounds   int
 	lanes    int
+	pipe     int
 }
 
 // payload is a synthetic source and the relay codec for it.
@@ -62,6 +63,7 @@ func main() {
 	flag.StringVar(&pl, "payload", "raw,compressed", "payloads: raw (incompressible, --codec none), compressed (ratio 7.6, zstd)")
 	flag.IntVar(&o.rounds, "rounds", 2, "rounds of subscribe, go (alternating)")
 	flag.IntVar(&o.lanes, "lanes", 4, "lanes")
+	flag.IntVar(&o.pipe, "pipe", 0, "bytes of the pipe from ledger-subscribe to the Go client (0: its default, 1 MiB; -1: the system's 64 KiB)")
 	flag.Parse()
 	o.payloads = strings.Split(pl, ",")
 	if err := run(o, os.Stdout); err != nil {
@@ -95,8 +97,8 @@ func run(o options, w io.Writer) error {
 		return err
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	fmt.Fprintf(w, "ledger-relay-gobench: %d ledgers x %d rounds, size %s, cadence %v, %d lanes; load average %s\n\n",
-		o.ledgers, o.rounds, o.size, o.cadence, o.lanes, strings.Join(strings.Fields(string(load))[:3], " "))
+	fmt.Fprintf(w, "ledger-relay-gobench: %d ledgers x %d rounds, size %s, cadence %v, %d lanes, pipe %d; load average %s\n\n",
+		o.ledgers, o.rounds, o.size, o.cadence, o.lanes, o.pipe, strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Fprintln(w, "| payload | path | ledgers | delivery p50 ms | p99 ms | max ms | CPU ms/ledger: ledger-subscribe | Go | total | catch-up ledgers/s |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, name := range o.payloads {
@@ -230,7 +232,7 @@ func once(o options, bins cluster.Bins, certs, dir string, relay *cluster.Relay,
 		}
 	case "go":
 		s, err := ledgerrelay.NewStream(ledgerrelay.Config{Binary: bins.Subscribe, Relays: []string{relay.Addr},
-			CertDir: certs, Name: "bench", Lanes: o.lanes, ExtraArgs: []string{"--stats", stats}, Stderr: os.Stderr})
+			CertDir: certs, Name: "bench", Lanes: o.lanes, PipeBytes: o.pipe, ExtraArgs: []string{"--stats", stats}, Stderr: os.Stderr})
 		if err != nil {
 			return err
 		}
