@@ -189,6 +189,19 @@ pub fn checkpoint_start(first: u32, frequency: u32) -> u32 {
     ((first / frequency) * frequency).max(2)
 }
 
+/// What `catchup TO/COUNT` with a metadata stream streams: the first ledger (the checkpoint
+/// start of `TO-COUNT+1`, see [`checkpoint_start`]) and how many ledgers up to TO.
+pub fn catchup_range(to: u32, count: u32, frequency: u32) -> Result<(u32, u64), CaptiveError> {
+    if to < 2 || count == 0 {
+        return Err(CaptiveError::Usage(format!(
+            "catchup {to}/{count}: nothing to stream (ledger 1 is never streamed)"
+        )));
+    }
+    let first = to.saturating_sub(count - 1).max(2);
+    let start = checkpoint_start(first, frequency);
+    Ok((start, u64::from(to - start) + 1))
+}
+
 /// Relay settings: the file [`CONFIG_ENV`] names (else [`DEFAULT_CONFIG`]), then the
 /// environment ([`ENV_PREFIX`] + the upper-case key) over it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use ledger_relay_cli::{logging, LogFormat};
 use ledger_relay_subscriber::captive::{
-    checkpoint_start, parse_args, stream, version_text, CaptiveError, Command, Settings, State,
+    catchup_range, parse_args, stream, version_text, CaptiveError, Command, Settings, State,
 };
 use ledger_relay_subscriber::Anchor;
 
@@ -84,10 +84,8 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
             stream: Some(fd),
         } => {
             let settings = Settings::load(&env)?;
-            let first = to.saturating_sub(count - 1).max(2);
-            let start = checkpoint_start(first, settings.checkpoint_frequency());
+            let (start, wanted) = catchup_range(to, count, settings.checkpoint_frequency())?;
             let config = settings.subscription(start, None)?;
-            let wanted = u64::from(to - start) + 1;
             let (written, _) =
                 runtime()?.block_on(stream(config, Some(wanted), fd, &dir, shutdown_signal()))?;
             if written < wanted {

@@ -85,6 +85,13 @@ fn catch_up_starts_where_core_replays_from() {
     assert_eq!(checkpoint_start(1410112, 64), 1410112);
     assert_eq!(checkpoint_start(5, 64), 2);
     assert_eq!(checkpoint_start(20, 8), 16);
+    assert_eq!(catchup_range(1410200, 101, 64).unwrap(), (1410048, 153));
+    assert_eq!(catchup_range(10, 1000, 64).unwrap(), (2, 9));
+    assert_eq!(catchup_range(2, 1, 64).unwrap(), (2, 1));
+    for (to, count) in [(1, 1), (0, 5), (100, 0)] {
+        let e = catchup_range(to, count, 64).unwrap_err();
+        assert!(matches!(e, CaptiveError::Usage(_)), "{to}/{count}: {e}");
+    }
 }
 
 #[test]
