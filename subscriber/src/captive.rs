@@ -202,6 +202,23 @@ pub fn catchup_range(to: u32, count: u32, frequency: u32) -> Result<(u32, u64), 
     Ok((start, u64::from(to - start) + 1))
 }
 
+/// Where `run` starts, and the ledger it must link to: after `--start-at-ledger S` (anchored
+/// to `--start-at-hash`), else after the last closed ledger (anchored to its hash when known).
+pub fn run_start(
+    state: State,
+    start_at: Option<u32>,
+    start_hash: Option<[u8; 32]>,
+) -> Result<(u32, Option<Anchor>), CaptiveError> {
+    let (seq, hash) = match start_at {
+        Some(seq) => (seq, start_hash),
+        None => (state.ledger, state.hash),
+    };
+    let from = seq
+        .checked_add(1)
+        .ok_or_else(|| CaptiveError::Usage(format!("no ledger after {seq}")))?;
+    Ok((from.max(2), hash.map(|hash| Anchor { seq, hash })))
+}
+
 /// Relay settings: the file [`CONFIG_ENV`] names (else [`DEFAULT_CONFIG`]), then the
 /// environment ([`ENV_PREFIX`] + the upper-case key) over it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]

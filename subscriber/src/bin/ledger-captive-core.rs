@@ -9,9 +9,9 @@ use std::process::ExitCode;
 
 use ledger_relay_cli::{logging, LogFormat};
 use ledger_relay_subscriber::captive::{
-    catchup_range, parse_args, stream, version_text, CaptiveError, Command, Settings, State,
+    catchup_range, parse_args, run_start, stream, version_text, CaptiveError, Command, Settings,
+    State,
 };
-use ledger_relay_subscriber::Anchor;
 
 const PROGRAM: &str = "ledger-captive-core";
 
@@ -103,23 +103,13 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
         } => {
             let settings = Settings::load(&env)?;
             let state = State::load(&dir)?.ok_or_else(|| CaptiveError::NoDatabase(cwd()))?;
-            let (from, anchor) = match (start_at, start_hash) {
-                (Some(seq), Some(hash)) => (seq + 1, Some(Anchor { seq, hash })),
-                (Some(seq), None) => (seq + 1, None),
-                (None, _) => (
-                    state.ledger + 1,
-                    state.hash.map(|hash| Anchor {
-                        seq: state.ledger,
-                        hash,
-                    }),
-                ),
-            };
+            let (from, anchor) = run_start(state, start_at, start_hash)?;
             let Some(fd) = fd else {
                 return Err(CaptiveError::Usage(
                     "run without --metadata-output-stream: nothing to do".into(),
                 ));
             };
-            let config = settings.subscription(from.max(2), anchor)?;
+            let config = settings.subscription(from, anchor)?;
             runtime()?.block_on(stream(config, None, fd, &dir, shutdown_signal()))?;
             Ok(())
         }

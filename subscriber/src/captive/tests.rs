@@ -188,3 +188,26 @@ fn the_packaged_example_settings_parse() {
     assert_eq!(s.relay.len(), 2);
     assert_eq!(s.name.as_deref(), Some("rpc-1"));
 }
+
+#[test]
+fn run_starts_after_the_last_closed_ledger_and_links_to_it() {
+    let fresh = State {
+        ledger: 1,
+        hash: None,
+    };
+    assert_eq!(run_start(fresh, None, None).unwrap(), (2, None));
+    let streamed = State {
+        ledger: 1410098,
+        hash: Some([9; 32]),
+    };
+    let (from, anchor) = run_start(streamed, None, None).unwrap();
+    assert_eq!(from, 1410099);
+    assert_eq!(
+        anchor.unwrap().to_string(),
+        format!("1410098:{}", "09".repeat(32))
+    );
+    // --start-at-ledger wins over the state.
+    let (from, anchor) = run_start(streamed, Some(500), Some([1; 32])).unwrap();
+    assert_eq!((from, anchor.unwrap().seq), (501, 500));
+    assert!(run_start(fresh, Some(u32::MAX), None).is_err());
+}
