@@ -5,11 +5,15 @@
 //! A subcommand is its arguments, the rows it plans, a [`Cluster`] per row, the rows it
 //! measured and [`emit`].
 
+use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-use crate::harness::{spawn_subscriber_in, RelayProc, RelaySettings, SubSpec};
+use anyhow::Context;
+
+use crate::harness::{free_tcp_port, free_udp_port, RelayProc, RelaySettings, SubSpec};
 
 /// QUIC packet sizes of every relay and subscriber of a run (`--max-mtu`, `--min-mtu`).
 #[derive(Debug, Clone, Copy, Default, clap::Args, serde::Serialize)]
@@ -131,10 +135,6 @@ pub fn emit_files<R: Report>(report: &R, files: &Files) -> anyhow::Result<()> {
 /// [`SubSpec::extra`].
 #[derive(Debug, Clone)]
 pub struct Cluster {
-    /// `ledger-relay`.
-    pub relay_bin: PathBuf,
-    /// `ledger-subscribe`.
-    pub sub_bin: PathBuf,
     /// The ephemeral CA with the relay's and the subscribers' certificates.
     pub certs: PathBuf,
     /// Packet sizes of both ends.
@@ -146,16 +146,24 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// On this host, with the binaries built next to this executable.
+    /// On this host, with the binaries built next to this executable (looked up when a
+    /// process starts: a host that only subscribes needs no `ledger-relay`).
     pub fn local(certs: &Path, transport: Transport) -> anyhow::Result<Cluster> {
         Ok(Cluster {
-            relay_bin: crate::proc::sibling_binary("ledger-relay")?,
-            sub_bin: crate::proc::sibling_binary("ledger-subscribe")?,
             certs: certs.to_owned(),
             transport,
             relay_extra: Vec::new(),
             relay_env: Vec::new(),
         })
+    }
+
+    /// `ledger-relay demo` (relay and subscribers in one process, no CA) with `transport`'s
+    /// flags; the caller adds the workload's and runs it.
+    pub fn demo(transport: Transport) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(crate::proc::sibling_binary("ledger-relay")?);
+        cmd.arg("demo")
+            .args(crate::proc::mtu_flags(transport.max_mtu, transport.min_mtu));
+        Ok(cmd)
     }
 
     /// Starts `ledger-relay run` with data under `dir`, the synthetic source of `s`, the
@@ -188,8 +196,53 @@ impl Cluster {
             .collect();
         all.extend(self.relay_extra.iter().cloned());
         all.extend(extra.iter().cloned());
-        let (bin, certs) = (&self.relay_bin, &self.certs);
-        RelayProc::start_in(ns, bin, certs, dir, s, source, &all, &self.relay_env)
+        let ip = ns.map_or("127.0.0.1", |n| n.1);
+        let addr: SocketAddr = format!("{ip}:{}", free_udp_port()?).parse()?;
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
+        let log = dir.join("relay.log");
+        let mut child = self
+            .command(ns.map(|n| n.0), "ledger-relay")?
+            .arg("run")
+            .args(["--listen", &addr.to_string(), "--certs"])
+            .arg(&self.certs)
+            .args(["--name", "relay", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--source", source])
+            .args(["--cadence", &format!("{}ms", s.cadence_ms)])
+            .args(["--emit", &format!("{}ms", s.emit_ms)])
+            .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
+            .args(["--retention", &s.retention.to_string()])
+            .args(["--metrics", &metrics.to_string()])
+            .args(&all)
+            .envs(self.relay_env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("RUST_LOG", "info")
+            .stderr(File::create(&log)?)
+            .spawn()
+            .context("starting ledger-relay")?;
+        crate::proc::track(&child);
+        if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
+            crate::proc::kill_all(std::slice::from_mut(&mut child));
+            return Err(e);
+        }
+        Ok(RelayProc {
+            pid: child.id(),
+            child,
+            addr,
+            metrics,
+            log,
+        })
+    }
+
+    /// The workspace's binary `name` on this host, or in network namespace `ns` when given,
+    /// with no stdin or stdout.
+    fn command(&self, ns: Option<&str>, name: &str) -> anyhow::Result<Command> {
+        let program = crate::proc::sibling_binary(name)?;
+        let mut cmd = match ns {
+            Some(ns) => crate::netem::Netem::exec_in(ns, &program),
+            None => Command::new(program),
+        };
+        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        Ok(cmd)
     }
 
     /// Starts `ledger-subscribe` for `spec` against `relay` with the transport settings
@@ -205,11 +258,48 @@ impl Cluster {
         relay: SocketAddr,
         spec: &SubSpec,
     ) -> anyhow::Result<Child> {
-        let mut spec = spec.clone();
-        let mut extra = crate::proc::mtu_flags(self.transport.max_mtu, self.transport.min_mtu);
-        extra.append(&mut spec.extra);
-        spec.extra = extra;
-        spawn_subscriber_in(ns, &self.sub_bin, relay, &self.certs, &spec)
+        self.subscriber_to(ns, &relay.to_string(), spec)
+    }
+
+    /// [`Cluster::subscriber_in`] given `relays` as `--relay` takes it (`HOST:PORT`, or `A,B`
+    /// for `--hedge`). It writes ledgers to /dev/null (verified all the same: order, checksums and the
+    /// hash chain) unless it holds several sessions.
+    pub fn subscriber_to(
+        &self,
+        ns: Option<&str>,
+        relays: &str,
+        spec: &SubSpec,
+    ) -> anyhow::Result<Child> {
+        let mut cmd = self.command(ns, "ledger-subscribe")?;
+        cmd.args(["--relay", relays, "--certs"])
+            .arg(&self.certs)
+            .args(["--name", &spec.name, "--from", &spec.from])
+            .args(["--lanes", &spec.lanes.to_string()])
+            .arg("--stats")
+            .arg(&spec.stats);
+        if spec.sessions > 1 {
+            cmd.args(["--sessions", &spec.sessions.to_string()]);
+        } else {
+            cmd.args(["--out", "/dev/null"]);
+        }
+        if let Some(n) = spec.count {
+            cmd.args(["--count", &n.to_string()]);
+        }
+        if let Some(d) = spec.consume_delay_ms {
+            cmd.args(["--consume-delay", &format!("{d}ms")]);
+        }
+        let child = cmd
+            .args(crate::proc::mtu_flags(
+                self.transport.max_mtu,
+                self.transport.min_mtu,
+            ))
+            .args(&spec.extra)
+            .env("RUST_LOG", "warn")
+            .stderr(File::create(&spec.log)?)
+            .spawn()
+            .context("starting ledger-subscribe")?;
+        crate::proc::track(&child);
+        Ok(child)
     }
 }
 

@@ -61,14 +61,10 @@ pub struct CpuArgs {
     /// relay's 256KiB): a stream, a frame and a completion per chunk.
     #[arg(long, value_name = "BYTES")]
     pub chunk_size: Option<String>,
-    /// Path MTU ceiling of the QUIC rows (the `max_mtu` transport setting; default the
-    /// transport's own).
-    #[arg(long)]
-    pub max_mtu: Option<u16>,
-    /// UDP payload the QUIC rows take the path to carry (the `min_mtu` transport setting):
-    /// the floor quinn's black-hole detection falls back to.
-    #[arg(long)]
-    pub min_mtu: Option<u16>,
+    /// QUIC packet sizes of the quinn and relay rows.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub transport: crate::cluster::Transport,
     /// Generic segmentation offload in the quinn row (the `gso` transport setting; default on).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub gso: bool,
@@ -137,7 +133,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     }
     let size = usize::try_from(size).context("--size")?;
     let mut transport = TransportSettings::default();
-    transport.set_mtu(a.max_mtu, a.min_mtu);
+    transport.set_mtu(a.transport.max_mtu, a.transport.min_mtu);
     transport.gso = a.gso;
     transport.ack_eliciting_threshold = a.ack_threshold;
     let dir = tempfile::tempdir().context("temporary directory")?;
@@ -531,14 +527,12 @@ impl Run {
 
     /// `ledger-relay demo --ratio 1 --codec none`, its CPU lines parsed.
     fn relay(&self, a: &CpuArgs) -> anyhow::Result<Measured> {
-        let bin = crate::proc::sibling_binary("ledger-relay")?;
-        let mut cmd = std::process::Command::new(&bin);
-        cmd.args(["demo", "--ratio", "1", "--codec", "none"])
+        let mut cmd = crate::cluster::Cluster::demo(a.transport)?;
+        cmd.args(["--ratio", "1", "--codec", "none"])
             .args(["--ledgers", &self.total().to_string()])
             .args(["--warmup", &self.warmup.to_string()])
             .args(["--lanes", &a.lanes.to_string()])
-            .args(["--size", &a.size, "--cadence", &a.cadence])
-            .args(crate::proc::mtu_flags(a.max_mtu, a.min_mtu));
+            .args(["--size", &a.size, "--cadence", &a.cadence]);
         if let Some(n) = a.retention {
             cmd.args(["--retention", &n.to_string()]);
         }
@@ -548,7 +542,7 @@ impl Run {
         let out = cmd
             .stderr(std::process::Stdio::inherit())
             .output()
-            .with_context(|| format!("running {}", bin.display()))?;
+            .context("running ledger-relay demo")?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             bail!("ledger-relay demo failed ({}):\n{text}", out.status);

@@ -424,12 +424,17 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     } else {
         None
     };
+    // Before any row: the relay rows need them.
+    proc::sibling_binary("ledger-relay")?;
+    proc::sibling_binary("ledger-subscribe")?;
+    let transport = cluster::Transport {
+        max_mtu: settings.max_mtu,
+        min_mtu: settings.min_mtu,
+    };
     let mut env = Env {
-        relay_bin: proc::sibling_binary("ledger-relay")?,
-        sub_bin: proc::sibling_binary("ledger-subscribe")?,
+        cluster: cluster::Cluster::local(&certs, transport)?,
         bench_bin: proc::sibling_binary("ledger-bench")
             .or_else(|_| std::env::current_exe().context("locating ledger-bench"))?,
-        certs,
         tmp: tmp.path().to_path_buf(),
         netem,
         index: 0,

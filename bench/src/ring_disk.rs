@@ -28,7 +28,8 @@ use anyhow::{bail, Context};
 
 use ledger_relay::ring::SLED_TUNING_ENV;
 
-use crate::harness::{make_certs, RelayProc, RelaySettings};
+use crate::cluster::{Cluster, Transport};
+use crate::harness::{make_certs, RelaySettings};
 
 /// `ledger-bench ring-disk` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
@@ -254,14 +255,11 @@ fn run_one(
     if let Some(f) = a.flush_ms {
         tuning.push(format!("flush_ms={f}"));
     }
-    let env = [(SLED_TUNING_ENV, tuning.join(","))];
-    let env = if tuning.is_empty() {
-        &env[..0]
-    } else {
-        &env[..]
-    };
-    let bin = crate::proc::sibling_binary("ledger-relay")?;
-    let mut relay = RelayProc::start_with(&bin, &certs, &dir, &settings, &[], env)?;
+    let mut cluster = Cluster::local(&certs, Transport::default())?;
+    if !tuning.is_empty() {
+        cluster.relay_env.push((SLED_TUNING_ENV, tuning.join(",")));
+    }
+    let mut relay = cluster.relay(&dir, &settings, &[])?;
     let t0 = Instant::now();
     let every = Duration::from_millis(a.sample_ms.max(50));
     // Generous: the source's own time, plus a minute per 100 ledgers of a slow disk.
