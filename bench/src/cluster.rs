@@ -27,15 +27,34 @@ pub struct Transport {
     pub min_mtu: Option<u16>,
 }
 
+/// `--json`: the whole report, what the table leaves out included, as JSON.
+#[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
+pub struct Json {
+    /// Write the results (with every delivery or sample) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+impl Json {
+    /// Writes `value` to the `--json` file, if one was given.
+    pub fn write(&self, value: &impl serde::Serialize) -> anyhow::Result<()> {
+        match &self.json {
+            Some(p) => crate::report::write(p, &serde_json::to_string_pretty(value)?),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The files a report is written to besides the table on stdout.
 #[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
 pub struct Files {
     /// Write the rows as CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
-    /// Write the rows (with every delivery) as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: Json,
 }
 
 /// [`Files`] and plots.
@@ -123,10 +142,7 @@ pub fn emit_files<R: Report>(report: &R, files: &Files) -> anyhow::Result<()> {
     if let Some(p) = &files.csv {
         crate::report::write(p, &report.csv())?;
     }
-    if let Some(p) = &files.json {
-        crate::report::write(p, &serde_json::to_string_pretty(report)?)?;
-    }
-    Ok(())
+    files.json.write(report)
 }
 
 /// The processes of one row: the binaries, the CA, the transport settings and the flags every
@@ -320,7 +336,9 @@ mod tests {
     fn the_groups_parse_their_flags_and_default_to_nothing() {
         let p = Probe::try_parse_from(["x"]).unwrap();
         assert_eq!((p.transport.max_mtu, p.transport.min_mtu), (None, None));
-        assert!(p.out.files.csv.is_none() && p.out.files.json.is_none() && p.out.plots.is_none());
+        assert!(
+            p.out.files.csv.is_none() && p.out.files.json.json.is_none() && p.out.plots.is_none()
+        );
         let p = Probe::try_parse_from(["x", "--max-mtu", "8952", "--csv", "a.csv"]).unwrap();
         assert_eq!(p.transport.max_mtu, Some(8952));
         assert_eq!(p.out.files.csv.as_deref(), Some(Path::new("a.csv")));

@@ -75,9 +75,10 @@ pub struct CpuArgs {
     /// Rows to run.
     #[arg(long, value_delimiter = ',', default_value = "quinn,tls-tcp,relay")]
     pub rows: Vec<CpuRow>,
-    /// Also write the rows as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// A row of `ledger-bench cpu`.
@@ -159,10 +160,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         rows.push(m);
     }
     print!("{}", table(&rows));
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&rows)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    a.json.write(&rows)?;
     Ok(())
 }
 

@@ -92,9 +92,9 @@ pub struct LakeArgs {
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
     pub testdata: PathBuf,
-    /// Write the results as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// One delivery run.
@@ -644,8 +644,6 @@ pub fn summary(r: &LakeReport) -> String {
 pub fn main(a: &LakeArgs) -> anyhow::Result<()> {
     let report = run(a)?;
     print!("{}", summary(&report));
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&report)?;
     Ok(())
 }

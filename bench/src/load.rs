@@ -109,9 +109,10 @@ pub struct LoadArgs {
     /// Target: the slope of VmRSS after the warm-up at most this, MiB per minute.
     #[arg(long, default_value_t = 0.5)]
     pub flat_mib_per_min: f64,
-    /// Write the results as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// The settings of a run, presets resolved.
@@ -546,9 +547,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
 pub fn main(a: &LoadArgs) -> anyhow::Result<()> {
     let report = run(a)?;
     print!("{}", summary(&report));
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&report)?;
     if !report.failures.is_empty() {
         bail!("{} failures", report.failures.len());
     }

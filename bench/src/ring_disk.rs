@@ -20,7 +20,7 @@
 //! [`is_ring_thread`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -79,9 +79,10 @@ pub struct RingDiskArgs {
     /// Seconds sampled after the source stopped [default: 20, quick 5].
     #[arg(long)]
     pub idle_s: Option<u64>,
-    /// Write the results (with every sample) as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// One sample of a run.
@@ -437,12 +438,9 @@ pub fn main(a: &RingDiskArgs) -> anyhow::Result<()> {
         )?);
     }
     print!("{}", table(&runs));
-    if let Some(p) = &a.json {
-        let report = RingDiskReport {
-            args: a.clone(),
-            runs,
-        };
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&RingDiskReport {
+        args: a.clone(),
+        runs,
+    })?;
     Ok(())
 }

@@ -94,9 +94,10 @@ pub struct SlowArgs {
     /// Target: the normal subscribers' p99 in B within this fraction of A's.
     #[arg(long, default_value_t = 0.10)]
     pub p99_tolerance: f64,
-    /// Write the results as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 impl SlowArgs {
@@ -550,9 +551,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
 pub fn main(a: &SlowArgs) -> anyhow::Result<()> {
     let report = run(a)?;
     print!("{}", summary(&report));
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&report)?;
     Ok(())
 }
 
