@@ -69,6 +69,22 @@ pub struct Output {
     pub plots: Option<PathBuf>,
 }
 
+/// `--cadence`: the time between ledgers of the source. Its default is 600 ms; a subcommand
+/// with another sets it with `#[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]`.
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Cadence {
+    /// Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old
+    /// `--cadence-ms` took).
+    #[arg(
+        long = "cadence",
+        alias = "cadence-ms",
+        value_name = "DURATION",
+        value_parser = cadence_ms,
+        default_value = "600ms"
+    )]
+    pub cadence_ms: f64,
+}
+
 /// Parses `--cadence` to milliseconds: a duration in the transport's grammar (`600ms`, `2s`),
 /// or a bare number of milliseconds (how the old `--cadence-ms`, kept as a hidden alias, was
 /// spelled, so recorded commands still run).

@@ -81,10 +81,10 @@ pub struct FanoutArgs {
     /// hub keeps in memory).
     #[arg(long, default_value_t = 6)]
     pub baseline_ledgers: u32,
-    /// Time between ledgers at low subscriber counts.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
-    pub cadence_ms: f64,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// The cadence grows to this many ms per subscriber (twice that for raw) when that is
     /// longer, so that the 2-core machine, which also runs every subscriber, keeps up.
     #[arg(long, default_value_t = 40.0)]
@@ -133,7 +133,7 @@ impl FanoutArgs {
             Payload::Compressed => self.cadence_per_sub_ms,
             Payload::Raw => 2.0 * self.cadence_per_sub_ms,
         };
-        self.cadence_ms.max(f64::from(n) * per)
+        self.cadence.cadence_ms.max(f64::from(n) * per)
     }
 }
 

@@ -61,10 +61,9 @@ pub struct LakeArgs {
     /// Rounds of the three delivery runs [default: 2, quick 1].
     #[arg(long)]
     pub rounds: Option<u32>,
-    /// Time between ledgers.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
-    pub cadence_ms: f64,
+    /// `--cadence`.
+    #[command(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Ledger size in bytes.
     #[arg(long, default_value_t = 15_204_352)]
     pub ledger_bytes: u64,
@@ -160,7 +159,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
         bail!("--ledgers must exceed --warmup");
     }
     let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
-    let settings = RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms);
+    let settings = RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence.cadence_ms);
     let mut out = Vec::new();
     for round in 0..rounds {
         for export in ["off", "file", "s3"] {
@@ -205,8 +204,9 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
                     extra: Vec::new(),
                 },
             )?;
-            let limit =
-                Duration::from_secs_f64(30.0 + f64::from(ledgers) * a.cadence_ms / 1e3 * 3.0);
+            let limit = Duration::from_secs_f64(
+                30.0 + f64::from(ledgers) * a.cadence.cadence_ms / 1e3 * 3.0,
+            );
             let status = crate::harness::wait_child(&mut sub, limit)?;
             if !status.success() {
                 bail!(

@@ -56,6 +56,7 @@ impl LaneMode {
 
 /// `ledger-bench lanes` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.default_value("15ms").help("Source cadence in live rows (faster than the lanes carry, so they bind) (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took)")))]
 pub struct LanesArgs {
     /// Lane counts to run (one row each, per mode).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
@@ -75,10 +76,10 @@ pub struct LanesArgs {
     /// Per-flow cap, Mbit/s.
     #[arg(long, default_value_t = 100.0)]
     pub flow_mbit: f64,
-    /// Source cadence in live rows (faster than the lanes carry, so they bind).
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "15ms")]
-    pub cadence_ms: f64,
+    /// `--cadence` [default: 15ms].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Also run 4 lanes with lane 0 capped at half the others (per mode).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub half_cap: bool,
@@ -365,7 +366,7 @@ fn measure(
     }
     let (cadence_ms, emit_ms) = match row.mode {
         // Core's 8 ms emit window, as in the main table.
-        LaneMode::Live => (args.cadence_ms, args.cadence_ms.min(8.0)),
+        LaneMode::Live => (args.cadence.cadence_ms, args.cadence.cadence_ms.min(8.0)),
         // As fast as the ring takes them: the subscriber only starts afterwards.
         LaneMode::CatchUp => (1.0, 0.0),
     };
@@ -628,7 +629,7 @@ pub fn csv(rows: &[LaneRow]) -> String {
 pub fn main(args: &LanesArgs) -> anyhow::Result<()> {
     eprintln!(
         "ledger-bench lanes: {} ledgers of {} per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
-        args.ledgers, args.size, args.chunk, args.flow_mbit, args.cadence_ms
+        args.ledgers, args.size, args.chunk, args.flow_mbit, args.cadence.cadence_ms
     );
     let report = LanesReport {
         settings: args.clone(),

@@ -44,6 +44,7 @@ pub fn parse_secs(s: &str) -> Result<f64, String> {
 
 /// `ledger-bench load` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
 pub struct LoadArgs {
     /// A one-minute preset: --duration 60s, --warmup 20s, --preroll 5s, --stagger 5s,
     /// --retention 80 (each unless given).
@@ -70,10 +71,10 @@ pub struct LoadArgs {
     /// Relay codec.
     #[arg(long, default_value = "zstd")]
     pub codec: String,
-    /// Time between ledgers.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "250ms")]
-    pub cadence_ms: f64,
+    /// `--cadence` [default: 250ms].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Emit window, ms.
     #[arg(long, default_value_t = 8.0)]
     pub emit_ms: f64,
@@ -153,7 +154,10 @@ impl LoadArgs {
         if !(self.min_life >= 0.2 && self.max_life >= self.min_life) {
             bail!("--min-life must be at least 200ms and --max-life at least --min-life");
         }
-        if !(self.cadence_ms > 0.0 && self.emit_ms >= 0.0 && self.emit_ms <= self.cadence_ms) {
+        if !(self.cadence.cadence_ms > 0.0
+            && self.emit_ms >= 0.0
+            && self.emit_ms <= self.cadence.cadence_ms)
+        {
             bail!("--cadence-ms must be positive and at least --emit-ms");
         }
         if self.chunk_bytes < 4096 {
@@ -313,7 +317,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         codec: a.codec.clone(),
         chunk: a.chunk_bytes,
         retention: s.retention,
-        ..RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms)
+        ..RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence.cadence_ms)
     };
     let mut relay = ctx
         .cluster

@@ -42,6 +42,7 @@ pub use verdict::*;
 
 /// `ledger-bench slow-subscriber` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
 pub struct SlowArgs {
     /// Normal subscribers.
     #[arg(long, default_value_t = 8)]
@@ -52,10 +53,10 @@ pub struct SlowArgs {
     /// Ledgers left out at the start of each normal subscriber.
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
-    /// Time between ledgers.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "250ms")]
-    pub cadence_ms: f64,
+    /// `--cadence` [default: 250ms].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Emit window of the source, ms.
     #[arg(long, default_value_t = 8.0)]
     pub emit_ms: f64,
@@ -108,7 +109,10 @@ impl SlowArgs {
         if self.ledgers <= self.warmup {
             bail!("--ledgers must exceed --warmup ({})", self.warmup);
         }
-        if !(self.cadence_ms > 0.0 && self.emit_ms >= 0.0 && self.emit_ms <= self.cadence_ms) {
+        if !(self.cadence.cadence_ms > 0.0
+            && self.emit_ms >= 0.0
+            && self.emit_ms <= self.cadence.cadence_ms)
+        {
             bail!("--cadence-ms must be positive and at least --emit-ms");
         }
         if !(self.slow_factor > 0.0 && self.slow_factor <= 1000.0) {
@@ -131,7 +135,7 @@ impl SlowArgs {
 
     /// The slow subscriber's `--consume-delay`, ms.
     pub fn delay_ms(&self) -> f64 {
-        self.cadence_ms * self.slow_factor
+        self.cadence.cadence_ms * self.slow_factor
     }
 
     fn relay(&self, retention: u32) -> RelaySettings {
@@ -141,7 +145,7 @@ impl SlowArgs {
             codec: self.codec.clone(),
             chunk: self.chunk_bytes,
             retention,
-            ..RelaySettings::endless(self.ledger_bytes, self.ratio, self.cadence_ms)
+            ..RelaySettings::endless(self.ledger_bytes, self.ratio, self.cadence.cadence_ms)
         }
     }
 }
@@ -204,7 +208,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let relay = env.cluster.relay(&dir, &settings, &[])?;
     let t0 = Instant::now();
     let at_listen = status_kib(relay.pid, "VmRSS").unwrap_or(0);
-    let normal_s = f64::from(a.ledgers) * a.cadence_ms / 1e3 + 60.0;
+    let normal_s = f64::from(a.ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
     let slow_s = normal_s + f64::from(a.ledgers) * a.delay_ms() / 1e3 + 60.0;
     let limit_s = if slow && wait_slow { slow_s } else { normal_s };
     let sampler = RssSampler::start(

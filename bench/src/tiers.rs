@@ -59,6 +59,7 @@ pub enum Part {
 
 /// `ledger-bench tiers` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.help("Time between ledgers in the tier and hedge parts (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took)")))]
 pub struct TiersArgs {
     /// Parts to run.
     #[arg(
@@ -82,10 +83,10 @@ pub struct TiersArgs {
     /// Ledgers each subscriber takes before the measured ones.
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
-    /// Time between ledgers in the tier and hedge parts.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
-    pub cadence_ms: f64,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Time between ledgers in the tree part, ms (every subscriber and edge runs on this
     /// machine too).
     #[arg(long, default_value_t = 1500.0)]
@@ -535,7 +536,14 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                     eprintln!("tiers: tier, {p:?}");
                     match tier::tier(a, tmp.path(), p, None) {
                         Ok(r) => rows.extend(r),
-                        Err(e) => rows.push(fail(Part::Tier, "direct+edge", p, 1, a.cadence_ms, e)),
+                        Err(e) => rows.push(fail(
+                            Part::Tier,
+                            "direct+edge",
+                            p,
+                            1,
+                            a.cadence.cadence_ms,
+                            e,
+                        )),
                     }
                 }
             }
@@ -568,7 +576,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                                 "direct+edge",
                                 p,
                                 1,
-                                a.cadence_ms,
+                                a.cadence.cadence_ms,
                                 e,
                             )),
                         }
@@ -603,7 +611,9 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                     eprintln!("tiers: hedge, {first:?}");
                     match hedge::hedge(a, tmp.path(), first) {
                         Ok(r) => rows.extend(r),
-                        Err(e) => rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence_ms, e)),
+                        Err(e) => {
+                            rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence.cadence_ms, e))
+                        }
                     }
                 }
             },

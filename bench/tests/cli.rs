@@ -64,30 +64,32 @@ impl HelpOf for Cli {
 fn the_old_cadence_ms_spelling_still_parses_as_the_cadence() {
     use clap::Parser;
     use ledger_relay_bench::Helper;
-    for sub in [
-        "fanout",
-        "tiers",
-        "lanes",
-        "slow-subscriber",
-        "load",
-        "lake",
+    // Each subcommand keeps its own default through the one shared declaration.
+    for (sub, default) in [
+        ("fanout", 600.0),
+        ("tiers", 600.0),
+        ("lanes", 15.0),
+        ("slow-subscriber", 250.0),
+        ("load", 250.0),
+        ("lake", 600.0),
     ] {
-        let ms = |flag: &str, v: &str| {
-            let cli = Cli::try_parse_from(["ledger-bench", sub, flag, v])
-                .unwrap_or_else(|e| panic!("{sub} {flag} {v}: {e}"));
+        let parse = |argv: &[&str]| {
+            let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat())
+                .unwrap_or_else(|e| panic!("{sub} {argv:?}: {e}"));
             match cli.helper {
-                Some(Helper::Fanout(a)) => a.cadence_ms,
-                Some(Helper::Tiers(a)) => a.cadence_ms,
-                Some(Helper::Lanes(a)) => a.cadence_ms,
-                Some(Helper::SlowSubscriber(a)) => a.cadence_ms,
-                Some(Helper::Load(a)) => a.cadence_ms,
-                Some(Helper::Lake(a)) => a.cadence_ms,
+                Some(Helper::Fanout(a)) => a.cadence.cadence_ms,
+                Some(Helper::Tiers(a)) => a.cadence.cadence_ms,
+                Some(Helper::Lanes(a)) => a.cadence.cadence_ms,
+                Some(Helper::SlowSubscriber(a)) => a.cadence.cadence_ms,
+                Some(Helper::Load(a)) => a.cadence.cadence_ms,
+                Some(Helper::Lake(a)) => a.cadence.cadence_ms,
                 other => panic!("{sub}: {other:?}"),
             }
         };
-        assert_eq!(ms("--cadence-ms", "300"), 300.0, "{sub}");
-        assert_eq!(ms("--cadence", "300ms"), 300.0, "{sub}");
-        assert_eq!(ms("--cadence", "1.5s"), 1500.0, "{sub}");
+        assert_eq!(parse(&[]), default, "{sub}");
+        assert_eq!(parse(&["--cadence-ms", "300"]), 300.0, "{sub}");
+        assert_eq!(parse(&["--cadence", "300ms"]), 300.0, "{sub}");
+        assert_eq!(parse(&["--cadence", "1.5s"]), 1500.0, "{sub}");
         assert!(Cli::try_parse_from(["ledger-bench", sub, "--cadence", "soon"]).is_err());
     }
     let top = Cli::try_parse_from(["ledger-bench", "--cadence-ms", "250"]).unwrap();

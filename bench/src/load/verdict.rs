@@ -160,7 +160,7 @@ pub fn summary(r: &LoadReport) -> String {
         a.max_life,
         a.lanes,
         a.ledger_bytes as f64 / 1024.0,
-        a.cadence_ms,
+        a.cadence.cadence_ms,
         a.codec,
         a.ratio,
         a.chunk_bytes,

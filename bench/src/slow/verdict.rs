@@ -182,7 +182,7 @@ pub fn summary(r: &SlowReport) -> String {
         a.slow_factor,
         a.ledgers,
         a.ledger_bytes as f64 / 1024.0,
-        a.cadence_ms,
+        a.cadence.cadence_ms,
         a.codec,
         a.ratio,
         a.chunk_bytes,

@@ -25,7 +25,7 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             aggregate_bps: (4.0 * healthy) as u64,
         },
     )?;
-    let mut s = settings(a, payload, a.cadence_ms, 2);
+    let mut s = settings(a, payload, a.cadence.cadence_ms, 2);
     s.count = None;
     let mut relays: Vec<RelayProc> = Vec::new();
     let r = (|| -> anyhow::Result<Vec<TierRow>> {
@@ -64,7 +64,7 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             let stats = spec.stats.clone();
             let mut child = c.subscriber_to(Some(&netem.sub_ns), &addrs, &spec)?;
             let limit = Duration::from_secs_f64(
-                a.cadence_ms / 1e3 * f64::from(a.warmup + a.ledgers) * 3.0 + 60.0,
+                a.cadence.cadence_ms / 1e3 * f64::from(a.warmup + a.ledgers) * 3.0 + 60.0,
             );
             let st = crate::harness::wait_child(&mut child, limit)?;
             if !st.success() {
@@ -81,7 +81,7 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
                 );
             }
             let measured: Vec<Record> = recs.into_iter().skip(a.warmup as usize).collect();
-            let mut r = row(Part::Hedge, name, payload, 1, a.cadence_ms);
+            let mut r = row(Part::Hedge, name, payload, 1, a.cadence.cadence_ms);
             r.ledgers = a.ledgers;
             r.wire_mb = wire_mb(std::slice::from_ref(&measured));
             r.delivery = Delivery::of(measured.iter().map(|r| (r.seq, r.delivery_ms)).collect());
