@@ -85,6 +85,32 @@ pub struct Cadence {
     pub cadence_ms: f64,
 }
 
+/// `--size`: the raw size of each ledger, in the transport's units (`14.5MiB`, `594KiB`) or
+/// bytes. `--ledger-bytes`, its old spelling, is a hidden alias. Its default is 14.5 MiB; a
+/// subcommand with another sets it with `mut_arg("ledger_bytes", ...)` as for [`Cadence`].
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Size {
+    /// Raw size of each ledger (`14.5MiB`, `594KiB`; a bare number is bytes, as the old
+    /// `--ledger-bytes` took).
+    #[arg(
+        long = "size",
+        alias = "ledger-bytes",
+        value_name = "SIZE",
+        value_parser = size_bytes,
+        default_value = "14.5MiB"
+    )]
+    pub ledger_bytes: u64,
+}
+
+/// Parses `--size` to bytes (positive).
+pub fn size_bytes(s: &str) -> Result<u64, String> {
+    match ledger_relay_transport::parse_size(s) {
+        Ok(0) => Err("the size must be positive".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Parses `--cadence` to milliseconds: a duration in the transport's grammar (`600ms`, `2s`),
 /// or a bare number of milliseconds (how the old `--cadence-ms`, kept as a hidden alias, was
 /// spelled, so recorded commands still run).

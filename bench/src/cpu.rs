@@ -43,9 +43,10 @@ pub struct CpuArgs {
     /// Ledgers at the start of each row left out (handshakes, window growth, allocations).
     #[arg(long, default_value_t = 2)]
     pub warmup: u32,
-    /// Raw size of each ledger.
-    #[arg(long, default_value = "14.5MiB")]
-    pub size: String,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// Time between ledgers.
     #[arg(long, default_value = "600ms")]
     pub cadence: String,
@@ -127,7 +128,7 @@ impl Measured {
 
 /// Runs the rows and prints the table and the targets.
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
-    let size = ledger_relay_transport::parse_size(&a.size).context("--size")?;
+    let size = a.size.ledger_bytes;
     let cadence = ledger_relay_transport::parse_duration(&a.cadence).context("--cadence")?;
     if a.ledgers == 0 {
         bail!("--ledgers must be at least 1");
@@ -530,7 +531,8 @@ impl Run {
             .args(["--ledgers", &self.total().to_string()])
             .args(["--warmup", &self.warmup.to_string()])
             .args(["--lanes", &a.lanes.to_string()])
-            .args(["--size", &a.size, "--cadence", &a.cadence]);
+            .args(["--size", &a.size.ledger_bytes.to_string()])
+            .args(["--cadence", &a.cadence]);
         if let Some(n) = a.retention {
             cmd.args(["--retention", &n.to_string()]);
         }

@@ -95,9 +95,10 @@ pub struct FanoutArgs {
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
-    /// Ledger size, bytes (Phase 3 stress profile: 14.5 MiB).
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// zstd-1 ratio of the compressed payload.
     #[arg(long, default_value_t = 7.6)]
     pub ratio: f64,
@@ -378,7 +379,7 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     let measured_from = first + a.warmup;
     let last = measured_from + a.ledgers - 1;
     let settings = RelaySettings {
-        size: a.ledger_bytes,
+        size: a.size.ledger_bytes,
         ratio: match payload {
             Payload::Compressed => a.ratio,
             Payload::Raw => 1.0,

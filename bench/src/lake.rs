@@ -64,9 +64,9 @@ pub struct LakeArgs {
     /// `--cadence`.
     #[command(flatten)]
     pub cadence: crate::cluster::Cadence,
-    /// Ledger size in bytes.
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
+    /// `--size`.
+    #[command(flatten)]
+    pub size: crate::cluster::Size,
     /// zstd ratio of the synthetic ledgers.
     #[arg(long, default_value_t = 7.6)]
     pub ratio: f64,
@@ -159,7 +159,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
         bail!("--ledgers must exceed --warmup");
     }
     let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
-    let settings = RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence.cadence_ms);
+    let settings = RelaySettings::endless(a.size.ledger_bytes, a.ratio, a.cadence.cadence_ms);
     let mut out = Vec::new();
     for round in 0..rounds {
         for export in ["off", "file", "s3"] {
@@ -456,7 +456,7 @@ fn backfill(
 ) -> anyhow::Result<()> {
     let n = a.backfill_ledgers.unwrap_or(if a.quick { 16 } else { 40 });
     let spec = SyntheticSpec {
-        size: a.ledger_bytes,
+        size: a.size.ledger_bytes,
         ratio: a.ratio,
         count: Some(u64::from(n)),
         start: 2,
@@ -469,7 +469,7 @@ fn backfill(
         .build()?;
     let name = format!(
         "synthetic {:.1} MiB x{n}",
-        a.ledger_bytes as f64 / f64::from(1 << 20)
+        a.size.ledger_bytes as f64 / f64::from(1 << 20)
     );
     let (synthetic_url, testnet_url) = rt.block_on(async {
         let s = backfill_set(a, work, server, &name, &synthetic, report).await?;
@@ -486,7 +486,7 @@ fn backfill(
     // The relay's source makes the lake's ledgers (the same spec makes the same chain) and
     // twenty more, which its ring keeps.
     let source = RelaySettings {
-        size: a.ledger_bytes,
+        size: a.size.ledger_bytes,
         ratio: a.ratio,
         count: Some(n + session::TAIL),
         start: 2,

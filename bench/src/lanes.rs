@@ -57,6 +57,7 @@ impl LaneMode {
 /// `ledger-bench lanes` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("cadence_ms", |a| a.default_value("15ms").help("Source cadence in live rows (faster than the lanes carry, so they bind) (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took)")))]
+#[command(mut_arg("ledger_bytes", |a| a.default_value("2MiB")))]
 pub struct LanesArgs {
     /// Lane counts to run (one row each, per mode).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
@@ -67,9 +68,10 @@ pub struct LanesArgs {
     /// Ledgers per row.
     #[arg(long, default_value_t = 96)]
     pub ledgers: u32,
-    /// Raw size of each (incompressible) ledger, e.g. 2MiB.
-    #[arg(long, default_value = "2MiB")]
-    pub size: String,
+    /// `--size` [default: 2MiB].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// Chunk size the relay cuts.
     #[arg(long, default_value = "256KiB")]
     pub chunk: String,
@@ -233,7 +235,7 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
     if let Some(reason) = crate::netem::unavailable_reason() {
         bail!("the lanes bench needs the emulated network: {reason}");
     }
-    let size = ledger_relay_transport::units::parse_size(&args.size).context("--size")?;
+    let size = args.size.ledger_bytes;
     let chunk = ledger_relay_transport::units::parse_size(&args.chunk).context("--chunk")?;
     if args.lanes.is_empty() || args.lanes.iter().any(|&l| l == 0 || l > 16) {
         bail!("--lanes: each count must be 1..=16");
@@ -628,8 +630,8 @@ pub fn csv(rows: &[LaneRow]) -> String {
 /// `ledger-bench lanes`: runs, prints the table and the targets, writes CSV/JSON/plots.
 pub fn main(args: &LanesArgs) -> anyhow::Result<()> {
     eprintln!(
-        "ledger-bench lanes: {} ledgers of {} per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
-        args.ledgers, args.size, args.chunk, args.flow_mbit, args.cadence.cadence_ms
+        "ledger-bench lanes: {} ledgers of {} B per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
+        args.ledgers, args.size.ledger_bytes, args.chunk, args.flow_mbit, args.cadence.cadence_ms
     );
     let report = LanesReport {
         settings: args.clone(),

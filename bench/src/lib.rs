@@ -160,6 +160,7 @@ pub enum Network {
 
 /// Benchmark settings.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("ledger_bytes", |a| a.help("Unscaled raw size of each ledger (Phase 3 stress profile: 14.5 MiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
 pub struct Args {
     /// A preset that finishes in about a minute: fewer ledgers, a shorter cadence, the core
     /// rows only.
@@ -194,9 +195,9 @@ pub struct Args {
     /// and chunk sizes are divided by this over --flow-mbit so wire times keep its proportions.
     #[arg(long, default_value_t = 5000.0)]
     pub emulated_flow_mbit: f64,
-    /// Unscaled ledger size in bytes (Phase 3 stress profile: 14.5 MiB).
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
+    /// `--size`.
+    #[command(flatten)]
+    pub size: crate::cluster::Size,
     /// Unscaled relay chunk size in bytes.
     #[arg(long, default_value_t = 262_144)]
     pub chunk_bytes: u64,
@@ -230,7 +231,7 @@ impl Args {
         Ok(Settings {
             ledgers,
             warmup: self.warmup,
-            size: ((self.ledger_bytes as f64 / scale) as u64).max(4096),
+            size: ((self.size.ledger_bytes as f64 / scale) as u64).max(4096),
             cadence_ms: self
                 .cadence_ms
                 .unwrap_or(if self.quick { 250.0 } else { 600.0 }),
@@ -455,7 +456,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     for sc in &list {
         bar.set_message(sc.name.clone());
         let mut row = scenario::run(&mut env, &settings, sc);
-        row.projection = projection::project(&row, &settings, args.ledger_bytes as f64, cores);
+        row.projection = projection::project(&row, &settings, args.size.ledger_bytes as f64, cores);
         rows.push(row);
         bar.inc(1);
     }
@@ -533,7 +534,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
     let table = ScenarioReport {
         settings: s,
         rows,
-        ledger_bytes: args.ledger_bytes,
+        ledger_bytes: args.size.ledger_bytes,
     };
     cluster::emit(&table, &args.output)
 }

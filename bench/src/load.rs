@@ -45,6 +45,7 @@ pub fn parse_secs(s: &str) -> Result<f64, String> {
 /// `ledger-bench load` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
+#[command(mut_arg("ledger_bytes", |a| a.default_value("256KiB")))]
 pub struct LoadArgs {
     /// A one-minute preset: --duration 60s, --warmup 20s, --preroll 5s, --stagger 5s,
     /// --retention 80 (each unless given).
@@ -59,9 +60,10 @@ pub struct LoadArgs {
     /// How many of them are stopped and restarted in a loop.
     #[arg(long, default_value_t = 8)]
     pub reconnecting: usize,
-    /// Ledger size, bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub ledger_bytes: u64,
+    /// `--size` [default: 256KiB].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// Relay chunk size, bytes.
     #[arg(long, default_value_t = 65_536)]
     pub chunk_bytes: u64,
@@ -317,7 +319,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         codec: a.codec.clone(),
         chunk: a.chunk_bytes,
         retention: s.retention,
-        ..RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence.cadence_ms)
+        ..RelaySettings::endless(a.size.ledger_bytes, a.ratio, a.cadence.cadence_ms)
     };
     let mut relay = ctx
         .cluster

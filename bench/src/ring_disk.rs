@@ -55,9 +55,10 @@ pub struct RingDiskArgs {
     /// Ledgers the ring keeps (`--retention`).
     #[arg(long, default_value_t = 20)]
     pub retention: u32,
-    /// Ledger size, bytes.
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// zstd-1 ratio of the synthetic ledgers (1: incompressible).
     #[arg(long, default_value_t = 7.6)]
     pub ratio: f64,
@@ -238,7 +239,7 @@ fn run_one(
     let start = 2u32;
     let last = u64::from(start + ledgers - 1);
     let settings = RelaySettings {
-        size: a.ledger_bytes,
+        size: a.size.ledger_bytes,
         ratio: a.ratio,
         count: Some(ledgers),
         start,

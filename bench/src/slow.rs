@@ -43,6 +43,7 @@ pub use verdict::*;
 /// `ledger-bench slow-subscriber` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
+#[command(mut_arg("ledger_bytes", |a| a.default_value("608174").help("Raw size of each ledger (default: the main bench's 14.5 MiB scaled by 25, 594 KiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
 pub struct SlowArgs {
     /// Normal subscribers.
     #[arg(long, default_value_t = 8)]
@@ -64,9 +65,10 @@ pub struct SlowArgs {
     /// rate).
     #[arg(long, default_value_t = 10.0)]
     pub slow_factor: f64,
-    /// Ledger size in bytes (default: the main bench's 14.5 MiB scaled by 25, 594 KiB).
-    #[arg(long, default_value_t = 608_174)]
-    pub ledger_bytes: u64,
+    /// `--size` [default: 608174].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// Relay chunk size in bytes (default: the main bench's 256 KiB scaled by 25).
     #[arg(long, default_value_t = 10_485)]
     pub chunk_bytes: u64,
@@ -145,7 +147,7 @@ impl SlowArgs {
             codec: self.codec.clone(),
             chunk: self.chunk_bytes,
             retention,
-            ..RelaySettings::endless(self.ledger_bytes, self.ratio, self.cadence.cadence_ms)
+            ..RelaySettings::endless(self.size.ledger_bytes, self.ratio, self.cadence.cadence_ms)
         }
     }
 }

@@ -106,9 +106,10 @@ pub struct TiersArgs {
     /// Lanes per subscriber (and per edge's upstream subscription).
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
-    /// Ledger size, bytes (Phase 3 stress profile: 14.5 MiB).
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// zstd-1 ratio of the compressed payload.
     #[arg(long, default_value_t = 7.6)]
     pub ratio: f64,
@@ -235,7 +236,7 @@ impl Drop for Procs {
 
 fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySettings {
     let mut s = RelaySettings::endless(
-        a.ledger_bytes,
+        a.size.ledger_bytes,
         match payload {
             Payload::Compressed => a.ratio,
             Payload::Raw => 1.0,

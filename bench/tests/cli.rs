@@ -96,6 +96,49 @@ fn the_old_cadence_ms_spelling_still_parses_as_the_cadence() {
     assert_eq!(top.args.cadence_ms, Some(250.0));
 }
 
+#[test]
+fn the_ledger_size_is_one_flag_with_units_and_the_old_spelling() {
+    use clap::Parser;
+    use ledger_relay_bench::Helper;
+    // Each subcommand keeps its own default through the one shared declaration.
+    for (sub, default) in [
+        ("fanout", 15_204_352),
+        ("tiers", 15_204_352),
+        ("lanes", 2 << 20),
+        ("slow-subscriber", 608_174),
+        ("load", 256 << 10),
+        ("lake", 15_204_352),
+        ("ring-disk", 15_204_352),
+        ("cpu", 15_204_352),
+    ] {
+        let parse = |argv: &[&str]| {
+            let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat())
+                .unwrap_or_else(|e| panic!("{sub} {argv:?}: {e}"));
+            match cli.helper {
+                Some(Helper::Fanout(a)) => a.size.ledger_bytes,
+                Some(Helper::Tiers(a)) => a.size.ledger_bytes,
+                Some(Helper::Lanes(a)) => a.size.ledger_bytes,
+                Some(Helper::SlowSubscriber(a)) => a.size.ledger_bytes,
+                Some(Helper::Load(a)) => a.size.ledger_bytes,
+                Some(Helper::Lake(a)) => a.size.ledger_bytes,
+                Some(Helper::RingDisk(a)) => a.size.ledger_bytes,
+                Some(Helper::Cpu(a)) => a.size.ledger_bytes,
+                other => panic!("{sub}: {other:?}"),
+            }
+        };
+        assert_eq!(parse(&[]), default, "{sub}");
+        assert_eq!(parse(&["--size", "1MiB"]), 1 << 20, "{sub}");
+        assert_eq!(parse(&["--ledger-bytes", "608174"]), 608_174, "{sub}");
+        for bad in ["0", "big"] {
+            assert!(Cli::try_parse_from(["ledger-bench", sub, "--size", bad]).is_err());
+        }
+    }
+    let top = Cli::try_parse_from(["ledger-bench", "--ledger-bytes", "1048576"]).unwrap();
+    assert_eq!(top.args.size.ledger_bytes, 1 << 20);
+    let top = Cli::try_parse_from(["ledger-bench"]).unwrap();
+    assert_eq!(top.args.size.ledger_bytes, 15_204_352);
+}
+
 /// The `ledger-bench` command lines recorded in bench/RESULTS.md: continuation lines joined,
 /// from `ledger-bench` up to a comment, `;`, `|` or the end of a code span; optional parts
 /// (`[--flag]`) taken as given; a shell variable left out, with the flag it is the value of.

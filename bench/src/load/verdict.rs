@@ -159,7 +159,7 @@ pub fn summary(r: &LoadReport) -> String {
         a.min_life,
         a.max_life,
         a.lanes,
-        a.ledger_bytes as f64 / 1024.0,
+        a.size.ledger_bytes as f64 / 1024.0,
         a.cadence.cadence_ms,
         a.codec,
         a.ratio,

@@ -181,7 +181,7 @@ pub fn summary(r: &SlowReport) -> String {
         a.delay_ms(),
         a.slow_factor,
         a.ledgers,
-        a.ledger_bytes as f64 / 1024.0,
+        a.size.ledger_bytes as f64 / 1024.0,
         a.cadence.cadence_ms,
         a.codec,
         a.ratio,
