@@ -102,6 +102,22 @@ pub struct Size {
     pub ledger_bytes: u64,
 }
 
+/// `--ratio`: how compressible the synthetic ledgers are.
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Ratio {
+    /// zstd-1 ratio of the synthetic ledgers at the relay's chunk size (1: incompressible).
+    #[arg(long, default_value_t = 7.6)]
+    pub ratio: f64,
+}
+
+/// `--codec`: how the relay compresses the chunks it sends.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct Codec {
+    /// Relay codec.
+    #[arg(long, default_value = "zstd", value_parser = ["zstd", "lz4", "none"])]
+    pub codec: String,
+}
+
 /// Parses `--size` to bytes (positive).
 pub fn size_bytes(s: &str) -> Result<u64, String> {
     match ledger_relay_transport::parse_size(s) {

@@ -47,9 +47,10 @@ pub struct CpuArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub size: crate::cluster::Size,
-    /// Time between ledgers.
-    #[arg(long, default_value = "600ms")]
-    pub cadence: String,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Lanes of the relay row.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
@@ -129,7 +130,7 @@ impl Measured {
 /// Runs the rows and prints the table and the targets.
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let size = a.size.ledger_bytes;
-    let cadence = ledger_relay_transport::parse_duration(&a.cadence).context("--cadence")?;
+    let cadence = Duration::from_secs_f64(a.cadence.cadence_ms / 1e3);
     if a.ledgers == 0 {
         bail!("--ledgers must be at least 1");
     }
@@ -532,7 +533,7 @@ impl Run {
             .args(["--warmup", &self.warmup.to_string()])
             .args(["--lanes", &a.lanes.to_string()])
             .args(["--size", &a.size.ledger_bytes.to_string()])
-            .args(["--cadence", &a.cadence]);
+            .args(["--cadence", &format!("{}ms", a.cadence.cadence_ms)]);
         if let Some(n) = a.retention {
             cmd.args(["--retention", &n.to_string()]);
         }

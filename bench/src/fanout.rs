@@ -99,9 +99,10 @@ pub struct FanoutArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub size: crate::cluster::Size,
-    /// zstd-1 ratio of the compressed payload.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: crate::cluster::Ratio,
     /// Relay chunk size, bytes.
     #[arg(long, default_value_t = 262_144)]
     pub chunk_bytes: u64,
@@ -381,7 +382,7 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     let settings = RelaySettings {
         size: a.size.ledger_bytes,
         ratio: match payload {
-            Payload::Compressed => a.ratio,
+            Payload::Compressed => a.ratio.ratio,
             Payload::Raw => 1.0,
         },
         count: Some(last - start + 1),

@@ -67,9 +67,9 @@ pub struct LakeArgs {
     /// `--size`.
     #[command(flatten)]
     pub size: crate::cluster::Size,
-    /// zstd ratio of the synthetic ledgers.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
+    /// `--ratio`.
+    #[command(flatten)]
+    pub ratio: crate::cluster::Ratio,
     /// zstd level of the exported objects (`--export-zstd-level`).
     #[arg(long, default_value_t = 1)]
     pub export_level: i32,
@@ -159,7 +159,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
         bail!("--ledgers must exceed --warmup");
     }
     let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
-    let settings = RelaySettings::endless(a.size.ledger_bytes, a.ratio, a.cadence.cadence_ms);
+    let settings = RelaySettings::endless(a.size.ledger_bytes, a.ratio.ratio, a.cadence.cadence_ms);
     let mut out = Vec::new();
     for round in 0..rounds {
         for export in ["off", "file", "s3"] {
@@ -457,7 +457,7 @@ fn backfill(
     let n = a.backfill_ledgers.unwrap_or(if a.quick { 16 } else { 40 });
     let spec = SyntheticSpec {
         size: a.size.ledger_bytes,
-        ratio: a.ratio,
+        ratio: a.ratio.ratio,
         count: Some(u64::from(n)),
         start: 2,
         ..SyntheticSpec::default()
@@ -487,7 +487,7 @@ fn backfill(
     // twenty more, which its ring keeps.
     let source = RelaySettings {
         size: a.size.ledger_bytes,
-        ratio: a.ratio,
+        ratio: a.ratio.ratio,
         count: Some(n + session::TAIL),
         start: 2,
         cadence_ms: 0.0,

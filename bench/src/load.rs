@@ -67,12 +67,14 @@ pub struct LoadArgs {
     /// Relay chunk size, bytes.
     #[arg(long, default_value_t = 65_536)]
     pub chunk_bytes: u64,
-    /// zstd-1 ratio of the synthetic ledgers.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-    /// Relay codec.
-    #[arg(long, default_value = "zstd")]
-    pub codec: String,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: crate::cluster::Ratio,
+    /// `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub codec: crate::cluster::Codec,
     /// `--cadence` [default: 250ms].
     #[command(flatten)]
     #[serde(flatten)]
@@ -316,10 +318,10 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     std::fs::create_dir_all(&ctx.dir)?;
     let settings = RelaySettings {
         emit_ms: a.emit_ms,
-        codec: a.codec.clone(),
+        codec: a.codec.codec.clone(),
         chunk: a.chunk_bytes,
         retention: s.retention,
-        ..RelaySettings::endless(a.size.ledger_bytes, a.ratio, a.cadence.cadence_ms)
+        ..RelaySettings::endless(a.size.ledger_bytes, a.ratio.ratio, a.cadence.cadence_ms)
     };
     let mut relay = ctx
         .cluster

@@ -59,12 +59,14 @@ pub struct RingDiskArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub size: crate::cluster::Size,
-    /// zstd-1 ratio of the synthetic ledgers (1: incompressible).
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-    /// Relay codec: zstd, lz4 or none.
-    #[arg(long, default_value = "zstd")]
-    pub codec: String,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: crate::cluster::Ratio,
+    /// `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub codec: crate::cluster::Codec,
     /// Relay chunk size, bytes.
     #[arg(long, default_value_t = 262_144)]
     pub chunk_bytes: u64,
@@ -240,12 +242,12 @@ fn run_one(
     let last = u64::from(start + ledgers - 1);
     let settings = RelaySettings {
         size: a.size.ledger_bytes,
-        ratio: a.ratio,
+        ratio: a.ratio.ratio,
         count: Some(ledgers),
         start,
         cadence_ms,
         emit_ms: cadence_ms.min(8.0),
-        codec: a.codec.clone(),
+        codec: a.codec.codec.clone(),
         chunk: a.chunk_bytes,
         retention: a.retention,
     };

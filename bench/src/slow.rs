@@ -72,12 +72,14 @@ pub struct SlowArgs {
     /// Relay chunk size in bytes (default: the main bench's 256 KiB scaled by 25).
     #[arg(long, default_value_t = 10_485)]
     pub chunk_bytes: u64,
-    /// zstd-1 ratio of the synthetic ledgers (1: incompressible).
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-    /// Relay codec: zstd, lz4 or none.
-    #[arg(long, default_value = "zstd")]
-    pub codec: String,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: crate::cluster::Ratio,
+    /// `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub codec: crate::cluster::Codec,
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
@@ -144,10 +146,14 @@ impl SlowArgs {
         RelaySettings {
             count: Some(self.ledgers),
             emit_ms: self.emit_ms,
-            codec: self.codec.clone(),
+            codec: self.codec.codec.clone(),
             chunk: self.chunk_bytes,
             retention,
-            ..RelaySettings::endless(self.size.ledger_bytes, self.ratio, self.cadence.cadence_ms)
+            ..RelaySettings::endless(
+                self.size.ledger_bytes,
+                self.ratio.ratio,
+                self.cadence.cadence_ms,
+            )
         }
     }
 }

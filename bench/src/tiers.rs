@@ -110,9 +110,10 @@ pub struct TiersArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub size: crate::cluster::Size,
-    /// zstd-1 ratio of the compressed payload.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: crate::cluster::Ratio,
     /// `--csv` and `--json`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -238,7 +239,7 @@ fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySe
     let mut s = RelaySettings::endless(
         a.size.ledger_bytes,
         match payload {
-            Payload::Compressed => a.ratio,
+            Payload::Compressed => a.ratio.ratio,
             Payload::Raw => 1.0,
         },
         cadence,
