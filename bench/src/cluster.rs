@@ -102,6 +102,24 @@ pub struct Size {
     pub ledger_bytes: u64,
 }
 
+/// `--chunk-bytes`: the raw bytes per chunk the relay cuts (a stream, a frame and a
+/// completion per chunk). Its default is 256 KiB; a subcommand with another sets it with
+/// `mut_arg("chunk_bytes", ...)` as for [`Cadence`].
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Chunk {
+    /// Relay chunk size (`256KiB`; a bare number is bytes).
+    #[arg(long, value_name = "SIZE", value_parser = size_bytes, default_value = "262144")]
+    pub chunk_bytes: u64,
+}
+
+/// `--emit-ms`: the window over which the source emits each ledger (core's 8 ms).
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Emit {
+    /// Emit window of the source, ms.
+    #[arg(long, default_value_t = 8.0)]
+    pub emit_ms: f64,
+}
+
 /// `--ratio`: how compressible the synthetic ledgers are.
 #[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
 pub struct Ratio {

@@ -89,9 +89,10 @@ pub struct FanoutArgs {
     /// longer, so that the 2-core machine, which also runs every subscriber, keeps up.
     #[arg(long, default_value_t = 40.0)]
     pub cadence_per_sub_ms: f64,
-    /// Emit window of the source, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
@@ -103,9 +104,10 @@ pub struct FanoutArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub ratio: crate::cluster::Ratio,
-    /// Relay chunk size, bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub chunk_bytes: u64,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// Seconds of the idle phase (CPU of idle sessions).
     #[arg(long, default_value_t = 3.0)]
     pub idle_s: f64,
@@ -388,9 +390,9 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
         count: Some(last - start + 1),
         start,
         cadence_ms: cadence,
-        emit_ms: a.emit_ms.min(cadence),
+        emit_ms: a.emit.emit_ms.min(cadence),
         codec: payload.codec().into(),
-        chunk: a.chunk_bytes,
+        chunk: a.chunk.chunk_bytes,
         retention: 40,
     };
     let mut cluster = Cluster::local(&certs, a.transport)?;

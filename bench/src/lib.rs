@@ -161,6 +161,7 @@ pub enum Network {
 /// Benchmark settings.
 #[derive(Debug, Clone, clap::Args)]
 #[command(mut_arg("ledger_bytes", |a| a.help("Unscaled raw size of each ledger (Phase 3 stress profile: 14.5 MiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
+#[command(mut_arg("chunk_bytes", |a| a.help("Unscaled relay chunk size (`256KiB`; a bare number is bytes)")))]
 pub struct Args {
     /// A preset that finishes in about a minute: fewer ledgers, a shorter cadence, the core
     /// rows only.
@@ -182,9 +183,9 @@ pub struct Args {
     /// `--cadence-ms` took) [default: 600ms, quick 250ms].
     #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms)]
     pub cadence_ms: Option<f64>,
-    /// Emit window of the source, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Per-flow cap of the emulated network, Mbit/s.
     #[arg(long, default_value_t = 200.0)]
     pub flow_mbit: f64,
@@ -198,9 +199,9 @@ pub struct Args {
     /// `--size`.
     #[command(flatten)]
     pub size: crate::cluster::Size,
-    /// Unscaled relay chunk size in bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub chunk_bytes: u64,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
     pub testdata: PathBuf,
@@ -235,9 +236,9 @@ impl Args {
             cadence_ms: self
                 .cadence_ms
                 .unwrap_or(if self.quick { 250.0 } else { 600.0 }),
-            emit_ms: self.emit_ms,
+            emit_ms: self.emit.emit_ms,
             // The relay refuses chunks under 4 KiB.
-            chunk: ((self.chunk_bytes as f64 / scale) as u64).max(4096),
+            chunk: ((self.chunk.chunk_bytes as f64 / scale) as u64).max(4096),
             shape: Shape {
                 flow_bps,
                 aggregate_bps: self

@@ -46,6 +46,7 @@ pub fn parse_secs(s: &str) -> Result<f64, String> {
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
 #[command(mut_arg("ledger_bytes", |a| a.default_value("256KiB")))]
+#[command(mut_arg("chunk_bytes", |a| a.default_value("65536")))]
 pub struct LoadArgs {
     /// A one-minute preset: --duration 60s, --warmup 20s, --preroll 5s, --stagger 5s,
     /// --retention 80 (each unless given).
@@ -64,9 +65,10 @@ pub struct LoadArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub size: crate::cluster::Size,
-    /// Relay chunk size, bytes.
-    #[arg(long, default_value_t = 65_536)]
-    pub chunk_bytes: u64,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// `--ratio`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -79,9 +81,10 @@ pub struct LoadArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub cadence: crate::cluster::Cadence,
-    /// Emit window, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 2)]
     pub lanes: u8,
@@ -159,12 +162,12 @@ impl LoadArgs {
             bail!("--min-life must be at least 200ms and --max-life at least --min-life");
         }
         if !(self.cadence.cadence_ms > 0.0
-            && self.emit_ms >= 0.0
-            && self.emit_ms <= self.cadence.cadence_ms)
+            && self.emit.emit_ms >= 0.0
+            && self.emit.emit_ms <= self.cadence.cadence_ms)
         {
             bail!("--cadence-ms must be positive and at least --emit-ms");
         }
-        if self.chunk_bytes < 4096 {
+        if self.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         if !(10..=60_000).contains(&self.rss_interval_ms) {
@@ -317,9 +320,9 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     };
     std::fs::create_dir_all(&ctx.dir)?;
     let settings = RelaySettings {
-        emit_ms: a.emit_ms,
+        emit_ms: a.emit.emit_ms,
         codec: a.codec.codec.clone(),
-        chunk: a.chunk_bytes,
+        chunk: a.chunk.chunk_bytes,
         retention: s.retention,
         ..RelaySettings::endless(a.size.ledger_bytes, a.ratio.ratio, a.cadence.cadence_ms)
     };

@@ -67,9 +67,10 @@ pub struct RingDiskArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub codec: crate::cluster::Codec,
-    /// Relay chunk size, bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub chunk_bytes: u64,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// sled segment size of the ring, MiB (power of two) [default: the relay's].
     #[arg(long)]
     pub segment_mib: Option<u32>,
@@ -248,7 +249,7 @@ fn run_one(
         cadence_ms,
         emit_ms: cadence_ms.min(8.0),
         codec: a.codec.codec.clone(),
-        chunk: a.chunk_bytes,
+        chunk: a.chunk.chunk_bytes,
         retention: a.retention,
     };
     let data = dir.join("data");

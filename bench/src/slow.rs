@@ -44,6 +44,7 @@ pub use verdict::*;
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
 #[command(mut_arg("ledger_bytes", |a| a.default_value("608174").help("Raw size of each ledger (default: the main bench's 14.5 MiB scaled by 25, 594 KiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
+#[command(mut_arg("chunk_bytes", |a| a.default_value("10485").help("Relay chunk size in bytes (default: the main bench's 256 KiB scaled by 25)")))]
 pub struct SlowArgs {
     /// Normal subscribers.
     #[arg(long, default_value_t = 8)]
@@ -58,9 +59,10 @@ pub struct SlowArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub cadence: crate::cluster::Cadence,
-    /// Emit window of the source, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: crate::cluster::Emit,
     /// The slow subscriber waits this many cadences after each ledger (10: a tenth of the
     /// rate).
     #[arg(long, default_value_t = 10.0)]
@@ -69,9 +71,10 @@ pub struct SlowArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub size: crate::cluster::Size,
-    /// Relay chunk size in bytes (default: the main bench's 256 KiB scaled by 25).
-    #[arg(long, default_value_t = 10_485)]
-    pub chunk_bytes: u64,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// `--ratio`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -114,8 +117,8 @@ impl SlowArgs {
             bail!("--ledgers must exceed --warmup ({})", self.warmup);
         }
         if !(self.cadence.cadence_ms > 0.0
-            && self.emit_ms >= 0.0
-            && self.emit_ms <= self.cadence.cadence_ms)
+            && self.emit.emit_ms >= 0.0
+            && self.emit.emit_ms <= self.cadence.cadence_ms)
         {
             bail!("--cadence-ms must be positive and at least --emit-ms");
         }
@@ -125,7 +128,7 @@ impl SlowArgs {
         if self.lanes == 0 || self.retention == 0 {
             bail!("--lanes and --retention must be at least 1");
         }
-        if self.chunk_bytes < 4096 {
+        if self.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         if !(1..=20).contains(&self.repeat) {
@@ -145,9 +148,9 @@ impl SlowArgs {
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
             count: Some(self.ledgers),
-            emit_ms: self.emit_ms,
+            emit_ms: self.emit.emit_ms,
             codec: self.codec.codec.clone(),
-            chunk: self.chunk_bytes,
+            chunk: self.chunk.chunk_bytes,
             retention,
             ..RelaySettings::endless(
                 self.size.ledger_bytes,
@@ -339,7 +342,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             normals.push(recs);
         }
         let warm = a.warmup as usize;
-        let normal = summarize(&normals, warm, a.emit_ms);
+        let normal = summarize(&normals, warm, a.emit.emit_ms);
         let normal_samples: Vec<(u32, f64)> = normals
             .iter()
             .flat_map(|v| v.iter().skip(warm).map(|r| (r.seq, r.delivery_ms)))

@@ -163,7 +163,7 @@ pub fn summary(r: &LoadReport) -> String {
         a.cadence.cadence_ms,
         a.codec.codec,
         a.ratio.ratio,
-        a.chunk_bytes,
+        a.chunk.chunk_bytes,
         s.retention,
         s.duration_s,
         s.preroll_s,

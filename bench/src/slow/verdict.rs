@@ -185,7 +185,7 @@ pub fn summary(r: &SlowReport) -> String {
         a.cadence.cadence_ms,
         a.codec.codec,
         a.ratio.ratio,
-        a.chunk_bytes,
+        a.chunk.chunk_bytes,
         a.lanes,
         crate::stats::fmt_load(&r.load_average[0]),
         crate::stats::fmt_load(&r.load_average[1]),
