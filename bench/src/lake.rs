@@ -288,6 +288,37 @@ pub(crate) fn read_run(what: &str, set: &str, n: u32, raw: u64, secs: f64) -> Re
     }
 }
 
+/// One read of a whole set from the lake through prefetch.
+struct Read<'a> {
+    set: &'a str,
+    /// Ledgers asked for.
+    n: u32,
+    raw_total: u64,
+    /// The stated bound of what prefetch holds.
+    bound: u64,
+}
+
+impl Read<'_> {
+    /// The row of a read that gave `got` ledgers in `took`, with what `stats` counted.
+    fn run(
+        &self,
+        what: &str,
+        got: u32,
+        took: Duration,
+        stats: &LakeStats,
+    ) -> anyhow::Result<ReadRun> {
+        let (n, secs) = (self.n, took.as_secs_f64());
+        if got != n {
+            bail!("{what}: {got} of {n} ledgers");
+        }
+        let mut r = read_run(what, self.set, n, self.raw_total, secs);
+        r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
+        r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
+        r.bound_bytes = Some(self.bound);
+        Ok(r)
+    }
+}
+
 async fn backfill_set(
     a: &LakeArgs,
     work: &Path,
@@ -395,21 +426,16 @@ async fn backfill_set(
             std::hint::black_box(&l);
             got += 1;
         }
-        let secs = t.elapsed().as_secs_f64();
-        if got != n {
-            bail!("backfill gave {got} of {n} ledgers");
-        }
-        let mut r = read_run(
-            &format!("backfill from S3, prefetch {depth}, chunked (zstd 1)"),
+        let what = format!("backfill from S3, prefetch {depth}, chunked (zstd 1)");
+        let read = Read {
             set,
             n,
             raw_total,
-            secs,
-        );
-        r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
-        r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
-        r.bound_bytes = Some(depth as u64 * largest);
-        report.reads.push(r);
+            bound: depth as u64 * largest,
+        };
+        report
+            .reads
+            .push(read.run(&what, got, t.elapsed(), &stats)?);
     }
     // The lake alone: fetch, decompress, decode and check, no chunking.
     let depth = 8;
@@ -430,21 +456,16 @@ async fn backfill_set(
         std::hint::black_box(&l);
         got += 1;
     }
-    let secs = t.elapsed().as_secs_f64();
-    if got != n {
-        bail!("the lake gave {got} of {n} ledgers");
-    }
-    let mut r = read_run(
-        &format!("lake read from S3, prefetch {depth}, raw (verified, not chunked)"),
+    let what = format!("lake read from S3, prefetch {depth}, raw (verified, not chunked)");
+    let read = Read {
         set,
         n,
         raw_total,
-        secs,
-    );
-    r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
-    r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
-    r.bound_bytes = Some(depth as u64 * largest);
-    report.reads.push(r);
+        bound: depth as u64 * largest,
+    };
+    report
+        .reads
+        .push(read.run(&what, got, t.elapsed(), &stats)?);
     Ok(url)
 }
 

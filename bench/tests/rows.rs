@@ -187,6 +187,71 @@ fn lake_prints_delivery_with_and_without_export() {
 }
 
 #[test]
+fn lake_prints_backfill_reads_and_sessions() {
+    let Some(exe) = bench() else { return };
+    let out = run(
+        &exe,
+        &[
+            "lake",
+            "--backfill-only",
+            "--backfill-ledgers",
+            "4",
+            "--depths",
+            "1",
+            "--size",
+            "256KiB",
+        ],
+        Duration::from_secs(150),
+    );
+    has_header(
+        &out,
+        &[
+            "set",
+            "what",
+            "ledgers/s",
+            "raw MB/s",
+            "object MB/s",
+            "peak held MiB",
+            "bound MiB",
+        ],
+    );
+    has_header(
+        &out,
+        &[
+            "set",
+            "what",
+            "ledgers/s",
+            "raw MB/s",
+            "wire MB/s",
+            "from lake",
+            "RSS before",
+        ],
+    );
+    let line = |what: &str| {
+        out.lines()
+            .find(|l| l.starts_with("synthetic") && l.contains(what))
+            .unwrap_or_else(|| panic!("no synthetic {what} row in:\n{out}"))
+    };
+    for what in [
+        "ring catch-up (Ring::get, verified)",
+        "backfill from S3, prefetch 1, chunked",
+        "lake read from S3, prefetch 8, raw",
+    ] {
+        let rate: f64 = line(what)
+            .split(what)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().find(|f| f.parse::<f64>().is_ok()))
+            .and_then(|f| f.parse().ok())
+            .unwrap_or_else(|| panic!("no rate in {what}"));
+        assert!(rate > 0.0, "{what}");
+    }
+    // Through a relay and a subscriber: every one of the 4 ledgers came from the lake.
+    let f: Vec<&str> = line("lake, prefetch 1").split_whitespace().collect();
+    let from_lake = f.iter().position(|&x| x == "1").map(|i| f[i + 4]);
+    assert_eq!(from_lake, Some("4"), "{f:?}");
+}
+
+#[test]
 fn the_scenario_table_prints_a_loopback_row() {
     let Some(exe) = bench() else { return };
     let out = run(
