@@ -2,7 +2,8 @@
 //! table on loopback), run as a user runs them: the `ledger-bench` binary, its stdout read
 //! back, each column header and each row asserted. Sizes are the smallest that still exercise
 //! every path (a few ledgers of a MiB or less), so the whole file takes seconds, not minutes.
-//! The emulated scenario rows are exercised (as root) by `emulation.rs`. Skips with the reason
+//! `lanes` runs as root only (emulated network; skips with the reason otherwise); the emulated
+//! scenario rows are exercised (as root) by `emulation.rs`. Skips with the reason
 //! when `ledger-relay` and `ledger-subscribe` are not built next to the binary.
 
 use std::path::{Path, PathBuf};
@@ -249,6 +250,56 @@ fn lake_prints_backfill_reads_and_sessions() {
     let f: Vec<&str> = line("lake, prefetch 1").split_whitespace().collect();
     let from_lake = f.iter().position(|&x| x == "1").map(|i| f[i + 4]);
     assert_eq!(from_lake, Some("4"), "{f:?}");
+}
+
+#[test]
+fn lanes_prints_live_and_catch_up_rows_with_each_lane() {
+    if let Some(reason) = ledger_relay_bench::netem::unavailable_reason() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let Some(exe) = bench() else { return };
+    let out = run(
+        &exe,
+        &[
+            "lanes",
+            "--lanes",
+            "1,2",
+            "--ledgers",
+            "4",
+            "--size",
+            "512KiB",
+            "--chunk",
+            "64KiB",
+            "--flow-mbit",
+            "100",
+            "--half-cap",
+            "false",
+        ],
+        Duration::from_secs(120),
+    );
+    has_header(
+        &out,
+        &[
+            "row", "run", "MiB", "xfer s", "MiB/s", "x1", "%caps", "imbal%", "cpu s", "per lane",
+        ],
+    );
+    for (name, lanes) in [
+        ("live-l1", 1),
+        ("live-l2", 2),
+        ("catch-up-l1", 1),
+        ("catch-up-l2", 2),
+    ] {
+        let f = row(&out, name);
+        assert_eq!(&f[1..3], ["1", "2.0"], "{f:?}");
+        // One MB/busy/lost triple per lane, from the relay's /metrics in its namespace.
+        let per_lane: Vec<&&str> = f[9..]
+            .iter()
+            .filter(|x| x.matches('/').count() == 2)
+            .collect();
+        assert_eq!(per_lane.len(), lanes, "{f:?}");
+    }
+    assert!(out.contains("targets (issue 12 item 2)"), "{out}");
 }
 
 #[test]
