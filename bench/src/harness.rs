@@ -370,6 +370,31 @@ pub struct SubSpec {
 }
 
 impl SubSpec {
+    /// Subscriber `name` (its client certificate) from `from` (a sequence or `tip`) for
+    /// `count` ledgers (`None`: endless) on `lanes` lanes, its stats in `dir/TAG.csv` and its
+    /// stderr in `dir/TAG.log`: one session written to /dev/null, no consume delay, no more
+    /// flags (set those with `SubSpec { .., ..SubSpec::new(..) }`).
+    pub fn new(
+        name: impl Into<String>,
+        from: impl ToString,
+        count: Option<u32>,
+        lanes: u8,
+        dir: &Path,
+        tag: &str,
+    ) -> SubSpec {
+        SubSpec {
+            name: name.into(),
+            from: from.to_string(),
+            count,
+            lanes,
+            stats: dir.join(format!("{tag}.csv")),
+            log: dir.join(format!("{tag}.log")),
+            consume_delay_ms: None,
+            sessions: 1,
+            extra: Vec::new(),
+        }
+    }
+
     /// The stats file of each subscription of this process, in session order.
     pub fn stats_files(&self) -> Vec<PathBuf> {
         if self.sessions <= 1 {

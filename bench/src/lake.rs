@@ -192,17 +192,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
             let stats = dir.join("sub.csv");
             let mut sub = cluster.subscriber(
                 relay.addr,
-                &SubSpec {
-                    name: "sub-0".into(),
-                    from: "tip".into(),
-                    count: Some(ledgers),
-                    lanes: 4,
-                    stats: stats.clone(),
-                    log: dir.join("sub.log"),
-                    consume_delay_ms: None,
-                    sessions: 1,
-                    extra: Vec::new(),
-                },
+                &SubSpec::new("sub-0", "tip", Some(ledgers), 4, &dir, "sub"),
             )?;
             let limit = Duration::from_secs_f64(
                 30.0 + f64::from(ledgers) * a.cadence.cadence_ms / 1e3 * 3.0,

@@ -395,18 +395,11 @@ fn measure(
         if row.mode == LaneMode::CatchUp {
             crate::scenario::wait_log(&relay.log, "source finished", &mut relay.child, within)?;
         }
-        let stats = dir.join("stats.csv");
+        let stats = dir.join("sub.csv");
         let t0 = unix_ms();
         let spec = SubSpec {
-            name: "sub-0".into(),
-            from: "2".into(),
-            count: Some(args.ledgers),
-            lanes: row.lanes,
-            stats: stats.clone(),
-            log: dir.join("sub.log"),
-            consume_delay_ms: None,
-            sessions: 1,
             extra: vec!["--lane-ports".into(), lane_base.to_string()],
+            ..SubSpec::new("sub-0", 2, Some(args.ledgers), row.lanes, &dir, "sub")
         };
         let sub = cluster.subscriber_in(Some(&netem.sub_ns), relay.addr, &spec)?;
         subs.push(sub);

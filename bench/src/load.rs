@@ -252,17 +252,14 @@ fn start(
 ) -> anyhow::Result<()> {
     let k = slot.report.segments.len();
     let from = next_from(slot, scrape);
-    let spec = harness::SubSpec {
-        name: slot.report.name.clone(),
-        from: from.clone(),
-        count: None,
-        lanes: ctx.a.lanes,
-        stats: ctx.dir.join(format!("{}-{k}.csv", slot.report.name)),
-        log: ctx.dir.join(format!("{}-{k}.log", slot.report.name)),
-        consume_delay_ms: None,
-        sessions: 1,
-        extra: Vec::new(),
-    };
+    let spec = harness::SubSpec::new(
+        &slot.report.name,
+        &from,
+        None,
+        ctx.a.lanes,
+        &ctx.dir,
+        &format!("{}-{k}", slot.report.name),
+    );
     let child = ctx.cluster.subscriber(relay.addr, &spec)?;
     slot.child = Some(child);
     slot.report.segments.push(Segment {

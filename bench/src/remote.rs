@@ -322,15 +322,15 @@ fn subscribe(
     within: Duration,
 ) -> anyhow::Result<(Vec<Record>, f64)> {
     let spec = SubSpec {
-        name: args.name.clone(),
-        from: "tip".into(),
-        count: Some(args.ledgers),
-        lanes,
-        stats: tmp.join(format!("stats-l{lanes}.csv")),
-        log: tmp.join(format!("sub-l{lanes}.log")),
-        consume_delay_ms: None,
-        sessions: 1,
         extra: vec!["--server-name".into(), server_name.into(), "--quiet".into()],
+        ..SubSpec::new(
+            &args.name,
+            "tip",
+            Some(args.ledgers),
+            lanes,
+            tmp,
+            &format!("sub-l{lanes}"),
+        )
     };
     let (stats, log) = (&spec.stats, &spec.log);
     let cluster = Cluster::local(&args.certs, args.transport)?;

@@ -561,14 +561,6 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         for i in 0..subscribers {
             let lane_ports = lane_base + u16::from(i) * u16::from(lanes);
             let spec = SubSpec {
-                name: format!("sub-{i}"),
-                from: start.to_string(),
-                count: Some(count),
-                lanes,
-                stats: dir.join(format!("stats-{i}.csv")),
-                log: dir.join(format!("sub-{i}.log")),
-                consume_delay_ms: None,
-                sessions: 1,
                 extra: vec![
                     "--lane-ports".into(),
                     lane_ports.to_string(),
@@ -577,6 +569,14 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
                     "--lane-stats-interval".into(),
                     "250ms".into(),
                 ],
+                ..SubSpec::new(
+                    format!("sub-{i}"),
+                    start,
+                    Some(count),
+                    lanes,
+                    &dir,
+                    &format!("sub-{i}"),
+                )
             };
             subs.push(
                 env.cluster
@@ -585,7 +585,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         }
         // Relay CPU is counted from the first delivered ledger after warm-up: calibration,
         // generation ahead of time and handshakes are left out.
-        let first_stats = dir.join("stats-0.csv");
+        let first_stats = dir.join("sub-0.csv");
         let deadline =
             Instant::now() + Duration::from_secs_f64(f64::from(count) * s.cadence_ms / 1e3 + 60.0);
         let mut mark: Option<(f64, usize)> = None;
@@ -659,7 +659,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         Some(sub_cpu.iter().sum::<f64>() * 1e3 / sub_cpu.len() as f64 / f64::from(count));
     let mut all = Vec::new();
     for i in 0..subscribers {
-        all.push(read_csv(&dir.join(format!("stats-{i}.csv")))?);
+        all.push(read_csv(&dir.join(format!("sub-{i}.csv")))?);
     }
     // The last chunk of a ledger: its raw size over the row's compression ratio.
     let raw_ratio = {

@@ -236,15 +236,15 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
         for i in 0..total {
             let is_slow = i == usize::from(a.subscribers);
             let spec = SubSpec {
-                name: format!("sub-{i}"),
-                from: "2".into(),
-                count: Some(a.ledgers),
-                lanes: a.lanes,
-                stats: dir.join(format!("stats-{i}.csv")),
-                log: dir.join(format!("sub-{i}.log")),
                 consume_delay_ms: is_slow.then(|| a.delay_ms()),
-                sessions: 1,
-                extra: Vec::new(),
+                ..SubSpec::new(
+                    format!("sub-{i}"),
+                    2,
+                    Some(a.ledgers),
+                    a.lanes,
+                    &dir,
+                    &format!("sub-{i}"),
+                )
             };
             let child = env.cluster.subscriber(relay_ref.addr, &spec)?;
             subs.push(Sub {

@@ -321,17 +321,7 @@ fn subscriber(
     lanes: u8,
     span: Span,
 ) -> anyhow::Result<(Child, PathBuf)> {
-    let spec = crate::harness::SubSpec {
-        name: name.into(),
-        from: span.first.to_string(),
-        count: Some(span.count()),
-        lanes,
-        stats: dir.join(format!("{name}.csv")),
-        log: dir.join(format!("{name}.log")),
-        consume_delay_ms: None,
-        sessions: 1,
-        extra: Vec::new(),
-    };
+    let spec = crate::harness::SubSpec::new(name, span.first, Some(span.count()), lanes, dir, name);
     Ok((c.subscriber_in(ns, relay.addr, &spec)?, spec.stats))
 }
 

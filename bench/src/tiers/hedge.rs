@@ -46,21 +46,17 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
                 true,
             ),
         ] {
-            let spec = SubSpec {
-                name: "sub-0".into(),
-                from: "tip".into(),
-                count: Some(a.warmup + a.ledgers),
-                lanes: a.lanes,
-                stats: dir.join(format!("{name}.csv")),
-                log: dir.join(format!("{name}.log")),
-                consume_delay_ms: None,
-                sessions: 1,
-                extra: if hedged {
-                    vec!["--hedge".into()]
-                } else {
-                    Vec::new()
-                },
-            };
+            let mut spec = SubSpec::new(
+                "sub-0",
+                "tip",
+                Some(a.warmup + a.ledgers),
+                a.lanes,
+                &dir,
+                name,
+            );
+            if hedged {
+                spec.extra.push("--hedge".into());
+            }
             let stats = spec.stats.clone();
             let mut child = c.subscriber_to(Some(&netem.sub_ns), &addrs, &spec)?;
             let limit = Duration::from_secs_f64(
