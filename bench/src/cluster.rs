@@ -136,6 +136,28 @@ pub struct Codec {
     pub codec: String,
 }
 
+/// The synthetic ledgers a relay serves and how it cuts and compresses them: `--size`,
+/// `--chunk-bytes`, `--ratio`, `--codec`, for the subcommands that take all four.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct Workload {
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: Size,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: Chunk,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: Ratio,
+    /// `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub codec: Codec,
+}
+
 /// Parses `--size` to bytes (positive).
 pub fn size_bytes(s: &str) -> Result<u64, String> {
     match ledger_relay_transport::parse_size(s) {

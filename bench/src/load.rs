@@ -61,22 +61,10 @@ pub struct LoadArgs {
     /// How many of them are stopped and restarted in a loop.
     #[arg(long, default_value_t = 8)]
     pub reconnecting: usize,
-    /// `--size` [default: 256KiB].
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec` [size default: 256KiB, chunk 65536].
     #[command(flatten)]
     #[serde(flatten)]
-    pub size: crate::cluster::Size,
-    /// `--chunk-bytes`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub chunk: crate::cluster::Chunk,
-    /// `--ratio`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub ratio: crate::cluster::Ratio,
-    /// `--codec`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub codec: crate::cluster::Codec,
+    pub workload: crate::cluster::Workload,
     /// `--cadence` [default: 250ms].
     #[command(flatten)]
     #[serde(flatten)]
@@ -167,7 +155,7 @@ impl LoadArgs {
         {
             bail!("--cadence-ms must be positive and at least --emit-ms");
         }
-        if self.chunk.chunk_bytes < 4096 {
+        if self.workload.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         if !(10..=60_000).contains(&self.rss_interval_ms) {
@@ -318,10 +306,14 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     std::fs::create_dir_all(&ctx.dir)?;
     let settings = RelaySettings {
         emit_ms: a.emit.emit_ms,
-        codec: a.codec.codec.clone(),
-        chunk: a.chunk.chunk_bytes,
+        codec: a.workload.codec.codec.clone(),
+        chunk: a.workload.chunk.chunk_bytes,
         retention: s.retention,
-        ..RelaySettings::endless(a.size.ledger_bytes, a.ratio.ratio, a.cadence.cadence_ms)
+        ..RelaySettings::endless(
+            a.workload.size.ledger_bytes,
+            a.workload.ratio.ratio,
+            a.cadence.cadence_ms,
+        )
     };
     let mut relay = ctx
         .cluster

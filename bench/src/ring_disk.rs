@@ -55,22 +55,10 @@ pub struct RingDiskArgs {
     /// Ledgers the ring keeps (`--retention`).
     #[arg(long, default_value_t = 20)]
     pub retention: u32,
-    /// `--size`.
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec`.
     #[command(flatten)]
     #[serde(flatten)]
-    pub size: crate::cluster::Size,
-    /// `--ratio`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub ratio: crate::cluster::Ratio,
-    /// `--codec`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub codec: crate::cluster::Codec,
-    /// `--chunk-bytes`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub chunk: crate::cluster::Chunk,
+    pub workload: crate::cluster::Workload,
     /// sled segment size of the ring, MiB (power of two) [default: the relay's].
     #[arg(long)]
     pub segment_mib: Option<u32>,
@@ -242,14 +230,14 @@ fn run_one(
     let start = 2u32;
     let last = u64::from(start + ledgers - 1);
     let settings = RelaySettings {
-        size: a.size.ledger_bytes,
-        ratio: a.ratio.ratio,
+        size: a.workload.size.ledger_bytes,
+        ratio: a.workload.ratio.ratio,
         count: Some(ledgers),
         start,
         cadence_ms,
         emit_ms: cadence_ms.min(8.0),
-        codec: a.codec.codec.clone(),
-        chunk: a.chunk.chunk_bytes,
+        codec: a.workload.codec.codec.clone(),
+        chunk: a.workload.chunk.chunk_bytes,
         retention: a.retention,
     };
     let data = dir.join("data");

@@ -67,22 +67,10 @@ pub struct SlowArgs {
     /// rate).
     #[arg(long, default_value_t = 10.0)]
     pub slow_factor: f64,
-    /// `--size` [default: 608174].
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec` [size default: 608174, chunk 10485].
     #[command(flatten)]
     #[serde(flatten)]
-    pub size: crate::cluster::Size,
-    /// `--chunk-bytes`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub chunk: crate::cluster::Chunk,
-    /// `--ratio`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub ratio: crate::cluster::Ratio,
-    /// `--codec`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub codec: crate::cluster::Codec,
+    pub workload: crate::cluster::Workload,
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
@@ -128,7 +116,7 @@ impl SlowArgs {
         if self.lanes == 0 || self.retention == 0 {
             bail!("--lanes and --retention must be at least 1");
         }
-        if self.chunk.chunk_bytes < 4096 {
+        if self.workload.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         if !(1..=20).contains(&self.repeat) {
@@ -149,12 +137,12 @@ impl SlowArgs {
         RelaySettings {
             count: Some(self.ledgers),
             emit_ms: self.emit.emit_ms,
-            codec: self.codec.codec.clone(),
-            chunk: self.chunk.chunk_bytes,
+            codec: self.workload.codec.codec.clone(),
+            chunk: self.workload.chunk.chunk_bytes,
             retention,
             ..RelaySettings::endless(
-                self.size.ledger_bytes,
-                self.ratio.ratio,
+                self.workload.size.ledger_bytes,
+                self.workload.ratio.ratio,
                 self.cadence.cadence_ms,
             )
         }

@@ -118,10 +118,10 @@ fn the_ledger_size_is_one_flag_with_units_and_the_old_spelling() {
                 Some(Helper::Fanout(a)) => a.size.ledger_bytes,
                 Some(Helper::Tiers(a)) => a.size.ledger_bytes,
                 Some(Helper::Lanes(a)) => a.size.ledger_bytes,
-                Some(Helper::SlowSubscriber(a)) => a.size.ledger_bytes,
-                Some(Helper::Load(a)) => a.size.ledger_bytes,
+                Some(Helper::SlowSubscriber(a)) => a.workload.size.ledger_bytes,
+                Some(Helper::Load(a)) => a.workload.size.ledger_bytes,
                 Some(Helper::Lake(a)) => a.size.ledger_bytes,
-                Some(Helper::RingDisk(a)) => a.size.ledger_bytes,
+                Some(Helper::RingDisk(a)) => a.workload.size.ledger_bytes,
                 Some(Helper::Cpu(a)) => a.size.ledger_bytes,
                 other => panic!("{sub}: {other:?}"),
             }
