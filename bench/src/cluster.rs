@@ -112,6 +112,16 @@ pub struct Chunk {
     pub chunk_bytes: u64,
 }
 
+/// `--warmup`: ledgers at the start of each subscriber or row left out of the figures. Its
+/// default is 3; a subcommand with another sets it with `mut_arg("warmup", ...)`.
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Warmup {
+    /// Ledgers left out at the start of each subscriber or row (handshakes, window growth,
+    /// allocations).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+}
+
 /// `--emit-ms`: the window over which the source emits each ledger (core's 8 ms).
 #[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
 pub struct Emit {

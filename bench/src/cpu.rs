@@ -36,13 +36,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `ledger-bench cpu` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("warmup", |a| a.default_value("2")))]
 pub struct CpuArgs {
     /// Ledgers measured per row (after the warm-up).
     #[arg(long, default_value_t = 20)]
     pub ledgers: u32,
-    /// Ledgers at the start of each row left out (handshakes, window growth, allocations).
-    #[arg(long, default_value_t = 2)]
-    pub warmup: u32,
+    /// `--warmup` [default: 2].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// `--size`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -146,7 +148,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let run = Run {
         size,
         cadence,
-        warmup: a.warmup,
+        warmup: a.warm.warmup,
         ledgers: a.ledgers,
         transport,
         certs: certs.path().to_path_buf(),

@@ -74,9 +74,10 @@ pub struct FanoutArgs {
     /// Ledgers measured per row (after the warm-up).
     #[arg(long, default_value_t = 20)]
     pub ledgers: u32,
-    /// Ledgers each subscriber takes before the measured ones.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// Ledgers published with no subscriber first (baseline CPU and memory; more than the 4 the
     /// hub keeps in memory).
     #[arg(long, default_value_t = 6)]
@@ -379,7 +380,7 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     let connect_s = 2.0 + f64::from(n) * 0.08;
     let k = (connect_s * 1e3 / cadence).ceil() as u32 + 1;
     let first = start + b + k;
-    let measured_from = first + a.warmup;
+    let measured_from = first + a.warm.warmup;
     let last = measured_from + a.ledgers - 1;
     let settings = RelaySettings {
         size: a.size.ledger_bytes,

@@ -55,9 +55,9 @@ pub struct LakeArgs {
     /// Ledgers per delivery run, warm-up included [default: 60, quick 20].
     #[arg(long)]
     pub ledgers: Option<u32>,
-    /// Ledgers left out at the start of each delivery run.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// Rounds of the three delivery runs [default: 2, quick 1].
     #[arg(long)]
     pub rounds: Option<u32>,
@@ -155,7 +155,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
     let mut cluster = crate::cluster::Cluster::local(&certs, Default::default())?;
     cluster.relay_env = server.env();
     let ledgers = a.ledgers.unwrap_or(if a.quick { 20 } else { 60 });
-    if ledgers <= a.warmup {
+    if ledgers <= a.warm.warmup {
         bail!("--ledgers must exceed --warmup");
     }
     let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
@@ -216,7 +216,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
             let run = DeliveryRun {
                 round,
                 export: export.into(),
-                summary: summarize(std::slice::from_ref(&records), a.warmup as usize, 8.0),
+                summary: summarize(std::slice::from_ref(&records), a.warm.warmup as usize, 8.0),
                 exported_newest: scrape.get("lake_export_newest") as u64,
                 delivered_newest: records.last().map_or(0, |r| r.seq),
                 export_degraded: scrape.get("lake_export_degraded") > 0.0,

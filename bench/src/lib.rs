@@ -176,9 +176,9 @@ pub struct Args {
     /// Ledgers per subscriber, warm-up included [default: 60, quick 15].
     #[arg(long)]
     pub ledgers: Option<u32>,
-    /// Ledgers left out at the start of each subscriber.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old
     /// `--cadence-ms` took) [default: 600ms, quick 250ms].
     #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms)]
@@ -225,13 +225,13 @@ impl Args {
         }
         let scale = (self.emulated_flow_mbit / self.flow_mbit).max(1.0);
         let ledgers = self.ledgers.unwrap_or(if self.quick { 15 } else { 60 });
-        if ledgers <= self.warmup {
-            bail!("--ledgers must exceed --warmup ({})", self.warmup);
+        if ledgers <= self.warm.warmup {
+            bail!("--ledgers must exceed --warmup ({})", self.warm.warmup);
         }
         let flow_bps = (self.flow_mbit * 1e6) as u64;
         Ok(Settings {
             ledgers,
-            warmup: self.warmup,
+            warmup: self.warm.warmup,
             size: ((self.size.ledger_bytes as f64 / scale) as u64).max(4096),
             cadence_ms: self
                 .cadence_ms

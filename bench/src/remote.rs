@@ -55,9 +55,10 @@ pub struct RemoteArgs {
     /// Ledgers per row, warm-up included.
     #[arg(long, default_value_t = 60)]
     pub ledgers: u32,
-    /// Ledgers left out at the start of each row.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// The relay's TCP baseline (`ledger-relay run --tcp-baseline ADDR`), HOST:PORT: adds a row
     /// over one TLS-over-TCP flow, and the clock offset between the hosts.
     #[arg(long, value_name = "HOST:PORT")]
@@ -187,8 +188,8 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     if let Some(&bad) = args.lanes.iter().find(|&&n| n == 0 || n > 64) {
         bail!("--lanes {bad}: expected 1..=64");
     }
-    if args.ledgers <= args.warmup {
-        bail!("--ledgers must exceed --warmup ({})", args.warmup);
+    if args.ledgers <= args.warm.warmup {
+        bail!("--ledgers must exceed --warmup ({})", args.warm.warmup);
     }
     let relay_host = host_of(&args.relay).context("--relay")?;
     let server_name = args.server_name.clone().unwrap_or(relay_host);
@@ -261,7 +262,7 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     };
     let settings = Settings {
         ledgers: args.ledgers,
-        warmup: args.warmup,
+        warmup: args.warm.warmup,
         size: 0,
         cadence_ms: 0.0,
         emit_ms: args.emit_ms,

@@ -52,9 +52,10 @@ pub struct SlowArgs {
     /// Ledgers the source emits; every subscriber, the slow one included, takes them all.
     #[arg(long, default_value_t = 100)]
     pub ledgers: u32,
-    /// Ledgers left out at the start of each normal subscriber.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// `--cadence` [default: 250ms].
     #[command(flatten)]
     #[serde(flatten)]
@@ -101,8 +102,8 @@ impl SlowArgs {
         if self.subscribers == 0 || usize::from(self.subscribers) > 254 {
             bail!("--subscribers must be 1..=254");
         }
-        if self.ledgers <= self.warmup {
-            bail!("--ledgers must exceed --warmup ({})", self.warmup);
+        if self.ledgers <= self.warm.warmup {
+            bail!("--ledgers must exceed --warmup ({})", self.warm.warmup);
         }
         if !(self.cadence.cadence_ms > 0.0
             && self.emit.emit_ms >= 0.0
@@ -329,7 +330,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             }
             normals.push(recs);
         }
-        let warm = a.warmup as usize;
+        let warm = a.warm.warmup as usize;
         let normal = summarize(&normals, warm, a.emit.emit_ms);
         let normal_samples: Vec<(u32, f64)> = normals
             .iter()

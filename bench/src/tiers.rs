@@ -80,9 +80,10 @@ pub struct TiersArgs {
     /// Ledgers measured per row (after the warm-up).
     #[arg(long, default_value_t = 20)]
     pub ledgers: u32,
-    /// Ledgers each subscriber takes before the measured ones.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// `--cadence`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -254,7 +255,7 @@ fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySe
 /// The span of a row whose processes need `connect_s` to start and connect.
 fn span(a: &TiersArgs, cadence: f64, connect_s: f64) -> Span {
     let first = 2 + (connect_s * 1e3 / cadence).ceil() as u32 + 1;
-    let measured = first + a.warmup;
+    let measured = first + a.warm.warmup;
     Span {
         first,
         measured,

@@ -139,6 +139,35 @@ fn the_ledger_size_is_one_flag_with_units_and_the_old_spelling() {
     assert_eq!(top.args.size.ledger_bytes, 15_204_352);
 }
 
+#[test]
+fn the_warmup_is_one_flag_with_each_subcommands_default() {
+    use clap::Parser;
+    use ledger_relay_bench::Helper;
+    for (sub, default) in [
+        ("fanout", 3),
+        ("tiers", 3),
+        ("slow-subscriber", 3),
+        ("lake", 3),
+        ("cpu", 2),
+    ] {
+        let warmup = |argv: &[&str]| {
+            let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat()).unwrap();
+            match cli.helper {
+                Some(Helper::Fanout(a)) => a.warm.warmup,
+                Some(Helper::Tiers(a)) => a.warm.warmup,
+                Some(Helper::SlowSubscriber(a)) => a.warm.warmup,
+                Some(Helper::Lake(a)) => a.warm.warmup,
+                Some(Helper::Cpu(a)) => a.warm.warmup,
+                other => panic!("{sub}: {other:?}"),
+            }
+        };
+        assert_eq!(warmup(&[]), default, "{sub}");
+        assert_eq!(warmup(&["--warmup", "7"]), 7, "{sub}");
+    }
+    let top = Cli::try_parse_from(["ledger-bench", "--warmup", "5"]).unwrap();
+    assert_eq!(top.args.warm.warmup, 5);
+}
+
 /// The `ledger-bench` command lines recorded in bench/RESULTS.md: continuation lines joined,
 /// from `ledger-bench` up to a comment, `;`, `|` or the end of a code span; optional parts
 /// (`[--flag]`) taken as given; a shell variable left out, with the flag it is the value of.

@@ -49,7 +49,7 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             let mut spec = SubSpec::new(
                 "sub-0",
                 "tip",
-                Some(a.warmup + a.ledgers),
+                Some(a.warm.warmup + a.ledgers),
                 a.lanes,
                 &dir,
                 name,
@@ -60,7 +60,7 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             let stats = spec.stats.clone();
             let mut child = c.subscriber_to(Some(&netem.sub_ns), &addrs, &spec)?;
             let limit = Duration::from_secs_f64(
-                a.cadence.cadence_ms / 1e3 * f64::from(a.warmup + a.ledgers) * 3.0 + 60.0,
+                a.cadence.cadence_ms / 1e3 * f64::from(a.warm.warmup + a.ledgers) * 3.0 + 60.0,
             );
             let st = crate::harness::wait_child(&mut child, limit)?;
             if !st.success() {
@@ -68,15 +68,15 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             }
             let recs = read_stats_lenient(&stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
-            if seqs.len() != (a.warmup + a.ledgers) as usize
+            if seqs.len() != (a.warm.warmup + a.ledgers) as usize
                 || seqs.windows(2).any(|w| w[1] != w[0] + 1)
             {
                 bail!(
                     "the {name} subscriber wrote {seqs:?}, not {} consecutive ledgers",
-                    a.warmup + a.ledgers
+                    a.warm.warmup + a.ledgers
                 );
             }
-            let measured: Vec<Record> = recs.into_iter().skip(a.warmup as usize).collect();
+            let measured: Vec<Record> = recs.into_iter().skip(a.warm.warmup as usize).collect();
             let mut r = row(Part::Hedge, name, payload, 1, a.cadence.cadence_ms);
             r.ledgers = a.ledgers;
             r.wire_mb = wire_mb(std::slice::from_ref(&measured));
