@@ -5,11 +5,15 @@
 //! A subcommand is its arguments, the rows it plans, a [`Cluster`] per row, the rows it
 //! measured and [`emit`].
 
+use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-use crate::harness::{spawn_subscriber_in, RelayProc, RelaySettings, SubSpec};
+use anyhow::Context;
+
+use crate::harness::{free_tcp_port, free_udp_port, RelayProc, RelaySettings, SubSpec};
 
 /// QUIC packet sizes of every relay and subscriber of a run (`--max-mtu`, `--min-mtu`).
 #[derive(Debug, Clone, Copy, Default, clap::Args, serde::Serialize)]
@@ -23,15 +27,34 @@ pub struct Transport {
     pub min_mtu: Option<u16>,
 }
 
+/// `--json`: the whole report, what the table leaves out included, as JSON.
+#[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
+pub struct Json {
+    /// Write the results (with every delivery or sample) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+impl Json {
+    /// Writes `value` to the `--json` file, if one was given.
+    pub fn write(&self, value: &impl serde::Serialize) -> anyhow::Result<()> {
+        match &self.json {
+            Some(p) => crate::report::write(p, &serde_json::to_string_pretty(value)?),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The files a report is written to besides the table on stdout.
 #[derive(Debug, Clone, Default, clap::Args, serde::Serialize)]
 pub struct Files {
     /// Write the rows as CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
-    /// Write the rows (with every delivery) as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: Json,
 }
 
 /// [`Files`] and plots.
@@ -44,6 +67,114 @@ pub struct Output {
     /// Write the plots (SVG) in this directory.
     #[arg(long, value_name = "DIR")]
     pub plots: Option<PathBuf>,
+}
+
+/// `--cadence`: the time between ledgers of the source. Its default is 600 ms; a subcommand
+/// with another sets it with `#[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]`.
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Cadence {
+    /// Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old
+    /// `--cadence-ms` took).
+    #[arg(
+        long = "cadence",
+        alias = "cadence-ms",
+        value_name = "DURATION",
+        value_parser = cadence_ms,
+        default_value = "600ms"
+    )]
+    pub cadence_ms: f64,
+}
+
+/// `--size`: the raw size of each ledger, in the transport's units (`14.5MiB`, `594KiB`) or
+/// bytes. `--ledger-bytes`, its old spelling, is a hidden alias. Its default is 14.5 MiB; a
+/// subcommand with another sets it with `mut_arg("ledger_bytes", ...)` as for [`Cadence`].
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Size {
+    /// Raw size of each ledger (`14.5MiB`, `594KiB`; a bare number is bytes, as the old
+    /// `--ledger-bytes` took).
+    #[arg(
+        long = "size",
+        alias = "ledger-bytes",
+        value_name = "SIZE",
+        value_parser = size_bytes,
+        default_value = "14.5MiB"
+    )]
+    pub ledger_bytes: u64,
+}
+
+/// `--chunk-bytes`: the raw bytes per chunk the relay cuts (a stream, a frame and a
+/// completion per chunk). Its default is 256 KiB; a subcommand with another sets it with
+/// `mut_arg("chunk_bytes", ...)` as for [`Cadence`].
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Chunk {
+    /// Relay chunk size (`256KiB`; a bare number is bytes).
+    #[arg(long, value_name = "SIZE", value_parser = size_bytes, default_value = "262144")]
+    pub chunk_bytes: u64,
+}
+
+/// `--warmup`: ledgers at the start of each subscriber or row left out of the figures. Its
+/// default is 3; a subcommand with another sets it with `mut_arg("warmup", ...)`.
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Warmup {
+    /// Ledgers left out at the start of each subscriber or row (handshakes, window growth,
+    /// allocations).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+}
+
+/// `--emit-ms`: the window over which the source emits each ledger (core's 8 ms).
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Emit {
+    /// Emit window of the source, ms.
+    #[arg(long, default_value_t = 8.0)]
+    pub emit_ms: f64,
+}
+
+/// `--ratio`: how compressible the synthetic ledgers are.
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Ratio {
+    /// zstd-1 ratio of the synthetic ledgers at the relay's chunk size (1: incompressible).
+    #[arg(long, default_value_t = 7.6)]
+    pub ratio: f64,
+}
+
+/// `--codec`: how the relay compresses the chunks it sends.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct Codec {
+    /// Relay codec.
+    #[arg(long, default_value = "zstd", value_parser = ["zstd", "lz4", "none"])]
+    pub codec: String,
+}
+
+/// The synthetic ledgers a relay serves and how it cuts and compresses them: `--size`,
+/// `--chunk-bytes`, `--ratio`, `--codec`, for the subcommands that take all four.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct Workload {
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: Size,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: Chunk,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: Ratio,
+    /// `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub codec: Codec,
+}
+
+/// Parses `--size` to bytes (positive).
+pub fn size_bytes(s: &str) -> Result<u64, String> {
+    match ledger_relay_transport::parse_size(s) {
+        Ok(0) => Err("the size must be positive".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Parses `--cadence` to milliseconds: a duration in the transport's grammar (`600ms`, `2s`),
@@ -119,10 +250,7 @@ pub fn emit_files<R: Report>(report: &R, files: &Files) -> anyhow::Result<()> {
     if let Some(p) = &files.csv {
         crate::report::write(p, &report.csv())?;
     }
-    if let Some(p) = &files.json {
-        crate::report::write(p, &serde_json::to_string_pretty(report)?)?;
-    }
-    Ok(())
+    files.json.write(report)
 }
 
 /// The processes of one row: the binaries, the CA, the transport settings and the flags every
@@ -131,10 +259,6 @@ pub fn emit_files<R: Report>(report: &R, files: &Files) -> anyhow::Result<()> {
 /// [`SubSpec::extra`].
 #[derive(Debug, Clone)]
 pub struct Cluster {
-    /// `ledger-relay`.
-    pub relay_bin: PathBuf,
-    /// `ledger-subscribe`.
-    pub sub_bin: PathBuf,
     /// The ephemeral CA with the relay's and the subscribers' certificates.
     pub certs: PathBuf,
     /// Packet sizes of both ends.
@@ -146,16 +270,24 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// On this host, with the binaries built next to this executable.
+    /// On this host, with the binaries built next to this executable (looked up when a
+    /// process starts: a host that only subscribes needs no `ledger-relay`).
     pub fn local(certs: &Path, transport: Transport) -> anyhow::Result<Cluster> {
         Ok(Cluster {
-            relay_bin: crate::proc::sibling_binary("ledger-relay")?,
-            sub_bin: crate::proc::sibling_binary("ledger-subscribe")?,
             certs: certs.to_owned(),
             transport,
             relay_extra: Vec::new(),
             relay_env: Vec::new(),
         })
+    }
+
+    /// `ledger-relay demo` (relay and subscribers in one process, no CA) with `transport`'s
+    /// flags; the caller adds the workload's and runs it.
+    pub fn demo(transport: Transport) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(crate::proc::sibling_binary("ledger-relay")?);
+        cmd.arg("demo")
+            .args(crate::proc::mtu_flags(transport.max_mtu, transport.min_mtu));
+        Ok(cmd)
     }
 
     /// Starts `ledger-relay run` with data under `dir`, the synthetic source of `s`, the
@@ -188,8 +320,53 @@ impl Cluster {
             .collect();
         all.extend(self.relay_extra.iter().cloned());
         all.extend(extra.iter().cloned());
-        let (bin, certs) = (&self.relay_bin, &self.certs);
-        RelayProc::start_in(ns, bin, certs, dir, s, source, &all, &self.relay_env)
+        let ip = ns.map_or("127.0.0.1", |n| n.1);
+        let addr: SocketAddr = format!("{ip}:{}", free_udp_port()?).parse()?;
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
+        let log = dir.join("relay.log");
+        let mut child = self
+            .command(ns.map(|n| n.0), "ledger-relay")?
+            .arg("run")
+            .args(["--listen", &addr.to_string(), "--certs"])
+            .arg(&self.certs)
+            .args(["--name", "relay", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--source", source])
+            .args(["--cadence", &format!("{}ms", s.cadence_ms)])
+            .args(["--emit", &format!("{}ms", s.emit_ms)])
+            .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
+            .args(["--retention", &s.retention.to_string()])
+            .args(["--metrics", &metrics.to_string()])
+            .args(&all)
+            .envs(self.relay_env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("RUST_LOG", "info")
+            .stderr(File::create(&log)?)
+            .spawn()
+            .context("starting ledger-relay")?;
+        crate::proc::track(&child);
+        if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
+            crate::proc::kill_all(std::slice::from_mut(&mut child));
+            return Err(e);
+        }
+        Ok(RelayProc {
+            pid: child.id(),
+            child,
+            addr,
+            metrics,
+            log,
+        })
+    }
+
+    /// The workspace's binary `name` on this host, or in network namespace `ns` when given,
+    /// with no stdin or stdout.
+    fn command(&self, ns: Option<&str>, name: &str) -> anyhow::Result<Command> {
+        let program = crate::proc::sibling_binary(name)?;
+        let mut cmd = match ns {
+            Some(ns) => crate::netem::Netem::exec_in(ns, &program),
+            None => Command::new(program),
+        };
+        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        Ok(cmd)
     }
 
     /// Starts `ledger-subscribe` for `spec` against `relay` with the transport settings
@@ -205,11 +382,48 @@ impl Cluster {
         relay: SocketAddr,
         spec: &SubSpec,
     ) -> anyhow::Result<Child> {
-        let mut spec = spec.clone();
-        let mut extra = crate::proc::mtu_flags(self.transport.max_mtu, self.transport.min_mtu);
-        extra.append(&mut spec.extra);
-        spec.extra = extra;
-        spawn_subscriber_in(ns, &self.sub_bin, relay, &self.certs, &spec)
+        self.subscriber_to(ns, &relay.to_string(), spec)
+    }
+
+    /// [`Cluster::subscriber_in`] given `relays` as `--relay` takes it (`HOST:PORT`, or `A,B`
+    /// for `--hedge`). It writes ledgers to /dev/null (verified all the same: order, checksums and the
+    /// hash chain) unless it holds several sessions.
+    pub fn subscriber_to(
+        &self,
+        ns: Option<&str>,
+        relays: &str,
+        spec: &SubSpec,
+    ) -> anyhow::Result<Child> {
+        let mut cmd = self.command(ns, "ledger-subscribe")?;
+        cmd.args(["--relay", relays, "--certs"])
+            .arg(&self.certs)
+            .args(["--name", &spec.name, "--from", &spec.from])
+            .args(["--lanes", &spec.lanes.to_string()])
+            .arg("--stats")
+            .arg(&spec.stats);
+        if spec.sessions > 1 {
+            cmd.args(["--sessions", &spec.sessions.to_string()]);
+        } else {
+            cmd.args(["--out", "/dev/null"]);
+        }
+        if let Some(n) = spec.count {
+            cmd.args(["--count", &n.to_string()]);
+        }
+        if let Some(d) = spec.consume_delay_ms {
+            cmd.args(["--consume-delay", &format!("{d}ms")]);
+        }
+        let child = cmd
+            .args(crate::proc::mtu_flags(
+                self.transport.max_mtu,
+                self.transport.min_mtu,
+            ))
+            .args(&spec.extra)
+            .env("RUST_LOG", "warn")
+            .stderr(File::create(&spec.log)?)
+            .spawn()
+            .context("starting ledger-subscribe")?;
+        crate::proc::track(&child);
+        Ok(child)
     }
 }
 
@@ -230,7 +444,9 @@ mod tests {
     fn the_groups_parse_their_flags_and_default_to_nothing() {
         let p = Probe::try_parse_from(["x"]).unwrap();
         assert_eq!((p.transport.max_mtu, p.transport.min_mtu), (None, None));
-        assert!(p.out.files.csv.is_none() && p.out.files.json.is_none() && p.out.plots.is_none());
+        assert!(
+            p.out.files.csv.is_none() && p.out.files.json.json.is_none() && p.out.plots.is_none()
+        );
         let p = Probe::try_parse_from(["x", "--max-mtu", "8952", "--csv", "a.csv"]).unwrap();
         assert_eq!(p.transport.max_mtu, Some(8952));
         assert_eq!(p.out.files.csv.as_deref(), Some(Path::new("a.csv")));

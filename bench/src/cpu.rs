@@ -36,19 +36,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `ledger-bench cpu` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("warmup", |a| a.default_value("2")))]
 pub struct CpuArgs {
     /// Ledgers measured per row (after the warm-up).
     #[arg(long, default_value_t = 20)]
     pub ledgers: u32,
-    /// Ledgers at the start of each row left out (handshakes, window growth, allocations).
-    #[arg(long, default_value_t = 2)]
-    pub warmup: u32,
-    /// Raw size of each ledger.
-    #[arg(long, default_value = "14.5MiB")]
-    pub size: String,
-    /// Time between ledgers.
-    #[arg(long, default_value = "600ms")]
-    pub cadence: String,
+    /// `--warmup` [default: 2].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Lanes of the relay row.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
@@ -61,14 +65,10 @@ pub struct CpuArgs {
     /// relay's 256KiB): a stream, a frame and a completion per chunk.
     #[arg(long, value_name = "BYTES")]
     pub chunk_size: Option<String>,
-    /// Path MTU ceiling of the QUIC rows (the `max_mtu` transport setting; default the
-    /// transport's own).
-    #[arg(long)]
-    pub max_mtu: Option<u16>,
-    /// UDP payload the QUIC rows take the path to carry (the `min_mtu` transport setting):
-    /// the floor quinn's black-hole detection falls back to.
-    #[arg(long)]
-    pub min_mtu: Option<u16>,
+    /// QUIC packet sizes of the quinn and relay rows.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub transport: crate::cluster::Transport,
     /// Generic segmentation offload in the quinn row (the `gso` transport setting; default on).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub gso: bool,
@@ -79,9 +79,10 @@ pub struct CpuArgs {
     /// Rows to run.
     #[arg(long, value_delimiter = ',', default_value = "quinn,tls-tcp,relay")]
     pub rows: Vec<CpuRow>,
-    /// Also write the rows as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// A row of `ledger-bench cpu`.
@@ -130,14 +131,14 @@ impl Measured {
 
 /// Runs the rows and prints the table and the targets.
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
-    let size = ledger_relay_transport::parse_size(&a.size).context("--size")?;
-    let cadence = ledger_relay_transport::parse_duration(&a.cadence).context("--cadence")?;
+    let size = a.size.ledger_bytes;
+    let cadence = Duration::from_secs_f64(a.cadence.cadence_ms / 1e3);
     if a.ledgers == 0 {
         bail!("--ledgers must be at least 1");
     }
     let size = usize::try_from(size).context("--size")?;
     let mut transport = TransportSettings::default();
-    transport.set_mtu(a.max_mtu, a.min_mtu);
+    transport.set_mtu(a.transport.max_mtu, a.transport.min_mtu);
     transport.gso = a.gso;
     transport.ack_eliciting_threshold = a.ack_threshold;
     let dir = tempfile::tempdir().context("temporary directory")?;
@@ -147,7 +148,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let run = Run {
         size,
         cadence,
-        warmup: a.warmup,
+        warmup: a.warm.warmup,
         ledgers: a.ledgers,
         transport,
         certs: certs.path().to_path_buf(),
@@ -163,10 +164,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         rows.push(m);
     }
     print!("{}", table(&rows));
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&rows)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    a.json.write(&rows)?;
     Ok(())
 }
 
@@ -531,14 +529,13 @@ impl Run {
 
     /// `ledger-relay demo --ratio 1 --codec none`, its CPU lines parsed.
     fn relay(&self, a: &CpuArgs) -> anyhow::Result<Measured> {
-        let bin = crate::proc::sibling_binary("ledger-relay")?;
-        let mut cmd = std::process::Command::new(&bin);
-        cmd.args(["demo", "--ratio", "1", "--codec", "none"])
+        let mut cmd = crate::cluster::Cluster::demo(a.transport)?;
+        cmd.args(["--ratio", "1", "--codec", "none"])
             .args(["--ledgers", &self.total().to_string()])
             .args(["--warmup", &self.warmup.to_string()])
             .args(["--lanes", &a.lanes.to_string()])
-            .args(["--size", &a.size, "--cadence", &a.cadence])
-            .args(crate::proc::mtu_flags(a.max_mtu, a.min_mtu));
+            .args(["--size", &a.size.ledger_bytes.to_string()])
+            .args(["--cadence", &format!("{}ms", a.cadence.cadence_ms)]);
         if let Some(n) = a.retention {
             cmd.args(["--retention", &n.to_string()]);
         }
@@ -548,7 +545,7 @@ impl Run {
         let out = cmd
             .stderr(std::process::Stdio::inherit())
             .output()
-            .with_context(|| format!("running {}", bin.display()))?;
+            .context("running ledger-relay demo")?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
             bail!("ledger-relay demo failed ({}):\n{text}", out.status);

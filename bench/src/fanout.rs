@@ -74,36 +74,41 @@ pub struct FanoutArgs {
     /// Ledgers measured per row (after the warm-up).
     #[arg(long, default_value_t = 20)]
     pub ledgers: u32,
-    /// Ledgers each subscriber takes before the measured ones.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// Ledgers published with no subscriber first (baseline CPU and memory; more than the 4 the
     /// hub keeps in memory).
     #[arg(long, default_value_t = 6)]
     pub baseline_ledgers: u32,
-    /// Time between ledgers at low subscriber counts.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
-    pub cadence_ms: f64,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// The cadence grows to this many ms per subscriber (twice that for raw) when that is
     /// longer, so that the 2-core machine, which also runs every subscriber, keeps up.
     #[arg(long, default_value_t = 40.0)]
     pub cadence_per_sub_ms: f64,
-    /// Emit window of the source, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
-    /// Ledger size, bytes (Phase 3 stress profile: 14.5 MiB).
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
-    /// zstd-1 ratio of the compressed payload.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-    /// Relay chunk size, bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub chunk_bytes: u64,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: crate::cluster::Ratio,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// Seconds of the idle phase (CPU of idle sessions).
     #[arg(long, default_value_t = 3.0)]
     pub idle_s: f64,
@@ -133,7 +138,7 @@ impl FanoutArgs {
             Payload::Compressed => self.cadence_per_sub_ms,
             Payload::Raw => 2.0 * self.cadence_per_sub_ms,
         };
-        self.cadence_ms.max(f64::from(n) * per)
+        self.cadence.cadence_ms.max(f64::from(n) * per)
     }
 }
 
@@ -375,20 +380,20 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     let connect_s = 2.0 + f64::from(n) * 0.08;
     let k = (connect_s * 1e3 / cadence).ceil() as u32 + 1;
     let first = start + b + k;
-    let measured_from = first + a.warmup;
+    let measured_from = first + a.warm.warmup;
     let last = measured_from + a.ledgers - 1;
     let settings = RelaySettings {
-        size: a.ledger_bytes,
+        size: a.size.ledger_bytes,
         ratio: match payload {
-            Payload::Compressed => a.ratio,
+            Payload::Compressed => a.ratio.ratio,
             Payload::Raw => 1.0,
         },
         count: Some(last - start + 1),
         start,
         cadence_ms: cadence,
-        emit_ms: a.emit_ms.min(cadence),
+        emit_ms: a.emit.emit_ms.min(cadence),
         codec: payload.codec().into(),
-        chunk: a.chunk_bytes,
+        chunk: a.chunk.chunk_bytes,
         retention: 40,
     };
     let mut cluster = Cluster::local(&certs, a.transport)?;

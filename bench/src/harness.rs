@@ -2,16 +2,14 @@
 //! with its Prometheus endpoint, its resident memory sampled from `/proc/PID/status`, and
 //! `ledger-subscribe` processes with their stats files. Loopback only.
 //!
-//! Processes are started as the rows of the main bench start them (same binaries, same
-//! ephemeral CA, [`crate::proc::track`] so Ctrl-C stops them); what is new here is reading the
-//! relay's metrics and memory while it runs.
+//! Processes are started by [`crate::cluster::Cluster`]; what is here is reading the relay's
+//! metrics and memory while it runs.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -99,7 +97,7 @@ impl RelaySettings {
 /// A running `ledger-relay run` on loopback with `--metrics`.
 #[derive(Debug)]
 pub struct RelayProc {
-    child: Child,
+    pub(crate) child: Child,
     /// Its process id.
     pub pid: u32,
     /// The QUIC address subscribers connect to.
@@ -111,86 +109,6 @@ pub struct RelayProc {
 }
 
 impl RelayProc {
-    /// Starts the relay with data under `dir` and waits until it listens.
-    pub fn start(
-        bin: &Path,
-        certs: &Path,
-        dir: &Path,
-        s: &RelaySettings,
-    ) -> anyhow::Result<RelayProc> {
-        Self::start_with(bin, certs, dir, s, &[], &[])
-    }
-
-    /// [`RelayProc::start`] with more flags and environment (a data lake, its credentials).
-    pub fn start_with(
-        bin: &Path,
-        certs: &Path,
-        dir: &Path,
-        s: &RelaySettings,
-        extra: &[String],
-        env: &[(&str, String)],
-    ) -> anyhow::Result<RelayProc> {
-        Self::start_in(None, bin, certs, dir, s, &s.synthetic_source(), extra, env)
-    }
-
-    /// [`RelayProc::start_with`] on `source` (`file:...`, `relay:...`) instead of the synthetic
-    /// one (the size and ratio of `s` are then unused), and in network namespace `ns` listening
-    /// on `ip` (from [`crate::netem`]) when `ns` is given; its metrics are then reachable only
-    /// inside `ns`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn start_in(
-        ns: Option<(&str, &str)>,
-        bin: &Path,
-        certs: &Path,
-        dir: &Path,
-        s: &RelaySettings,
-        source: &str,
-        extra: &[String],
-        env: &[(&str, String)],
-    ) -> anyhow::Result<RelayProc> {
-        std::fs::create_dir_all(dir)?;
-        let ip = ns.map_or("127.0.0.1", |n| n.1);
-        let addr: SocketAddr = format!("{ip}:{}", free_udp_port()?).parse()?;
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
-        let log = dir.join("relay.log");
-        let mut cmd = match ns {
-            Some((ns, _)) => crate::netem::Netem::exec_in(ns, bin),
-            None => Command::new(bin),
-        };
-        let mut child = cmd
-            .arg("run")
-            .args(["--listen", &addr.to_string(), "--certs"])
-            .arg(certs)
-            .args(["--name", "relay", "--data-dir"])
-            .arg(dir.join("data"))
-            .args(["--source", source])
-            .args(["--cadence", &format!("{}ms", s.cadence_ms)])
-            .args(["--emit", &format!("{}ms", s.emit_ms)])
-            .args(["--codec", &s.codec, "--chunk-size", &s.chunk.to_string()])
-            .args(["--retention", &s.retention.to_string()])
-            .args(["--metrics", &metrics.to_string()])
-            .args(extra)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log)?)
-            .spawn()
-            .context("starting ledger-relay")?;
-        crate::proc::track(&child);
-        if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
-            crate::proc::kill_all(std::slice::from_mut(&mut child));
-            return Err(e);
-        }
-        Ok(RelayProc {
-            pid: child.id(),
-            child,
-            addr,
-            metrics,
-            log,
-        })
-    }
-
     /// Fails if the relay has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(st) = self.child.try_wait()? {
@@ -452,6 +370,31 @@ pub struct SubSpec {
 }
 
 impl SubSpec {
+    /// Subscriber `name` (its client certificate) from `from` (a sequence or `tip`) for
+    /// `count` ledgers (`None`: endless) on `lanes` lanes, its stats in `dir/TAG.csv` and its
+    /// stderr in `dir/TAG.log`: one session written to /dev/null, no consume delay, no more
+    /// flags (set those with `SubSpec { .., ..SubSpec::new(..) }`).
+    pub fn new(
+        name: impl Into<String>,
+        from: impl ToString,
+        count: Option<u32>,
+        lanes: u8,
+        dir: &Path,
+        tag: &str,
+    ) -> SubSpec {
+        SubSpec {
+            name: name.into(),
+            from: from.to_string(),
+            count,
+            lanes,
+            stats: dir.join(format!("{tag}.csv")),
+            log: dir.join(format!("{tag}.log")),
+            consume_delay_ms: None,
+            sessions: 1,
+            extra: Vec::new(),
+        }
+    }
+
     /// The stats file of each subscription of this process, in session order.
     pub fn stats_files(&self) -> Vec<PathBuf> {
         if self.sessions <= 1 {
@@ -465,58 +408,6 @@ impl SubSpec {
             })
             .collect()
     }
-}
-
-/// Starts `ledger-subscribe` against `relay` writing ledgers to /dev/null (verified all the
-/// same: order, checksums and the hash chain).
-pub fn spawn_subscriber(
-    bin: &Path,
-    relay: SocketAddr,
-    certs: &Path,
-    spec: &SubSpec,
-) -> anyhow::Result<Child> {
-    spawn_subscriber_in(None, bin, relay, certs, spec)
-}
-
-/// [`spawn_subscriber`], in network namespace `ns` when given.
-pub fn spawn_subscriber_in(
-    ns: Option<&str>,
-    bin: &Path,
-    relay: SocketAddr,
-    certs: &Path,
-    spec: &SubSpec,
-) -> anyhow::Result<Child> {
-    let mut cmd = match ns {
-        Some(ns) => crate::netem::Netem::exec_in(ns, bin),
-        None => Command::new(bin),
-    };
-    cmd.args(["--relay", &relay.to_string(), "--certs"])
-        .arg(certs)
-        .args(["--name", &spec.name, "--from", &spec.from])
-        .args(["--lanes", &spec.lanes.to_string()])
-        .arg("--stats")
-        .arg(&spec.stats);
-    if spec.sessions > 1 {
-        cmd.args(["--sessions", &spec.sessions.to_string()]);
-    } else {
-        cmd.args(["--out", "/dev/null"]);
-    }
-    if let Some(n) = spec.count {
-        cmd.args(["--count", &n.to_string()]);
-    }
-    if let Some(d) = spec.consume_delay_ms {
-        cmd.args(["--consume-delay", &format!("{d}ms")]);
-    }
-    cmd.args(&spec.extra);
-    let child = cmd
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&spec.log)?)
-        .spawn()
-        .context("starting ledger-subscribe")?;
-    crate::proc::track(&child);
-    Ok(child)
 }
 
 /// Waits for `child` (a subscriber) to exit, killing it and failing after `limit`.

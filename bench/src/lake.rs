@@ -55,22 +55,21 @@ pub struct LakeArgs {
     /// Ledgers per delivery run, warm-up included [default: 60, quick 20].
     #[arg(long)]
     pub ledgers: Option<u32>,
-    /// Ledgers left out at the start of each delivery run.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// Rounds of the three delivery runs [default: 2, quick 1].
     #[arg(long)]
     pub rounds: Option<u32>,
-    /// Time between ledgers.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
-    pub cadence_ms: f64,
-    /// Ledger size in bytes.
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
-    /// zstd ratio of the synthetic ledgers.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
+    /// `--cadence`.
+    #[command(flatten)]
+    pub cadence: crate::cluster::Cadence,
+    /// `--size`.
+    #[command(flatten)]
+    pub size: crate::cluster::Size,
+    /// `--ratio`.
+    #[command(flatten)]
+    pub ratio: crate::cluster::Ratio,
     /// zstd level of the exported objects (`--export-zstd-level`).
     #[arg(long, default_value_t = 1)]
     pub export_level: i32,
@@ -92,9 +91,9 @@ pub struct LakeArgs {
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
     pub testdata: PathBuf,
-    /// Write the results as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// One delivery run.
@@ -156,11 +155,11 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
     let mut cluster = crate::cluster::Cluster::local(&certs, Default::default())?;
     cluster.relay_env = server.env();
     let ledgers = a.ledgers.unwrap_or(if a.quick { 20 } else { 60 });
-    if ledgers <= a.warmup {
+    if ledgers <= a.warm.warmup {
         bail!("--ledgers must exceed --warmup");
     }
     let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
-    let settings = RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms);
+    let settings = RelaySettings::endless(a.size.ledger_bytes, a.ratio.ratio, a.cadence.cadence_ms);
     let mut out = Vec::new();
     for round in 0..rounds {
         for export in ["off", "file", "s3"] {
@@ -193,20 +192,11 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
             let stats = dir.join("sub.csv");
             let mut sub = cluster.subscriber(
                 relay.addr,
-                &SubSpec {
-                    name: "sub-0".into(),
-                    from: "tip".into(),
-                    count: Some(ledgers),
-                    lanes: 4,
-                    stats: stats.clone(),
-                    log: dir.join("sub.log"),
-                    consume_delay_ms: None,
-                    sessions: 1,
-                    extra: Vec::new(),
-                },
+                &SubSpec::new("sub-0", "tip", Some(ledgers), 4, &dir, "sub"),
             )?;
-            let limit =
-                Duration::from_secs_f64(30.0 + f64::from(ledgers) * a.cadence_ms / 1e3 * 3.0);
+            let limit = Duration::from_secs_f64(
+                30.0 + f64::from(ledgers) * a.cadence.cadence_ms / 1e3 * 3.0,
+            );
             let status = crate::harness::wait_child(&mut sub, limit)?;
             if !status.success() {
                 bail!(
@@ -226,7 +216,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
             let run = DeliveryRun {
                 round,
                 export: export.into(),
-                summary: summarize(std::slice::from_ref(&records), a.warmup as usize, 8.0),
+                summary: summarize(std::slice::from_ref(&records), a.warm.warmup as usize, 8.0),
                 exported_newest: scrape.get("lake_export_newest") as u64,
                 delivered_newest: records.last().map_or(0, |r| r.seq),
                 export_degraded: scrape.get("lake_export_degraded") > 0.0,
@@ -285,6 +275,37 @@ pub(crate) fn read_run(what: &str, set: &str, n: u32, raw: u64, secs: f64) -> Re
         object_mb_s: None,
         peak_held_bytes: None,
         bound_bytes: None,
+    }
+}
+
+/// One read of a whole set from the lake through prefetch.
+struct Read<'a> {
+    set: &'a str,
+    /// Ledgers asked for.
+    n: u32,
+    raw_total: u64,
+    /// The stated bound of what prefetch holds.
+    bound: u64,
+}
+
+impl Read<'_> {
+    /// The row of a read that gave `got` ledgers in `took`, with what `stats` counted.
+    fn run(
+        &self,
+        what: &str,
+        got: u32,
+        took: Duration,
+        stats: &LakeStats,
+    ) -> anyhow::Result<ReadRun> {
+        let (n, secs) = (self.n, took.as_secs_f64());
+        if got != n {
+            bail!("{what}: {got} of {n} ledgers");
+        }
+        let mut r = read_run(what, self.set, n, self.raw_total, secs);
+        r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
+        r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
+        r.bound_bytes = Some(self.bound);
+        Ok(r)
     }
 }
 
@@ -395,21 +416,16 @@ async fn backfill_set(
             std::hint::black_box(&l);
             got += 1;
         }
-        let secs = t.elapsed().as_secs_f64();
-        if got != n {
-            bail!("backfill gave {got} of {n} ledgers");
-        }
-        let mut r = read_run(
-            &format!("backfill from S3, prefetch {depth}, chunked (zstd 1)"),
+        let what = format!("backfill from S3, prefetch {depth}, chunked (zstd 1)");
+        let read = Read {
             set,
             n,
             raw_total,
-            secs,
-        );
-        r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
-        r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
-        r.bound_bytes = Some(depth as u64 * largest);
-        report.reads.push(r);
+            bound: depth as u64 * largest,
+        };
+        report
+            .reads
+            .push(read.run(&what, got, t.elapsed(), &stats)?);
     }
     // The lake alone: fetch, decompress, decode and check, no chunking.
     let depth = 8;
@@ -430,21 +446,16 @@ async fn backfill_set(
         std::hint::black_box(&l);
         got += 1;
     }
-    let secs = t.elapsed().as_secs_f64();
-    if got != n {
-        bail!("the lake gave {got} of {n} ledgers");
-    }
-    let mut r = read_run(
-        &format!("lake read from S3, prefetch {depth}, raw (verified, not chunked)"),
+    let what = format!("lake read from S3, prefetch {depth}, raw (verified, not chunked)");
+    let read = Read {
         set,
         n,
         raw_total,
-        secs,
-    );
-    r.object_mb_s = Some(mb(stats.bytes_read.load(Ordering::Relaxed), secs));
-    r.peak_held_bytes = Some(stats.prefetch_peak_bytes.load(Ordering::Relaxed));
-    r.bound_bytes = Some(depth as u64 * largest);
-    report.reads.push(r);
+        bound: depth as u64 * largest,
+    };
+    report
+        .reads
+        .push(read.run(&what, got, t.elapsed(), &stats)?);
     Ok(url)
 }
 
@@ -456,8 +467,8 @@ fn backfill(
 ) -> anyhow::Result<()> {
     let n = a.backfill_ledgers.unwrap_or(if a.quick { 16 } else { 40 });
     let spec = SyntheticSpec {
-        size: a.ledger_bytes,
-        ratio: a.ratio,
+        size: a.size.ledger_bytes,
+        ratio: a.ratio.ratio,
         count: Some(u64::from(n)),
         start: 2,
         ..SyntheticSpec::default()
@@ -469,7 +480,7 @@ fn backfill(
         .build()?;
     let name = format!(
         "synthetic {:.1} MiB x{n}",
-        a.ledger_bytes as f64 / f64::from(1 << 20)
+        a.size.ledger_bytes as f64 / f64::from(1 << 20)
     );
     let (synthetic_url, testnet_url) = rt.block_on(async {
         let s = backfill_set(a, work, server, &name, &synthetic, report).await?;
@@ -486,8 +497,8 @@ fn backfill(
     // The relay's source makes the lake's ledgers (the same spec makes the same chain) and
     // twenty more, which its ring keeps.
     let source = RelaySettings {
-        size: a.ledger_bytes,
-        ratio: a.ratio,
+        size: a.size.ledger_bytes,
+        ratio: a.ratio.ratio,
         count: Some(n + session::TAIL),
         start: 2,
         cadence_ms: 0.0,
@@ -644,8 +655,6 @@ pub fn summary(r: &LakeReport) -> String {
 pub fn main(a: &LakeArgs) -> anyhow::Result<()> {
     let report = run(a)?;
     print!("{}", summary(&report));
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&report)?;
     Ok(())
 }

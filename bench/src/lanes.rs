@@ -22,15 +22,17 @@
 //! sender fills the sum of unequal caps.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::cluster::Cluster;
+use crate::harness::{RelaySettings, SubSpec};
 use crate::netem::{Netem, Shape, RELAY_ADDR};
-use crate::proc::{kill_all, sibling_binary, stop, wait_with_cpu};
+use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
 use crate::stats::read_csv;
 
 /// How the subscriber meets the source.
@@ -54,6 +56,8 @@ impl LaneMode {
 
 /// `ledger-bench lanes` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.default_value("15ms").help("Source cadence in live rows (faster than the lanes carry, so they bind) (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took)")))]
+#[command(mut_arg("ledger_bytes", |a| a.default_value("2MiB")))]
 pub struct LanesArgs {
     /// Lane counts to run (one row each, per mode).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
@@ -64,19 +68,20 @@ pub struct LanesArgs {
     /// Ledgers per row.
     #[arg(long, default_value_t = 96)]
     pub ledgers: u32,
-    /// Raw size of each (incompressible) ledger, e.g. 2MiB.
-    #[arg(long, default_value = "2MiB")]
-    pub size: String,
+    /// `--size` [default: 2MiB].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
     /// Chunk size the relay cuts.
     #[arg(long, default_value = "256KiB")]
     pub chunk: String,
     /// Per-flow cap, Mbit/s.
     #[arg(long, default_value_t = 100.0)]
     pub flow_mbit: f64,
-    /// Source cadence in live rows (faster than the lanes carry, so they bind).
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "15ms")]
-    pub cadence_ms: f64,
+    /// `--cadence` [default: 15ms].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Also run 4 lanes with lane 0 capped at half the others (per mode).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub half_cap: bool,
@@ -225,27 +230,19 @@ fn unix_ms() -> f64 {
     ledger_relay_transport::now_ns() as f64 / 1e6
 }
 
-struct Bins {
-    relay: PathBuf,
-    sub: PathBuf,
-    bench: PathBuf,
-}
-
 /// Runs every row; returns them (failed rows carry `error`).
 pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
     if let Some(reason) = crate::netem::unavailable_reason() {
         bail!("the lanes bench needs the emulated network: {reason}");
     }
-    let size = ledger_relay_transport::units::parse_size(&args.size).context("--size")?;
+    let size = args.size.ledger_bytes;
     let chunk = ledger_relay_transport::units::parse_size(&args.chunk).context("--chunk")?;
     if args.lanes.is_empty() || args.lanes.iter().any(|&l| l == 0 || l > 16) {
         bail!("--lanes: each count must be 1..=16");
     }
-    let bins = Bins {
-        relay: sibling_binary("ledger-relay")?,
-        sub: sibling_binary("ledger-subscribe")?,
-        bench: std::env::current_exe().context("locating ledger-bench")?,
-    };
+    // Before any row: every row needs them.
+    sibling_binary("ledger-relay")?;
+    sibling_binary("ledger-subscribe")?;
     let tmp = tempfile::tempdir()?;
     let certs = tmp.path().join("certs");
     crate::harness::make_certs(&certs, 1)?;
@@ -279,7 +276,6 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
         for (mode, caps) in &plan {
             index += 1;
             let row = run_row(
-                &bins,
                 &mut netem,
                 &certs,
                 tmp.path(),
@@ -314,7 +310,6 @@ fn summary_line(r: &LaneRow) -> String {
 
 #[allow(clippy::too_many_arguments)]
 fn run_row(
-    bins: &Bins,
     netem: &mut Netem,
     certs: &Path,
     tmp: &Path,
@@ -349,16 +344,7 @@ fn run_row(
         relay_cpu_s: f64::NAN,
         error: None,
     };
-    if let Err(e) = measure(
-        bins,
-        netem,
-        certs,
-        tmp,
-        index,
-        args,
-        (size, chunk),
-        &mut row,
-    ) {
+    if let Err(e) = measure(netem, certs, tmp, index, args, (size, chunk), &mut row) {
         row.error = Some(format!("{e:#}"));
     }
     row
@@ -366,7 +352,6 @@ fn run_row(
 
 #[allow(clippy::too_many_arguments)]
 fn measure(
-    bins: &Bins,
     netem: &mut Netem,
     certs: &Path,
     tmp: &Path,
@@ -377,77 +362,46 @@ fn measure(
 ) -> anyhow::Result<()> {
     let dir = tmp.join(format!("row-{index}"));
     std::fs::create_dir_all(&dir)?;
-    let port = 7600 + index;
-    let metrics_port = 9600 + index;
     let lane_base = 21_000 + (index % 100) * 32;
     for l in &row.per_lane {
         netem.cap_port(lane_base + u16::from(l.lane), (l.cap_mbit * 1e6) as u64)?;
     }
     let (cadence_ms, emit_ms) = match row.mode {
         // Core's 8 ms emit window, as in the main table.
-        LaneMode::Live => (args.cadence_ms, args.cadence_ms.min(8.0)),
+        LaneMode::Live => (args.cadence.cadence_ms, args.cadence.cadence_ms.min(8.0)),
         // As fast as the ring takes them: the subscriber only starts afterwards.
         LaneMode::CatchUp => (1.0, 0.0),
     };
-    let relay_log = dir.join("relay.log");
-    let (relay_mtu, sub_mtu) =
-        crate::proc::mtu_args(&dir, args.transport.max_mtu, args.transport.min_mtu)?;
-    let mut relay = Netem::exec_in(&netem.relay_ns, &bins.relay)
-        .arg("run")
-        .args(&relay_mtu)
-        .args(["--listen", &format!("{RELAY_ADDR}:{port}"), "--certs"])
-        .arg(certs)
-        .args(["--name", "relay", "--data-dir"])
-        .arg(dir.join("data"))
-        .args([
-            "--source",
-            &format!(
-                "synthetic:size={size},ratio=1,count={},start=2,chunk={chunk}",
-                args.ledgers
-            ),
-        ])
-        .args(["--cadence", &format!("{cadence_ms}ms")])
-        .args(["--emit", &format!("{emit_ms}ms")])
-        .args(["--codec", "none", "--chunk-size", &chunk.to_string()])
-        .args(["--retention", "5000"])
-        .args(["--metrics", &format!("{RELAY_ADDR}:{metrics_port}")])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&relay_log)?)
-        .spawn()
-        .context("starting ledger-relay")?;
-    crate::proc::track(&relay);
-    let relay_pid = relay.id();
+    let settings = RelaySettings {
+        size,
+        ratio: 1.0,
+        count: Some(args.ledgers),
+        start: 2,
+        cadence_ms,
+        emit_ms,
+        codec: "none".into(),
+        chunk,
+        retention: 5000,
+    };
+    let cluster = Cluster::local(certs, args.transport)?;
+    let ns = Some((netem.relay_ns.as_str(), RELAY_ADDR));
+    let mut relay = cluster.relay_in(ns, &dir, &settings, &settings.synthetic_source(), &[])?;
     let mut subs: Vec<Child> = Vec::new();
     // Lanes at their caps, with a floor for the handshakes, and a generous margin: a bound,
     // not a timing.
     let ideal_s = args.ledgers as f64 * size as f64 / (row.caps_mib_s * MIB);
     let within = Duration::from_secs_f64(ideal_s * 4.0 + 60.0);
     let outcome = (|| -> anyhow::Result<(f64, f64)> {
-        crate::scenario::wait_listening(&relay_log, &mut relay, Duration::from_secs(30))?;
         if row.mode == LaneMode::CatchUp {
-            crate::scenario::wait_log(&relay_log, "source finished", &mut relay, within)?;
+            crate::scenario::wait_log(&relay.log, "source finished", &mut relay.child, within)?;
         }
-        let stats = dir.join("stats.csv");
+        let stats = dir.join("sub.csv");
         let t0 = unix_ms();
-        let sub = Netem::exec_in(&netem.sub_ns, &bins.sub)
-            .args(["--relay", &format!("{RELAY_ADDR}:{port}"), "--certs"])
-            .arg(certs)
-            .args(["--name", "sub-0", "--from", "2"])
-            .args(["--count", &args.ledgers.to_string()])
-            .args(["--lanes", &row.lanes.to_string(), "--out", "/dev/null"])
-            .args(["--lane-ports", &lane_base.to_string()])
-            .args(&sub_mtu)
-            .arg("--stats")
-            .arg(&stats)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(dir.join("sub.log"))?)
-            .spawn()
-            .context("starting ledger-subscribe")?;
-        crate::proc::track(&sub);
+        let spec = SubSpec {
+            extra: vec!["--lane-ports".into(), lane_base.to_string()],
+            ..SubSpec::new("sub-0", 2, Some(args.ledgers), row.lanes, &dir, "sub")
+        };
+        let sub = cluster.subscriber_in(Some(&netem.sub_ns), relay.addr, &spec)?;
         subs.push(sub);
         let deadline = Instant::now() + within;
         let sub_cpu = match wait_with_cpu(&mut subs[0], deadline)? {
@@ -475,7 +429,7 @@ fn measure(
         row.raw_bytes = recs.iter().map(|r| r.raw_bytes).sum();
         row.transfer_s = (last - t0) / 1e3;
         row.goodput_mib_s = row.raw_bytes as f64 / MIB / row.transfer_s;
-        let text = scrape(&bins.bench, &netem.relay_ns, metrics_port)?;
+        let text = scrape(&netem.relay_ns, relay.metrics)?;
         let lanes = parse_lanes(&text);
         for l in row.per_lane.iter_mut() {
             let cap = l.cap_mbit;
@@ -488,11 +442,11 @@ fn measure(
             };
         }
         row.imbalance = imbalance(&row.per_lane);
-        let relay_cpu = crate::proc::cpu_seconds(relay_pid).unwrap_or(f64::NAN);
+        let relay_cpu = crate::proc::cpu_seconds(relay.pid).unwrap_or(f64::NAN);
         Ok((sub_cpu, relay_cpu))
     })();
     kill_all(&mut subs);
-    stop(&mut relay, Duration::from_secs(5));
+    relay.stop();
     let (sub_cpu, relay_cpu) = outcome?;
     row.sub_cpu_s = sub_cpu;
     row.relay_cpu_s = relay_cpu;
@@ -501,11 +455,12 @@ fn measure(
 
 /// The relay's `/metrics`, fetched from inside its namespace by this binary's hidden
 /// `http-get` helper (the relay's address is not reachable from the host's namespace).
-fn scrape(bench: &Path, ns: &str, port: u16) -> anyhow::Result<String> {
+fn scrape(ns: &str, metrics: SocketAddr) -> anyhow::Result<String> {
+    let bench = std::env::current_exe().context("locating ledger-bench")?;
     let out = Command::new("ip")
         .args(["netns", "exec", ns])
         .arg(bench)
-        .args(["http-get", "--addr", &format!("{RELAY_ADDR}:{port}")])
+        .args(["http-get", "--addr", &metrics.to_string()])
         .args(["--path", "/metrics"])
         .stdin(Stdio::null())
         .output()
@@ -668,8 +623,8 @@ pub fn csv(rows: &[LaneRow]) -> String {
 /// `ledger-bench lanes`: runs, prints the table and the targets, writes CSV/JSON/plots.
 pub fn main(args: &LanesArgs) -> anyhow::Result<()> {
     eprintln!(
-        "ledger-bench lanes: {} ledgers of {} per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
-        args.ledgers, args.size, args.chunk, args.flow_mbit, args.cadence_ms
+        "ledger-bench lanes: {} ledgers of {} B per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
+        args.ledgers, args.size.ledger_bytes, args.chunk, args.flow_mbit, args.cadence.cadence_ms
     );
     let report = LanesReport {
         settings: args.clone(),

@@ -160,6 +160,8 @@ pub enum Network {
 
 /// Benchmark settings.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("ledger_bytes", |a| a.help("Unscaled raw size of each ledger (Phase 3 stress profile: 14.5 MiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
+#[command(mut_arg("chunk_bytes", |a| a.help("Unscaled relay chunk size (`256KiB`; a bare number is bytes)")))]
 pub struct Args {
     /// A preset that finishes in about a minute: fewer ledgers, a shorter cadence, the core
     /// rows only.
@@ -174,16 +176,16 @@ pub struct Args {
     /// Ledgers per subscriber, warm-up included [default: 60, quick 15].
     #[arg(long)]
     pub ledgers: Option<u32>,
-    /// Ledgers left out at the start of each subscriber.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old
     /// `--cadence-ms` took) [default: 600ms, quick 250ms].
     #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms)]
     pub cadence_ms: Option<f64>,
-    /// Emit window of the source, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Per-flow cap of the emulated network, Mbit/s.
     #[arg(long, default_value_t = 200.0)]
     pub flow_mbit: f64,
@@ -194,12 +196,12 @@ pub struct Args {
     /// and chunk sizes are divided by this over --flow-mbit so wire times keep its proportions.
     #[arg(long, default_value_t = 5000.0)]
     pub emulated_flow_mbit: f64,
-    /// Unscaled ledger size in bytes (Phase 3 stress profile: 14.5 MiB).
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
-    /// Unscaled relay chunk size in bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub chunk_bytes: u64,
+    /// `--size`.
+    #[command(flatten)]
+    pub size: crate::cluster::Size,
+    /// `--chunk-bytes`.
+    #[command(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
     pub testdata: PathBuf,
@@ -223,20 +225,20 @@ impl Args {
         }
         let scale = (self.emulated_flow_mbit / self.flow_mbit).max(1.0);
         let ledgers = self.ledgers.unwrap_or(if self.quick { 15 } else { 60 });
-        if ledgers <= self.warmup {
-            bail!("--ledgers must exceed --warmup ({})", self.warmup);
+        if ledgers <= self.warm.warmup {
+            bail!("--ledgers must exceed --warmup ({})", self.warm.warmup);
         }
         let flow_bps = (self.flow_mbit * 1e6) as u64;
         Ok(Settings {
             ledgers,
-            warmup: self.warmup,
-            size: ((self.ledger_bytes as f64 / scale) as u64).max(4096),
+            warmup: self.warm.warmup,
+            size: ((self.size.ledger_bytes as f64 / scale) as u64).max(4096),
             cadence_ms: self
                 .cadence_ms
                 .unwrap_or(if self.quick { 250.0 } else { 600.0 }),
-            emit_ms: self.emit_ms,
+            emit_ms: self.emit.emit_ms,
             // The relay refuses chunks under 4 KiB.
-            chunk: ((self.chunk_bytes as f64 / scale) as u64).max(4096),
+            chunk: ((self.chunk.chunk_bytes as f64 / scale) as u64).max(4096),
             shape: Shape {
                 flow_bps,
                 aggregate_bps: self
@@ -424,12 +426,17 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     } else {
         None
     };
+    // Before any row: the relay rows need them.
+    proc::sibling_binary("ledger-relay")?;
+    proc::sibling_binary("ledger-subscribe")?;
+    let transport = cluster::Transport {
+        max_mtu: settings.max_mtu,
+        min_mtu: settings.min_mtu,
+    };
     let mut env = Env {
-        relay_bin: proc::sibling_binary("ledger-relay")?,
-        sub_bin: proc::sibling_binary("ledger-subscribe")?,
+        cluster: cluster::Cluster::local(&certs, transport)?,
         bench_bin: proc::sibling_binary("ledger-bench")
             .or_else(|_| std::env::current_exe().context("locating ledger-bench"))?,
-        certs,
         tmp: tmp.path().to_path_buf(),
         netem,
         index: 0,
@@ -450,7 +457,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     for sc in &list {
         bar.set_message(sc.name.clone());
         let mut row = scenario::run(&mut env, &settings, sc);
-        row.projection = projection::project(&row, &settings, args.ledger_bytes as f64, cores);
+        row.projection = projection::project(&row, &settings, args.size.ledger_bytes as f64, cores);
         rows.push(row);
         bar.inc(1);
     }
@@ -528,7 +535,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
     let table = ScenarioReport {
         settings: s,
         rows,
-        ledger_bytes: args.ledger_bytes,
+        ledger_bytes: args.size.ledger_bytes,
     };
     cluster::emit(&table, &args.output)
 }

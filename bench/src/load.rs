@@ -44,6 +44,9 @@ pub fn parse_secs(s: &str) -> Result<f64, String> {
 
 /// `ledger-bench load` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
+#[command(mut_arg("ledger_bytes", |a| a.default_value("256KiB")))]
+#[command(mut_arg("chunk_bytes", |a| a.default_value("65536")))]
 pub struct LoadArgs {
     /// A one-minute preset: --duration 60s, --warmup 20s, --preroll 5s, --stagger 5s,
     /// --retention 80 (each unless given).
@@ -58,25 +61,18 @@ pub struct LoadArgs {
     /// How many of them are stopped and restarted in a loop.
     #[arg(long, default_value_t = 8)]
     pub reconnecting: usize,
-    /// Ledger size, bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub ledger_bytes: u64,
-    /// Relay chunk size, bytes.
-    #[arg(long, default_value_t = 65_536)]
-    pub chunk_bytes: u64,
-    /// zstd-1 ratio of the synthetic ledgers.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-    /// Relay codec.
-    #[arg(long, default_value = "zstd")]
-    pub codec: String,
-    /// Time between ledgers.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "250ms")]
-    pub cadence_ms: f64,
-    /// Emit window, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec` [size default: 256KiB, chunk 65536].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub workload: crate::cluster::Workload,
+    /// `--cadence` [default: 250ms].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 2)]
     pub lanes: u8,
@@ -109,9 +105,10 @@ pub struct LoadArgs {
     /// Target: the slope of VmRSS after the warm-up at most this, MiB per minute.
     #[arg(long, default_value_t = 0.5)]
     pub flat_mib_per_min: f64,
-    /// Write the results as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// The settings of a run, presets resolved.
@@ -152,10 +149,13 @@ impl LoadArgs {
         if !(self.min_life >= 0.2 && self.max_life >= self.min_life) {
             bail!("--min-life must be at least 200ms and --max-life at least --min-life");
         }
-        if !(self.cadence_ms > 0.0 && self.emit_ms >= 0.0 && self.emit_ms <= self.cadence_ms) {
+        if !(self.cadence.cadence_ms > 0.0
+            && self.emit.emit_ms >= 0.0
+            && self.emit.emit_ms <= self.cadence.cadence_ms)
+        {
             bail!("--cadence-ms must be positive and at least --emit-ms");
         }
-        if self.chunk_bytes < 4096 {
+        if self.workload.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         if !(10..=60_000).contains(&self.rss_interval_ms) {
@@ -240,17 +240,14 @@ fn start(
 ) -> anyhow::Result<()> {
     let k = slot.report.segments.len();
     let from = next_from(slot, scrape);
-    let spec = harness::SubSpec {
-        name: slot.report.name.clone(),
-        from: from.clone(),
-        count: None,
-        lanes: ctx.a.lanes,
-        stats: ctx.dir.join(format!("{}-{k}.csv", slot.report.name)),
-        log: ctx.dir.join(format!("{}-{k}.log", slot.report.name)),
-        consume_delay_ms: None,
-        sessions: 1,
-        extra: Vec::new(),
-    };
+    let spec = harness::SubSpec::new(
+        &slot.report.name,
+        &from,
+        None,
+        ctx.a.lanes,
+        &ctx.dir,
+        &format!("{}-{k}", slot.report.name),
+    );
     let child = ctx.cluster.subscriber(relay.addr, &spec)?;
     slot.child = Some(child);
     slot.report.segments.push(Segment {
@@ -308,11 +305,15 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     };
     std::fs::create_dir_all(&ctx.dir)?;
     let settings = RelaySettings {
-        emit_ms: a.emit_ms,
-        codec: a.codec.clone(),
-        chunk: a.chunk_bytes,
+        emit_ms: a.emit.emit_ms,
+        codec: a.workload.codec.codec.clone(),
+        chunk: a.workload.chunk.chunk_bytes,
         retention: s.retention,
-        ..RelaySettings::endless(a.ledger_bytes, a.ratio, a.cadence_ms)
+        ..RelaySettings::endless(
+            a.workload.size.ledger_bytes,
+            a.workload.ratio.ratio,
+            a.cadence.cadence_ms,
+        )
     };
     let mut relay = ctx
         .cluster
@@ -546,9 +547,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
 pub fn main(a: &LoadArgs) -> anyhow::Result<()> {
     let report = run(a)?;
     print!("{}", summary(&report));
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&report)?;
     if !report.failures.is_empty() {
         bail!("{} failures", report.failures.len());
     }

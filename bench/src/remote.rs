@@ -23,13 +23,13 @@
 
 pub mod tcp;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::cluster::Cluster;
+use crate::harness::SubSpec;
 use crate::netem::Shape;
 use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
 use crate::scenario::{finish, Kind, Row, Scenario, Settings};
@@ -55,9 +55,10 @@ pub struct RemoteArgs {
     /// Ledgers per row, warm-up included.
     #[arg(long, default_value_t = 60)]
     pub ledgers: u32,
-    /// Ledgers left out at the start of each row.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
     /// The relay's TCP baseline (`ledger-relay run --tcp-baseline ADDR`), HOST:PORT: adds a row
     /// over one TLS-over-TCP flow, and the clock offset between the hosts.
     #[arg(long, value_name = "HOST:PORT")]
@@ -187,16 +188,15 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     if let Some(&bad) = args.lanes.iter().find(|&&n| n == 0 || n > 64) {
         bail!("--lanes {bad}: expected 1..=64");
     }
-    if args.ledgers <= args.warmup {
-        bail!("--ledgers must exceed --warmup ({})", args.warmup);
+    if args.ledgers <= args.warm.warmup {
+        bail!("--ledgers must exceed --warmup ({})", args.warm.warmup);
     }
     let relay_host = host_of(&args.relay).context("--relay")?;
     let server_name = args.server_name.clone().unwrap_or(relay_host);
-    let sub_bin = if args.lanes.is_empty() {
-        None
-    } else {
-        Some(sibling_binary("ledger-subscribe")?)
-    };
+    if !args.lanes.is_empty() {
+        // Before any row: the lane rows need it.
+        sibling_binary("ledger-subscribe")?;
+    }
     let baseline = match &args.tcp {
         Some(addr) => {
             host_of(addr).context("--tcp")?;
@@ -235,9 +235,7 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
             args.relay
         );
         let sc = scenario(&name, &args.relay, Some(lanes));
-        // `sub_bin` is set whenever there are lane rows.
-        let bin = sub_bin.as_deref().context("ledger-subscribe")?;
-        let got = subscribe(args, bin, lanes, &server_name, tmp.path(), within)
+        let got = subscribe(args, lanes, &server_name, tmp.path(), within)
             .map(|(r, cpu)| (r, Some(cpu)))
             .map_err(|e| format!("{e:#}"));
         measured.push((sc, lanes, got));
@@ -264,7 +262,7 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     };
     let settings = Settings {
         ledgers: args.ledgers,
-        warmup: args.warmup,
+        warmup: args.warm.warmup,
         size: 0,
         cadence_ms: 0.0,
         emit_ms: args.emit_ms,
@@ -319,47 +317,33 @@ fn scenario(name: &str, addr: &str, lanes: Option<u8>) -> Scenario {
 /// One lane row: `ledger-subscribe` from the tip; its records and CPU seconds.
 fn subscribe(
     args: &RemoteArgs,
-    bin: &Path,
     lanes: u8,
     server_name: &str,
     tmp: &Path,
     within: Duration,
 ) -> anyhow::Result<(Vec<Record>, f64)> {
-    let stats = tmp.join(format!("stats-l{lanes}.csv"));
-    let log = tmp.join(format!("sub-l{lanes}.log"));
-    let mut child = Command::new(bin)
-        .args(crate::proc::mtu_flags(
-            args.transport.max_mtu,
-            args.transport.min_mtu,
-        ))
-        .args(["--relay", &args.relay, "--certs"])
-        .arg(&args.certs)
-        .args(["--name", &args.name, "--server-name", server_name])
-        .args(["--from", "tip", "--count", &args.ledgers.to_string()])
-        .args([
-            "--lanes",
-            &lanes.to_string(),
-            "--out",
-            "/dev/null",
-            "--quiet",
-        ])
-        .arg("--stats")
-        .arg(&stats)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&log)?)
-        .spawn()
-        .context("starting ledger-subscribe")?;
-    crate::proc::track(&child);
+    let spec = SubSpec {
+        extra: vec!["--server-name".into(), server_name.into(), "--quiet".into()],
+        ..SubSpec::new(
+            &args.name,
+            "tip",
+            Some(args.ledgers),
+            lanes,
+            tmp,
+            &format!("sub-l{lanes}"),
+        )
+    };
+    let (stats, log) = (&spec.stats, &spec.log);
+    let cluster = Cluster::local(&args.certs, args.transport)?;
+    let mut child = cluster.subscriber_to(None, &args.relay, &spec)?;
     let done = wait_with_cpu(&mut child, Instant::now() + within)?;
     let tail = || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let text = std::fs::read_to_string(log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().rev().take(3).collect();
         lines.join(" | ")
     };
     match done {
-        Some((st, cpu)) if st.success() => Ok((read_csv(&stats)?, cpu)),
+        Some((st, cpu)) if st.success() => Ok((read_csv(stats)?, cpu)),
         Some((st, _)) => bail!("ledger-subscribe failed ({st}): {}", tail()),
         None => {
             kill_all(std::slice::from_mut(&mut child));

@@ -20,7 +20,7 @@
 //! [`is_ring_thread`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,8 @@ use anyhow::{bail, Context};
 
 use ledger_relay::ring::SLED_TUNING_ENV;
 
-use crate::harness::{make_certs, RelayProc, RelaySettings};
+use crate::cluster::{Cluster, Transport};
+use crate::harness::{make_certs, RelaySettings};
 
 /// `ledger-bench ring-disk` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
@@ -54,18 +55,10 @@ pub struct RingDiskArgs {
     /// Ledgers the ring keeps (`--retention`).
     #[arg(long, default_value_t = 20)]
     pub retention: u32,
-    /// Ledger size, bytes.
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
-    /// zstd-1 ratio of the synthetic ledgers (1: incompressible).
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-    /// Relay codec: zstd, lz4 or none.
-    #[arg(long, default_value = "zstd")]
-    pub codec: String,
-    /// Relay chunk size, bytes.
-    #[arg(long, default_value_t = 262_144)]
-    pub chunk_bytes: u64,
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub workload: crate::cluster::Workload,
     /// sled segment size of the ring, MiB (power of two) [default: the relay's].
     #[arg(long)]
     pub segment_mib: Option<u32>,
@@ -78,9 +71,10 @@ pub struct RingDiskArgs {
     /// Seconds sampled after the source stopped [default: 20, quick 5].
     #[arg(long)]
     pub idle_s: Option<u64>,
-    /// Write the results (with every sample) as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 /// One sample of a run.
@@ -236,14 +230,14 @@ fn run_one(
     let start = 2u32;
     let last = u64::from(start + ledgers - 1);
     let settings = RelaySettings {
-        size: a.ledger_bytes,
-        ratio: a.ratio,
+        size: a.workload.size.ledger_bytes,
+        ratio: a.workload.ratio.ratio,
         count: Some(ledgers),
         start,
         cadence_ms,
         emit_ms: cadence_ms.min(8.0),
-        codec: a.codec.clone(),
-        chunk: a.chunk_bytes,
+        codec: a.workload.codec.codec.clone(),
+        chunk: a.workload.chunk.chunk_bytes,
         retention: a.retention,
     };
     let data = dir.join("data");
@@ -254,14 +248,11 @@ fn run_one(
     if let Some(f) = a.flush_ms {
         tuning.push(format!("flush_ms={f}"));
     }
-    let env = [(SLED_TUNING_ENV, tuning.join(","))];
-    let env = if tuning.is_empty() {
-        &env[..0]
-    } else {
-        &env[..]
-    };
-    let bin = crate::proc::sibling_binary("ledger-relay")?;
-    let mut relay = RelayProc::start_with(&bin, &certs, &dir, &settings, &[], env)?;
+    let mut cluster = Cluster::local(&certs, Transport::default())?;
+    if !tuning.is_empty() {
+        cluster.relay_env.push((SLED_TUNING_ENV, tuning.join(",")));
+    }
+    let mut relay = cluster.relay(&dir, &settings, &[])?;
     let t0 = Instant::now();
     let every = Duration::from_millis(a.sample_ms.max(50));
     // Generous: the source's own time, plus a minute per 100 ledgers of a slow disk.
@@ -439,12 +430,9 @@ pub fn main(a: &RingDiskArgs) -> anyhow::Result<()> {
         )?);
     }
     print!("{}", table(&runs));
-    if let Some(p) = &a.json {
-        let report = RingDiskReport {
-            args: a.clone(),
-            runs,
-        };
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&RingDiskReport {
+        args: a.clone(),
+        runs,
+    })?;
     Ok(())
 }

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::baseline::Pacing;
+use crate::cluster::Cluster;
+use crate::harness::{RelaySettings, SubSpec};
 use crate::netem::{Netem, Shape, RELAY_ADDR, SUB_ADDR};
-use crate::proc::{cpu_seconds, kill_all, stop, thread_cpu_seconds, wait_with_cpu};
+use crate::proc::{cpu_seconds, kill_all, thread_cpu_seconds, wait_with_cpu};
 use crate::stats::{read_csv, summarize, Record, Summary};
 
 /// Ledger payload.
@@ -198,14 +200,10 @@ impl Row {
 /// Paths and binaries for a run.
 #[derive(Debug)]
 pub struct Env {
-    /// `ledger-relay`.
-    pub relay_bin: PathBuf,
-    /// `ledger-subscribe`.
-    pub sub_bin: PathBuf,
+    /// How relays and subscribers start (certificates: relay + sub-0..sub-15).
+    pub cluster: Cluster,
     /// `ledger-bench` itself (for the TCP baseline subcommands).
     pub bench_bin: PathBuf,
-    /// Certificate directory (relay + sub-0..sub-15).
-    pub certs: PathBuf,
     /// Scratch space.
     pub tmp: PathBuf,
     /// The emulated network, when used.
@@ -493,17 +491,16 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     let (lanes, subscribers) = (*lanes, (*subscribers).clamp(1, MAX_SUBSCRIBERS));
     let dir = env.tmp.join(format!("row-{}", env.index));
     std::fs::create_dir_all(&dir)?;
-    let port = 7400 + env.index as u16;
     let lane_base = 20_000 + (env.index as u16 % 100) * 256;
-    let (relay_ns, sub_ns, addr) = match (&mut env.netem, sc.emulated) {
+    let (relay_ns, sub_ns) = match (&mut env.netem, sc.emulated) {
         (Some(n), true) => {
             for k in 0..u16::from(subscribers) * u16::from(lanes) {
                 n.cap_port(lane_base + k, s.shape.flow_bps)?;
             }
-            (Some(n.relay_ns.clone()), Some(n.sub_ns.clone()), RELAY_ADDR)
+            (Some(n.relay_ns.clone()), Some(n.sub_ns.clone()))
         }
         (None, true) => bail!("emulated network not set up"),
-        _ => (None, None, "127.0.0.1"),
+        _ => (None, None),
     };
     let (source, start, count) = match payload {
         // The ratio is calibrated for the chunk size the relay cuts.
@@ -529,77 +526,66 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     } else {
         s.cadence_ms
     };
-    let relay_log = dir.join("relay.log");
-    let (relay_mtu, sub_mtu) = crate::proc::mtu_args(&dir, s.max_mtu, s.min_mtu)?;
-    let mut cmd = command(relay_ns.as_deref(), &env.relay_bin);
-    cmd.arg("run")
-        .args(&relay_mtu)
-        .args(["--listen", &format!("{addr}:{port}"), "--certs"])
-        .arg(&env.certs)
-        .args(["--name", "relay", "--data-dir"])
-        .arg(dir.join("data"))
-        .args(["--source", &source])
-        .args(["--cadence", &format!("{cadence_ms}ms")])
-        .args(["--emit", &format!("{}ms", s.emit_ms)])
-        .args(["--codec", codec, "--chunk-size", &s.chunk.to_string()])
-        .args(["--retention", "5000"]);
+    let mut extra: Vec<String> = Vec::new();
     if let Some(n) = mode.streams_per_lane {
-        cmd.args(["--streams-per-lane", &n.to_string()]);
+        extra.extend(["--streams-per-lane".into(), n.to_string()]);
     }
     if mode.store_and_forward {
-        cmd.arg("--store-and-forward");
+        extra.push("--store-and-forward".into());
     }
     if mode.catch_up {
         // One ledger in flight at a time: with a window of several, QUIC interleaves their
         // streams and they complete in bursts, which inter-arrival times cannot measure.
-        cmd.args(["--window", "1"]);
+        extra.extend(["--window".into(), "1".into()]);
     }
-    let mut relay = cmd
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&relay_log)?)
-        .spawn()
-        .context("starting ledger-relay")?;
-    crate::proc::track(&relay);
-    let relay_pid = relay.id();
+    let settings = RelaySettings {
+        size: s.size,
+        ratio: 1.0,
+        count: Some(count),
+        start,
+        cadence_ms,
+        emit_ms: s.emit_ms,
+        codec: codec.to_string(),
+        chunk: s.chunk,
+        retention: 5000,
+    };
+    let ns = relay_ns.as_deref().map(|n| (n, RELAY_ADDR));
+    let mut relay = env.cluster.relay_in(ns, &dir, &settings, &source, &extra)?;
+    let relay_pid = relay.pid;
     let mut subs: Vec<Child> = Vec::new();
     let outcome = (|| -> anyhow::Result<(Option<WindowCpu>, Vec<f64>)> {
-        wait_listening(&relay_log, &mut relay, Duration::from_secs(30))?;
         if mode.catch_up {
             let within = Duration::from_secs_f64(f64::from(count) * cadence_ms / 1e3 + 60.0);
-            wait_log(&relay_log, "source finished", &mut relay, within)?;
+            wait_log(&relay.log, "source finished", &mut relay.child, within)?;
         }
         for i in 0..subscribers {
-            let stats = dir.join(format!("stats-{i}.csv"));
-            let child = command(sub_ns.as_deref(), &env.sub_bin)
-                .args(["--relay", &format!("{addr}:{port}"), "--certs"])
-                .arg(&env.certs)
-                .args(["--name", &format!("sub-{i}")])
-                .args(["--from", &start.to_string(), "--count", &count.to_string()])
-                .args(["--lanes", &lanes.to_string(), "--out", "/dev/null"])
-                .args([
-                    "--lane-ports",
-                    &(lane_base + u16::from(i) * u16::from(lanes)).to_string(),
-                ])
-                .arg("--stats")
-                .arg(&stats)
-                .args(&sub_mtu)
-                .arg("--lane-stats")
-                .arg(dir.join(format!("lanes-{i}.csv")))
-                .args(["--lane-stats-interval", "250ms"])
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(File::create(dir.join(format!("sub-{i}.log")))?)
-                .spawn()
-                .context("starting ledger-subscribe")?;
-            crate::proc::track(&child);
-            subs.push(child);
+            let lane_ports = lane_base + u16::from(i) * u16::from(lanes);
+            let spec = SubSpec {
+                extra: vec![
+                    "--lane-ports".into(),
+                    lane_ports.to_string(),
+                    "--lane-stats".into(),
+                    dir.join(format!("lanes-{i}.csv")).display().to_string(),
+                    "--lane-stats-interval".into(),
+                    "250ms".into(),
+                ],
+                ..SubSpec::new(
+                    format!("sub-{i}"),
+                    start,
+                    Some(count),
+                    lanes,
+                    &dir,
+                    &format!("sub-{i}"),
+                )
+            };
+            subs.push(
+                env.cluster
+                    .subscriber_in(sub_ns.as_deref(), relay.addr, &spec)?,
+            );
         }
         // Relay CPU is counted from the first delivered ledger after warm-up: calibration,
         // generation ahead of time and handshakes are left out.
-        let first_stats = dir.join("stats-0.csv");
+        let first_stats = dir.join("sub-0.csv");
         let deadline =
             Instant::now() + Duration::from_secs_f64(f64::from(count) * s.cadence_ms / 1e3 + 60.0);
         let mut mark: Option<(f64, usize)> = None;
@@ -662,7 +648,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         ))
     })();
     kill_all(&mut subs);
-    stop(&mut relay, Duration::from_secs(5));
+    relay.stop();
     let (relay_cpu, sub_cpu) = outcome?;
     row.relay_cpu_ms = relay_cpu.map(|c| c.0);
     row.relay_path_cpu_ms = relay_cpu.map(|c| c.1);
@@ -673,7 +659,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         Some(sub_cpu.iter().sum::<f64>() * 1e3 / sub_cpu.len() as f64 / f64::from(count));
     let mut all = Vec::new();
     for i in 0..subscribers {
-        all.push(read_csv(&dir.join(format!("stats-{i}.csv")))?);
+        all.push(read_csv(&dir.join(format!("sub-{i}.csv")))?);
     }
     // The last chunk of a ledger: its raw size over the row's compression ratio.
     let raw_ratio = {

@@ -42,6 +42,9 @@ pub use verdict::*;
 
 /// `ledger-bench slow-subscriber` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
+#[command(mut_arg("ledger_bytes", |a| a.default_value("608174").help("Raw size of each ledger (default: the main bench's 14.5 MiB scaled by 25, 594 KiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
+#[command(mut_arg("chunk_bytes", |a| a.default_value("10485").help("Relay chunk size in bytes (default: the main bench's 256 KiB scaled by 25)")))]
 pub struct SlowArgs {
     /// Normal subscribers.
     #[arg(long, default_value_t = 8)]
@@ -49,32 +52,26 @@ pub struct SlowArgs {
     /// Ledgers the source emits; every subscriber, the slow one included, takes them all.
     #[arg(long, default_value_t = 100)]
     pub ledgers: u32,
-    /// Ledgers left out at the start of each normal subscriber.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
-    /// Time between ledgers.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "250ms")]
-    pub cadence_ms: f64,
-    /// Emit window of the source, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
+    /// `--cadence` [default: 250ms].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: crate::cluster::Emit,
     /// The slow subscriber waits this many cadences after each ledger (10: a tenth of the
     /// rate).
     #[arg(long, default_value_t = 10.0)]
     pub slow_factor: f64,
-    /// Ledger size in bytes (default: the main bench's 14.5 MiB scaled by 25, 594 KiB).
-    #[arg(long, default_value_t = 608_174)]
-    pub ledger_bytes: u64,
-    /// Relay chunk size in bytes (default: the main bench's 256 KiB scaled by 25).
-    #[arg(long, default_value_t = 10_485)]
-    pub chunk_bytes: u64,
-    /// zstd-1 ratio of the synthetic ledgers (1: incompressible).
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-    /// Relay codec: zstd, lz4 or none.
-    #[arg(long, default_value = "zstd")]
-    pub codec: String,
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec` [size default: 608174, chunk 10485].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub workload: crate::cluster::Workload,
     /// Lanes per subscriber.
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
@@ -94,9 +91,10 @@ pub struct SlowArgs {
     /// Target: the normal subscribers' p99 in B within this fraction of A's.
     #[arg(long, default_value_t = 0.10)]
     pub p99_tolerance: f64,
-    /// Write the results as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: crate::cluster::Json,
 }
 
 impl SlowArgs {
@@ -104,10 +102,13 @@ impl SlowArgs {
         if self.subscribers == 0 || usize::from(self.subscribers) > 254 {
             bail!("--subscribers must be 1..=254");
         }
-        if self.ledgers <= self.warmup {
-            bail!("--ledgers must exceed --warmup ({})", self.warmup);
+        if self.ledgers <= self.warm.warmup {
+            bail!("--ledgers must exceed --warmup ({})", self.warm.warmup);
         }
-        if !(self.cadence_ms > 0.0 && self.emit_ms >= 0.0 && self.emit_ms <= self.cadence_ms) {
+        if !(self.cadence.cadence_ms > 0.0
+            && self.emit.emit_ms >= 0.0
+            && self.emit.emit_ms <= self.cadence.cadence_ms)
+        {
             bail!("--cadence-ms must be positive and at least --emit-ms");
         }
         if !(self.slow_factor > 0.0 && self.slow_factor <= 1000.0) {
@@ -116,7 +117,7 @@ impl SlowArgs {
         if self.lanes == 0 || self.retention == 0 {
             bail!("--lanes and --retention must be at least 1");
         }
-        if self.chunk_bytes < 4096 {
+        if self.workload.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         if !(1..=20).contains(&self.repeat) {
@@ -130,17 +131,21 @@ impl SlowArgs {
 
     /// The slow subscriber's `--consume-delay`, ms.
     pub fn delay_ms(&self) -> f64 {
-        self.cadence_ms * self.slow_factor
+        self.cadence.cadence_ms * self.slow_factor
     }
 
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
             count: Some(self.ledgers),
-            emit_ms: self.emit_ms,
-            codec: self.codec.clone(),
-            chunk: self.chunk_bytes,
+            emit_ms: self.emit.emit_ms,
+            codec: self.workload.codec.codec.clone(),
+            chunk: self.workload.chunk.chunk_bytes,
             retention,
-            ..RelaySettings::endless(self.ledger_bytes, self.ratio, self.cadence_ms)
+            ..RelaySettings::endless(
+                self.workload.size.ledger_bytes,
+                self.workload.ratio.ratio,
+                self.cadence.cadence_ms,
+            )
         }
     }
 }
@@ -203,7 +208,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let relay = env.cluster.relay(&dir, &settings, &[])?;
     let t0 = Instant::now();
     let at_listen = status_kib(relay.pid, "VmRSS").unwrap_or(0);
-    let normal_s = f64::from(a.ledgers) * a.cadence_ms / 1e3 + 60.0;
+    let normal_s = f64::from(a.ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
     let slow_s = normal_s + f64::from(a.ledgers) * a.delay_ms() / 1e3 + 60.0;
     let limit_s = if slow && wait_slow { slow_s } else { normal_s };
     let sampler = RssSampler::start(
@@ -220,15 +225,15 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
         for i in 0..total {
             let is_slow = i == usize::from(a.subscribers);
             let spec = SubSpec {
-                name: format!("sub-{i}"),
-                from: "2".into(),
-                count: Some(a.ledgers),
-                lanes: a.lanes,
-                stats: dir.join(format!("stats-{i}.csv")),
-                log: dir.join(format!("sub-{i}.log")),
                 consume_delay_ms: is_slow.then(|| a.delay_ms()),
-                sessions: 1,
-                extra: Vec::new(),
+                ..SubSpec::new(
+                    format!("sub-{i}"),
+                    2,
+                    Some(a.ledgers),
+                    a.lanes,
+                    &dir,
+                    &format!("sub-{i}"),
+                )
             };
             let child = env.cluster.subscriber(relay_ref.addr, &spec)?;
             subs.push(Sub {
@@ -325,8 +330,8 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             }
             normals.push(recs);
         }
-        let warm = a.warmup as usize;
-        let normal = summarize(&normals, warm, a.emit_ms);
+        let warm = a.warm.warmup as usize;
+        let normal = summarize(&normals, warm, a.emit.emit_ms);
         let normal_samples: Vec<(u32, f64)> = normals
             .iter()
             .flat_map(|v| v.iter().skip(warm).map(|r| (r.seq, r.delivery_ms)))
@@ -550,9 +555,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
 pub fn main(a: &SlowArgs) -> anyhow::Result<()> {
     let report = run(a)?;
     print!("{}", summary(&report));
-    if let Some(p) = &a.json {
-        crate::report::write(p, &serde_json::to_string_pretty(&report)?)?;
-    }
+    a.json.write(&report)?;
     Ok(())
 }
 

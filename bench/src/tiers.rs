@@ -59,6 +59,7 @@ pub enum Part {
 
 /// `ledger-bench tiers` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("cadence_ms", |a| a.help("Time between ledgers in the tier and hedge parts (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took)")))]
 pub struct TiersArgs {
     /// Parts to run.
     #[arg(
@@ -79,13 +80,14 @@ pub struct TiersArgs {
     /// Ledgers measured per row (after the warm-up).
     #[arg(long, default_value_t = 20)]
     pub ledgers: u32,
-    /// Ledgers each subscriber takes before the measured ones.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u32,
-    /// Time between ledgers in the tier and hedge parts.
-    /// (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took).
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms, default_value = "600ms")]
-    pub cadence_ms: f64,
+    /// `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub warm: crate::cluster::Warmup,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: crate::cluster::Cadence,
     /// Time between ledgers in the tree part, ms (every subscriber and edge runs on this
     /// machine too).
     #[arg(long, default_value_t = 1500.0)]
@@ -105,12 +107,14 @@ pub struct TiersArgs {
     /// Lanes per subscriber (and per edge's upstream subscription).
     #[arg(long, default_value_t = 4)]
     pub lanes: u8,
-    /// Ledger size, bytes (Phase 3 stress profile: 14.5 MiB).
-    #[arg(long, default_value_t = 15_204_352)]
-    pub ledger_bytes: u64,
-    /// zstd-1 ratio of the compressed payload.
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: crate::cluster::Size,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: crate::cluster::Ratio,
     /// `--csv` and `--json`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -234,9 +238,9 @@ impl Drop for Procs {
 
 fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySettings {
     let mut s = RelaySettings::endless(
-        a.ledger_bytes,
+        a.size.ledger_bytes,
         match payload {
-            Payload::Compressed => a.ratio,
+            Payload::Compressed => a.ratio.ratio,
             Payload::Raw => 1.0,
         },
         cadence,
@@ -251,7 +255,7 @@ fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySe
 /// The span of a row whose processes need `connect_s` to start and connect.
 fn span(a: &TiersArgs, cadence: f64, connect_s: f64) -> Span {
     let first = 2 + (connect_s * 1e3 / cadence).ceil() as u32 + 1;
-    let measured = first + a.warmup;
+    let measured = first + a.warm.warmup;
     Span {
         first,
         measured,
@@ -318,17 +322,7 @@ fn subscriber(
     lanes: u8,
     span: Span,
 ) -> anyhow::Result<(Child, PathBuf)> {
-    let spec = crate::harness::SubSpec {
-        name: name.into(),
-        from: span.first.to_string(),
-        count: Some(span.count()),
-        lanes,
-        stats: dir.join(format!("{name}.csv")),
-        log: dir.join(format!("{name}.log")),
-        consume_delay_ms: None,
-        sessions: 1,
-        extra: Vec::new(),
-    };
+    let spec = crate::harness::SubSpec::new(name, span.first, Some(span.count()), lanes, dir, name);
     Ok((c.subscriber_in(ns, relay.addr, &spec)?, spec.stats))
 }
 
@@ -535,7 +529,14 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                     eprintln!("tiers: tier, {p:?}");
                     match tier::tier(a, tmp.path(), p, None) {
                         Ok(r) => rows.extend(r),
-                        Err(e) => rows.push(fail(Part::Tier, "direct+edge", p, 1, a.cadence_ms, e)),
+                        Err(e) => rows.push(fail(
+                            Part::Tier,
+                            "direct+edge",
+                            p,
+                            1,
+                            a.cadence.cadence_ms,
+                            e,
+                        )),
                     }
                 }
             }
@@ -568,7 +569,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                                 "direct+edge",
                                 p,
                                 1,
-                                a.cadence_ms,
+                                a.cadence.cadence_ms,
                                 e,
                             )),
                         }
@@ -603,7 +604,9 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                     eprintln!("tiers: hedge, {first:?}");
                     match hedge::hedge(a, tmp.path(), first) {
                         Ok(r) => rows.extend(r),
-                        Err(e) => rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence_ms, e)),
+                        Err(e) => {
+                            rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence.cadence_ms, e))
+                        }
                     }
                 }
             },

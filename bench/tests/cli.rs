@@ -64,34 +64,108 @@ impl HelpOf for Cli {
 fn the_old_cadence_ms_spelling_still_parses_as_the_cadence() {
     use clap::Parser;
     use ledger_relay_bench::Helper;
-    for sub in [
-        "fanout",
-        "tiers",
-        "lanes",
-        "slow-subscriber",
-        "load",
-        "lake",
+    // Each subcommand keeps its own default through the one shared declaration.
+    for (sub, default) in [
+        ("fanout", 600.0),
+        ("tiers", 600.0),
+        ("lanes", 15.0),
+        ("slow-subscriber", 250.0),
+        ("load", 250.0),
+        ("lake", 600.0),
     ] {
-        let ms = |flag: &str, v: &str| {
-            let cli = Cli::try_parse_from(["ledger-bench", sub, flag, v])
-                .unwrap_or_else(|e| panic!("{sub} {flag} {v}: {e}"));
+        let parse = |argv: &[&str]| {
+            let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat())
+                .unwrap_or_else(|e| panic!("{sub} {argv:?}: {e}"));
             match cli.helper {
-                Some(Helper::Fanout(a)) => a.cadence_ms,
-                Some(Helper::Tiers(a)) => a.cadence_ms,
-                Some(Helper::Lanes(a)) => a.cadence_ms,
-                Some(Helper::SlowSubscriber(a)) => a.cadence_ms,
-                Some(Helper::Load(a)) => a.cadence_ms,
-                Some(Helper::Lake(a)) => a.cadence_ms,
+                Some(Helper::Fanout(a)) => a.cadence.cadence_ms,
+                Some(Helper::Tiers(a)) => a.cadence.cadence_ms,
+                Some(Helper::Lanes(a)) => a.cadence.cadence_ms,
+                Some(Helper::SlowSubscriber(a)) => a.cadence.cadence_ms,
+                Some(Helper::Load(a)) => a.cadence.cadence_ms,
+                Some(Helper::Lake(a)) => a.cadence.cadence_ms,
                 other => panic!("{sub}: {other:?}"),
             }
         };
-        assert_eq!(ms("--cadence-ms", "300"), 300.0, "{sub}");
-        assert_eq!(ms("--cadence", "300ms"), 300.0, "{sub}");
-        assert_eq!(ms("--cadence", "1.5s"), 1500.0, "{sub}");
+        assert_eq!(parse(&[]), default, "{sub}");
+        assert_eq!(parse(&["--cadence-ms", "300"]), 300.0, "{sub}");
+        assert_eq!(parse(&["--cadence", "300ms"]), 300.0, "{sub}");
+        assert_eq!(parse(&["--cadence", "1.5s"]), 1500.0, "{sub}");
         assert!(Cli::try_parse_from(["ledger-bench", sub, "--cadence", "soon"]).is_err());
     }
     let top = Cli::try_parse_from(["ledger-bench", "--cadence-ms", "250"]).unwrap();
     assert_eq!(top.args.cadence_ms, Some(250.0));
+}
+
+#[test]
+fn the_ledger_size_is_one_flag_with_units_and_the_old_spelling() {
+    use clap::Parser;
+    use ledger_relay_bench::Helper;
+    // Each subcommand keeps its own default through the one shared declaration.
+    for (sub, default) in [
+        ("fanout", 15_204_352),
+        ("tiers", 15_204_352),
+        ("lanes", 2 << 20),
+        ("slow-subscriber", 608_174),
+        ("load", 256 << 10),
+        ("lake", 15_204_352),
+        ("ring-disk", 15_204_352),
+        ("cpu", 15_204_352),
+    ] {
+        let parse = |argv: &[&str]| {
+            let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat())
+                .unwrap_or_else(|e| panic!("{sub} {argv:?}: {e}"));
+            match cli.helper {
+                Some(Helper::Fanout(a)) => a.size.ledger_bytes,
+                Some(Helper::Tiers(a)) => a.size.ledger_bytes,
+                Some(Helper::Lanes(a)) => a.size.ledger_bytes,
+                Some(Helper::SlowSubscriber(a)) => a.workload.size.ledger_bytes,
+                Some(Helper::Load(a)) => a.workload.size.ledger_bytes,
+                Some(Helper::Lake(a)) => a.size.ledger_bytes,
+                Some(Helper::RingDisk(a)) => a.workload.size.ledger_bytes,
+                Some(Helper::Cpu(a)) => a.size.ledger_bytes,
+                other => panic!("{sub}: {other:?}"),
+            }
+        };
+        assert_eq!(parse(&[]), default, "{sub}");
+        assert_eq!(parse(&["--size", "1MiB"]), 1 << 20, "{sub}");
+        assert_eq!(parse(&["--ledger-bytes", "608174"]), 608_174, "{sub}");
+        for bad in ["0", "big"] {
+            assert!(Cli::try_parse_from(["ledger-bench", sub, "--size", bad]).is_err());
+        }
+    }
+    let top = Cli::try_parse_from(["ledger-bench", "--ledger-bytes", "1048576"]).unwrap();
+    assert_eq!(top.args.size.ledger_bytes, 1 << 20);
+    let top = Cli::try_parse_from(["ledger-bench"]).unwrap();
+    assert_eq!(top.args.size.ledger_bytes, 15_204_352);
+}
+
+#[test]
+fn the_warmup_is_one_flag_with_each_subcommands_default() {
+    use clap::Parser;
+    use ledger_relay_bench::Helper;
+    for (sub, default) in [
+        ("fanout", 3),
+        ("tiers", 3),
+        ("slow-subscriber", 3),
+        ("lake", 3),
+        ("cpu", 2),
+    ] {
+        let warmup = |argv: &[&str]| {
+            let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat()).unwrap();
+            match cli.helper {
+                Some(Helper::Fanout(a)) => a.warm.warmup,
+                Some(Helper::Tiers(a)) => a.warm.warmup,
+                Some(Helper::SlowSubscriber(a)) => a.warm.warmup,
+                Some(Helper::Lake(a)) => a.warm.warmup,
+                Some(Helper::Cpu(a)) => a.warm.warmup,
+                other => panic!("{sub}: {other:?}"),
+            }
+        };
+        assert_eq!(warmup(&[]), default, "{sub}");
+        assert_eq!(warmup(&["--warmup", "7"]), 7, "{sub}");
+    }
+    let top = Cli::try_parse_from(["ledger-bench", "--warmup", "5"]).unwrap();
+    assert_eq!(top.args.warm.warmup, 5);
 }
 
 /// The `ledger-bench` command lines recorded in bench/RESULTS.md: continuation lines joined,

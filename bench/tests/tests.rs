@@ -5,4 +5,5 @@ mod emulation;
 mod fanout;
 mod reliability;
 mod remote;
+mod rows;
 mod tiers;

@@ -125,17 +125,7 @@ pub fn run(
     let rss = RssSampler::start(relay.pid, Duration::from_millis(20), t0, 100_000);
     let mut sub = cluster.subscriber(
         relay.addr,
-        &SubSpec {
-            name: "sub-0".into(),
-            from: set.first.to_string(),
-            count: Some(total),
-            lanes: 4,
-            stats: stats.clone(),
-            log: dir.join("sub.log"),
-            consume_delay_ms: None,
-            sessions: 1,
-            extra: Vec::new(),
-        },
+        &SubSpec::new("sub-0", set.first, Some(total), 4, &dir, "sub"),
     )?;
     let status = crate::harness::wait_child(&mut sub, Duration::from_secs(600))?;
     let samples = rss.finish();

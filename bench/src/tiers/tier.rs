@@ -34,8 +34,8 @@ pub(super) fn tier(
     let edge_ns = sub_ns.as_deref().map(|n| (n, "127.0.0.1"));
     let c = crate::cluster::Cluster::local(&work.join("certs"), Default::default())?;
     let dir = work.join(format!("{part:?}-{payload:?}").to_lowercase());
-    let sp = span(a, a.cadence_ms, 5.0);
-    let s = settings(a, payload, a.cadence_ms, sp.last);
+    let sp = span(a, a.cadence.cadence_ms, 5.0);
+    let s = settings(a, payload, a.cadence.cadence_ms, sp.last);
     let mut p = Procs::default();
     let root_ns = root_ns.as_ref().map(|(n, ip)| (n.as_str(), *ip));
     p.relays
@@ -72,7 +72,7 @@ pub(super) fn tier(
         p.subs.push(c);
         stats.push(st);
     }
-    let limit = Duration::from_secs_f64(a.cadence_ms / 1e3 * f64::from(sp.last) + 60.0);
+    let limit = Duration::from_secs_f64(a.cadence.cadence_ms / 1e3 * f64::from(sp.last) + 60.0);
     wait_all(&stats, &mut p.subs, sp.measured - 1, limit)?;
     let cpus = |p: &Procs| -> anyhow::Result<Vec<f64>> {
         (0..3).map(|i| cpu_of(&p.relays[i..=i])).collect()
@@ -86,7 +86,7 @@ pub(super) fn tier(
         |i: usize| -> Vec<(u32, f64)> { recs[i].iter().map(|r| (r.seq, r.delivery_ms)).collect() };
     let mut rows = Vec::new();
     for (i, name) in ["direct", "edge", "edge-ct"].into_iter().enumerate() {
-        let mut r = row(part, name, payload, 1, a.cadence_ms);
+        let mut r = row(part, name, payload, 1, a.cadence.cadence_ms);
         r.delivery = Delivery::of(d(i));
         if i > 0 {
             r.added = Some(Delivery::of(
