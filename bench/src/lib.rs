@@ -471,6 +471,18 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
 
 /// The whole command: runs, prints the table and writes `--csv`, `--json` and `--plots`.
 pub fn main_with(cli: Cli) -> anyhow::Result<()> {
+    // The long-running subcommands stop their children on Ctrl-C; the helpers run as children.
+    if !matches!(
+        cli.helper,
+        None | Some(
+            Helper::TcpSend { .. }
+                | Helper::TcpRecv { .. }
+                | Helper::Cpu(_)
+                | Helper::HttpGet { .. }
+        )
+    ) {
+        install_signal_handler();
+    }
     match cli.helper {
         Some(Helper::TcpSend { connect, pacing }) => return baseline::tcp_send(connect, pacing),
         Some(Helper::TcpRecv {
@@ -478,39 +490,15 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
             count,
             stats,
         }) => return baseline::tcp_recv(listen, count, stats),
-        Some(Helper::SlowSubscriber(a)) => {
-            install_signal_handler();
-            return slow::main(&a);
-        }
-        Some(Helper::Load(a)) => {
-            install_signal_handler();
-            return load::main(&a);
-        }
-        Some(Helper::Lake(a)) => {
-            install_signal_handler();
-            return lake::main(&a);
-        }
-        Some(Helper::Lanes(a)) => {
-            install_signal_handler();
-            return lanes::main(&a);
-        }
+        Some(Helper::SlowSubscriber(a)) => return slow::main(&a),
+        Some(Helper::Load(a)) => return load::main(&a),
+        Some(Helper::Lake(a)) => return lake::main(&a),
+        Some(Helper::Lanes(a)) => return lanes::main(&a),
         Some(Helper::Cpu(a)) => return cpu::main(&a),
-        Some(Helper::Remote(a)) => {
-            install_signal_handler();
-            return remote::main(&a);
-        }
-        Some(Helper::RingDisk(a)) => {
-            install_signal_handler();
-            return ring_disk::main(&a);
-        }
-        Some(Helper::Fanout(a)) => {
-            install_signal_handler();
-            return fanout::main(&a);
-        }
-        Some(Helper::Tiers(a)) => {
-            install_signal_handler();
-            return tiers::main(&a);
-        }
+        Some(Helper::Remote(a)) => return remote::main(&a),
+        Some(Helper::RingDisk(a)) => return ring_disk::main(&a),
+        Some(Helper::Fanout(a)) => return fanout::main(&a),
+        Some(Helper::Tiers(a)) => return tiers::main(&a),
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);
             return Ok(());

@@ -261,6 +261,52 @@ pub(crate) fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plotting: {e}")
 }
 
+/// A chart on a white `root` with `caption`, linear axes over `x` and `y` and their mesh.
+pub(crate) fn frame<'a, DB: DrawingBackend + 'a>(
+    root: &'a DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    (x, x_desc): (std::ops::Range<f64>, &str),
+    (y, y_desc): (std::ops::Range<f64>, &str),
+) -> anyhow::Result<
+    ChartContext<
+        'a,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+> {
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x, y)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
+}
+
+/// Draws the legend of `chart` at `pos` in `font`-point text.
+pub(crate) fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+    font: u32,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(pos)
+        .label_font(("sans-serif", font))
+        .draw()
+        .map_err(err)
+}
+
 fn cdf(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<()> {
     let max = rows
         .iter()
@@ -301,14 +347,7 @@ fn cdf(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Result<(
             );
             styled_line!(chart, pts, i, label);
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font(("sans-serif", 11))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, 11)?;
     });
     Ok(())
 }
@@ -391,20 +430,15 @@ fn lanes(
         ymax
     };
     both_backends!(dir, "throughput-vs-lanes", written, |root| {
-        root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Goodput against lanes", ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..9f64, 0f64..ymax * 1.15)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("lanes")
-            .y_desc("MiB/s (live: raw / (delivery + emit); bulk: sustained)")
-            .draw()
-            .map_err(err)?;
+        let mut chart = frame(
+            &root,
+            "Goodput against lanes",
+            (0f64..9f64, "lanes"),
+            (
+                0f64..ymax * 1.15,
+                "MiB/s (live: raw / (delivery + emit); bulk: sustained)",
+            ),
+        )?;
         if ideal {
             chart
                 .draw_series(DashedLineSeries::new(
@@ -428,14 +462,7 @@ fn lanes(
                 .draw_series(v.iter().map(|p| Circle::new(*p, 4, c.filled())))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 12)?;
     });
     Ok(())
 }
@@ -539,14 +566,7 @@ pub fn per_lane_bars(
                 ))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 12)?;
     });
     Ok(())
 }
@@ -560,20 +580,12 @@ fn fanout(rows: &[&Row], dir: &Path, written: &mut Vec<String>) -> anyhow::Resul
     pts.sort_by(|a, b| a.0.total_cmp(&b.0));
     let ymax = pts.iter().map(|p| p.1).fold(1.0f64, f64::max);
     both_backends!(dir, "fanout-cost", written, |root| {
-        root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Fan-out cost: relay CPU per ledger", ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..17f64, 0f64..ymax * 1.2)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("subscribers")
-            .y_desc("relay CPU ms per ledger")
-            .draw()
-            .map_err(err)?;
+        let mut chart = frame(
+            &root,
+            "Fan-out cost: relay CPU per ledger",
+            (0f64..17f64, "subscribers"),
+            (0f64..ymax * 1.2, "relay CPU ms per ledger"),
+        )?;
         chart
             .draw_series(LineSeries::new(pts.clone(), BLUE.stroke_width(2)))
             .map_err(err)?;

@@ -222,23 +222,12 @@ pub fn plot(rows: &[FanoutRow], dir: &Path) -> anyhow::Result<String> {
         .fold(1.0, f64::max)
         * 1.15;
     let root = SVGBackend::new(&path, (1000, 640)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Fan-out: relay CPU per ledger against subscribers (loopback, 4 lanes)",
-            ("sans-serif", 22),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..xmax, 0f64..ymax)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("subscribers")
-        .y_desc("relay CPU ms per ledger")
-        .draw()
-        .map_err(err)?;
+    let mut chart = crate::report::frame(
+        &root,
+        "Fan-out: relay CPU per ledger against subscribers (loopback, 4 lanes)",
+        (0f64..xmax, "subscribers"),
+        (0f64..ymax, "relay CPU ms per ledger"),
+    )?;
     for (p, color, limit) in [(Payload::Compressed, BLUE, 1.0), (Payload::Raw, RED, 7.0)] {
         let v = ok_rows(rows, p);
         if v.is_empty() {
@@ -272,13 +261,7 @@ pub fn plot(rows: &[FanoutRow], dir: &Path) -> anyhow::Result<String> {
             ))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.mix(0.5)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
+    crate::report::legend(&mut chart, SeriesLabelPosition::UpperLeft, 12)?;
     root.present().map_err(err)?;
     Ok(path.display().to_string())
 }

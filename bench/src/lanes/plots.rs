@@ -6,7 +6,9 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::{LaneMode, LaneRow, MIB};
-use crate::report::{both_backends, err, per_lane_bars, register_font, series_style};
+use crate::report::{
+    both_backends, err, frame, legend, per_lane_bars, register_font, series_style,
+};
 
 /// Goodput against lanes per mode with the ideal line (lanes x cap), and each row's bytes per
 /// lane as bars. Returns the files written.
@@ -22,23 +24,16 @@ pub fn plots(rows: &[LaneRow], dir: &Path, flow_mbit: f64) -> anyhow::Result<Vec
     let xmax = ok.iter().map(|r| f64::from(r.lanes)).fold(1.0, f64::max) + 1.0;
     let ymax = (xmax - 1.0) * cap * 1.1;
     both_backends!(dir, "lanes-goodput", written, |root| {
-        root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                format!("Whole-transfer goodput against lanes ({flow_mbit} Mbit/s per flow)"),
-                ("sans-serif", 22),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..xmax, 0f64..ymax)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("lanes")
-            .y_desc("MiB/s (raw bytes / (last arrival - subscriber start))")
-            .draw()
-            .map_err(err)?;
+        let caption = format!("Whole-transfer goodput against lanes ({flow_mbit} Mbit/s per flow)");
+        let mut chart = frame(
+            &root,
+            &caption,
+            (0f64..xmax, "lanes"),
+            (
+                0f64..ymax,
+                "MiB/s (raw bytes / (last arrival - subscriber start))",
+            ),
+        )?;
         chart
             .draw_series(DashedLineSeries::new(
                 vec![(0.0, 0.0), (xmax - 1.0, (xmax - 1.0) * cap)],
@@ -71,14 +66,7 @@ pub fn plots(rows: &[LaneRow], dir: &Path, flow_mbit: f64) -> anyhow::Result<Vec
                 .draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 14))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 14)?;
     });
     let groups: Vec<(String, Vec<f64>)> = rows
         .iter()
