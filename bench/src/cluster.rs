@@ -230,6 +230,21 @@ pub struct Measured<A, R, X = ()> {
     pub rows: Vec<R>,
 }
 
+/// A fresh temporary working directory `PREFIX...` for a run's certificates, data and logs.
+pub fn work_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .context("creating a temporary directory")
+}
+
+/// Keeps `tmp` (logs and all) when `LEDGER_BENCH_KEEP` is set; otherwise it goes when dropped.
+pub fn keep_if_asked(tmp: tempfile::TempDir) {
+    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
+        eprintln!("ledger-bench: logs kept in {}", tmp.keep().display());
+    }
+}
+
 /// Prints `report`'s table and targets and writes what `out` asks for. A plot that cannot be
 /// drawn is reported on stderr and does not fail the run (the rows are already measured).
 pub fn emit<R: Report>(report: &R, out: &Output) -> anyhow::Result<()> {

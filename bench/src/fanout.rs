@@ -623,10 +623,7 @@ pub fn run(a: &FanoutArgs) -> anyhow::Result<FanoutReport> {
         bail!("--subscribers takes counts of at least 1");
     }
     let n_max = a.subscribers.iter().copied().max().unwrap_or(1);
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-fanout")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let tmp = crate::cluster::work_dir("ledger-bench-fanout")?;
     make_certs(&tmp.path().join("certs"), usize::from(n_max))?;
     let load_before = crate::harness::load_average();
     let mut rows = Vec::new();
@@ -645,10 +642,7 @@ pub fn run(a: &FanoutArgs) -> anyhow::Result<FanoutReport> {
         }
     }
     marginals(&mut rows);
-    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
-        let kept = tmp.keep();
-        eprintln!("ledger-bench: logs kept in {}", kept.display());
-    }
+    crate::cluster::keep_if_asked(tmp);
     Ok(FanoutReport {
         args: a.clone(),
         load_before,

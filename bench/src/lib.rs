@@ -415,10 +415,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         }
     }
     install_signal_handler();
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let tmp = crate::cluster::work_dir("ledger-bench")?;
     let certs = tmp.path().join("certs");
     scenario::make_certs(&certs)?;
     let netem = if list.iter().any(|s| s.emulated) {
@@ -462,10 +459,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
-        let kept = tmp.keep();
-        eprintln!("ledger-bench: logs kept in {}", kept.display());
-    }
+    crate::cluster::keep_if_asked(tmp);
     Ok(rows)
 }
 

@@ -291,10 +291,7 @@ fn unexpected(slot: &Slot, st: std::process::ExitStatus) -> End {
 pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let s = a.settings()?;
     let load_start = harness::load_average();
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-load")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let tmp = crate::cluster::work_dir("ledger-bench-load")?;
     let certs = tmp.path().join("certs");
     harness::make_certs(&certs, a.subscribers)?;
     let ctx = Ctx {
@@ -451,10 +448,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let samples = sampler.finish();
     let wall_s = ctx.now_s();
     outcome?;
-    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
-        let kept = tmp.keep();
-        eprintln!("ledger-bench: logs kept in {}", kept.display());
-    }
+    crate::cluster::keep_if_asked(tmp);
 
     // Checks.
     let mut delivered = 0usize;

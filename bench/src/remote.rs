@@ -210,10 +210,7 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
         None => None,
     };
     let within = Duration::from_secs(args.row_timeout_s);
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-remote")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let tmp = crate::cluster::work_dir("ledger-bench-remote")?;
     let before = match &baseline {
         Some(b) => Some(b.clock(args.clock_probes).context("clock probes")?),
         None => None,

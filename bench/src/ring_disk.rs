@@ -399,10 +399,7 @@ pub fn main(a: &RingDiskArgs) -> anyhow::Result<()> {
     if a.only.iter().any(|o| o != "paced" && o != "burst") {
         bail!("--only takes paced or burst");
     }
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-ring")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let tmp = crate::cluster::work_dir("ledger-bench-ring")?;
     make_certs(&tmp.path().join("certs"), 0)?;
     let idle = Duration::from_secs(a.idle_s.unwrap_or(if a.quick { 5 } else { 20 }));
     let mut runs = Vec::new();

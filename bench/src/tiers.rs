@@ -502,10 +502,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
             "--ledgers must be at least 2, and --payload, --edges and --tree-subscribers not empty"
         );
     }
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-tiers")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let tmp = crate::cluster::work_dir("ledger-bench-tiers")?;
     // Subscribers sub-0.., then one client certificate per edge; sub-15 and sub-14 are the tier
     // part's edges (store-and-forward and cut-through).
     make_certs(
@@ -612,10 +609,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
             },
         }
     }
-    if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
-        let kept = tmp.keep();
-        eprintln!("ledger-bench: logs kept in {}", kept.display());
-    }
+    crate::cluster::keep_if_asked(tmp);
     Ok(TiersReport {
         args: a.clone(),
         load_before,
