@@ -498,7 +498,8 @@ pub fn spawn_subscriber_in(
         .arg(&spec.stats);
     if spec.sessions > 1 {
         cmd.args(["--sessions", &spec.sessions.to_string()]);
-    } else {
+    } else if !spec.extra.iter().any(|a| a == "--receive-only") {
+        // (--receive-only writes nothing and refuses --out.)
         cmd.args(["--out", "/dev/null"]);
     }
     if let Some(n) = spec.count {
