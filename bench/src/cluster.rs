@@ -418,7 +418,8 @@ impl Cluster {
             .arg(&spec.stats);
         if spec.sessions > 1 {
             cmd.args(["--sessions", &spec.sessions.to_string()]);
-        } else {
+        } else if !spec.extra.iter().any(|a| a == "--receive-only") {
+            // (--receive-only writes nothing and refuses --out.)
             cmd.args(["--out", "/dev/null"]);
         }
         if let Some(n) = spec.count {

@@ -117,6 +117,11 @@ pub struct FanoutArgs {
     /// the relay's per-identity caps are raised to match.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub sessions_per_process: u16,
+    /// Run every subscriber as `ledger-subscribe --receive-only`, a bench mode that does NOT
+    /// verify content (framing, lengths and order only; no decompression or checksum), so that
+    /// the subscribers cost the shared cores little and the relay's cost is what is measured.
+    #[arg(long)]
+    pub receive_only: bool,
     /// More flags for every relay (an A/B of relay settings), e.g. `--relay-arg=--config=a.toml`.
     #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub relay_args: Vec<String>,
@@ -314,7 +319,7 @@ fn spawn_all(
     dir: &Path,
     tag: &str,
     n: u16,
-    per_process: u16,
+    (per_process, receive_only): (u16, bool),
     lanes: u8,
     from: u32,
     count: Option<u32>,
@@ -332,7 +337,11 @@ fn spawn_all(
             stats: dir.join(format!("{tag}-{i}.csv")),
             log: dir.join(format!("{tag}-{i}.log")),
             consume_delay_ms: None,
-            extra: Vec::new(),
+            extra: if receive_only {
+                vec!["--receive-only".into()]
+            } else {
+                Vec::new()
+            },
         };
         match cluster.subscriber(relay.addr, &spec) {
             Ok(c) => children.push(c),
@@ -459,7 +468,7 @@ fn measure(
         dir,
         "sub",
         n,
-        a.sessions_per_process,
+        (a.sessions_per_process, a.receive_only),
         a.lanes,
         first,
         Some(last - first + 1),
@@ -576,7 +585,7 @@ fn idle(
         dir,
         "idle",
         n,
-        a.sessions_per_process,
+        (a.sessions_per_process, a.receive_only),
         a.lanes,
         last,
         None,

@@ -10,19 +10,22 @@ use clap::Parser;
 use ledger_relay_bench::fanout::{self, Payload};
 use ledger_relay_bench::{Cli, Helper};
 
-#[test]
-fn fanout_rows_measure_real_cpu_memory_and_delivery() {
+/// Whether both binaries are built next to the test binary (else the reason is printed).
+fn built() -> bool {
     for bin in ["ledger-relay", "ledger-subscribe"] {
         if let Err(e) = ledger_relay_bench::proc::sibling_binary(bin) {
             eprintln!("skipped: {e:#} (cargo build --workspace builds it)");
-            return;
+            return false;
         }
     }
-    let argv = [
+    true
+}
+
+/// The tiny series: small compressed ledgers, two sessions per subscriber process, then `more`.
+fn tiny(more: &[&str]) -> fanout::FanoutArgs {
+    let mut argv = vec![
         "ledger-bench",
         "fanout",
-        "--subscribers",
-        "1,3",
         "--sessions-per-process",
         "2",
         "--payload",
@@ -51,9 +54,19 @@ fn fanout_rows_measure_real_cpu_memory_and_delivery() {
         "--max-mtu",
         "1452",
     ];
+    argv.extend_from_slice(more);
     let Some(Helper::Fanout(args)) = Cli::try_parse_from(argv).unwrap().helper else {
         panic!("not the fanout subcommand")
     };
+    args
+}
+
+#[test]
+fn fanout_rows_measure_real_cpu_memory_and_delivery() {
+    if !built() {
+        return;
+    }
+    let args = tiny(&["--subscribers", "1,3"]);
     let started = Instant::now();
     let report = fanout::run(&args).unwrap();
     eprint!("{}", fanout::table(&report.rows));
@@ -86,4 +99,25 @@ fn fanout_rows_measure_real_cpu_memory_and_delivery() {
     let csv = fanout::csv(&report.rows);
     assert_eq!(csv.lines().count(), 3, "{csv}");
     assert!(fanout::targets(&report.rows).contains("compressed relay CPU per extra subscriber"));
+}
+
+/// `--receive-only` reaches every subscriber process: one session alone (which then takes no
+/// `--out`) and one process of two sessions; every measured ledger still reaches each, in order
+/// (run() checks each stats file holds exactly its ledgers).
+#[test]
+fn fanout_passes_receive_only_to_every_subscriber() {
+    if !built() {
+        return;
+    }
+    let args = tiny(&["--subscribers", "1,2", "--receive-only"]);
+    assert!(args.receive_only);
+    let report = fanout::run(&args).unwrap();
+    eprint!("{}", fanout::table(&report.rows));
+    assert_eq!(report.rows.len(), 2);
+    for (row, n) in report.rows.iter().zip([1u16, 2]) {
+        assert_eq!(row.error, None, "{n} subscribers");
+        assert_eq!((row.subscribers, row.delivered), (n, usize::from(n) * 5));
+        assert!(row.relay_cpu_ms > 0.0, "{row:?}");
+        assert!(row.wire_mb > 0.0 && row.wire_mb < 1.048576, "{row:?}");
+    }
 }

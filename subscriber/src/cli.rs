@@ -159,6 +159,13 @@ pub struct Args {
         value_parser = clap::value_parser!(u16).range(1..=1024),
         conflicts_with_all = ["out", "hedge", "lane_stats", "lane_ports"])]
     pub sessions: u16,
+    /// BENCH MODE, DOES NOT VERIFY CONTENT: receive every chunk and check only what needs no
+    /// decompression (framing, bounds and declared lengths, each ledger's chunk count, the
+    /// order), then count the ledger; no decompression, no checksum, no hash chain, no content
+    /// hashes, nothing written (so no --out, --hedge or --anchor). For measuring a relay's cost
+    /// per subscriber with subscribers that cost the shared cores little; with --sessions too.
+    #[arg(long, conflicts_with_all = ["out", "hedge", "anchor"])]
+    pub receive_only: bool,
     /// Log format on stderr: text (human-readable) or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -244,6 +251,7 @@ impl Args {
         subscribe.hedge = self.hedge;
         subscribe.anchor = self.anchor;
         subscribe.content_check = !self.no_content_check;
+        subscribe.receive_only = self.receive_only;
         subscribe.start = match (self.from, self.anchor) {
             (Some(start), _) => start,
             (None, Some(anchor)) => Start::Seq(anchor.seq),
@@ -368,12 +376,13 @@ pub struct RunSummary {
 
 /// Subscribes and writes ledgers until `count` ledgers are written, `shutdown` completes, or
 /// a terminal error. Prints a status line on stderr every `status_interval`. With
-/// `sessions` above 1, runs that many subscriptions at once (`--sessions`, a bench mode).
+/// `sessions` above 1, runs that many subscriptions at once (`--sessions`, a bench mode); so
+/// does receive-only (`--receive-only`, a bench mode), which writes nothing.
 pub async fn run(
     config: CliConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RunSummary, RunError> {
-    if config.sessions > 1 {
+    if config.sessions > 1 || config.subscribe.receive_only {
         return sessions::run(config, shutdown).await;
     }
     run_one(config, shutdown).await
@@ -396,7 +405,8 @@ async fn run_one(
     // Blocking writes (a FIFO waits for its reader) happen on their own thread; the channel is
     // small so a slow reader slows the subscription (and so the relay's sending), not memory.
     let (write_tx, write_rx) = mpsc::channel::<Ledger>(2);
-    let out = config.out.clone();
+    // Receive-only ledgers have no bytes to write.
+    let out = (!config.subscribe.receive_only).then(|| config.out.clone());
     let stats = config.stats.clone();
     let delay = config.consume_delay;
     let writer = std::thread::Builder::new()
@@ -496,28 +506,33 @@ async fn run_one(
     }
 }
 
-/// The writer thread: record-marked ledgers to `out`, flushed after each, and the stats CSV;
-/// waits `delay` after each ledger (see [`consume_pause`]).
+/// The writer thread: record-marked ledgers to `out` (none: nowhere), flushed after each, and
+/// the stats CSV; waits `delay` after each ledger (see [`consume_pause`]).
 fn write_ledgers(
-    out: Output,
+    out: Option<Output>,
     stats: Option<PathBuf>,
     delay: Duration,
     mut rx: mpsc::Receiver<Ledger>,
 ) -> Result<(), RunError> {
     let target = match &out {
-        Output::Stdout => "stdout".to_owned(),
-        Output::Path(p) => p.display().to_string(),
+        Some(Output::Stdout) => "stdout".to_owned(),
+        Some(Output::Path(p)) => p.display().to_string(),
+        None => "nowhere".to_owned(),
     };
     let out_err = |source| RunError::Output {
         target: target.clone(),
         source,
     };
-    let mut sink: Box<dyn Write> = match &out {
-        Output::Stdout => Box::new(BufWriter::with_capacity(1 << 20, std::io::stdout().lock())),
-        Output::Path(path) => Box::new(BufWriter::with_capacity(
+    let mut sink: Option<Box<dyn Write>> = match &out {
+        Some(Output::Stdout) => Some(Box::new(BufWriter::with_capacity(
+            1 << 20,
+            std::io::stdout().lock(),
+        ))),
+        Some(Output::Path(path)) => Some(Box::new(BufWriter::with_capacity(
             1 << 20,
             File::create(path).map_err(out_err)?,
-        )),
+        ))),
+        None => None,
     };
     let mut csv = match &stats {
         Some(path) => {
@@ -538,9 +553,11 @@ fn write_ledgers(
     };
     let mut previous_ns: Option<u64> = None;
     while let Some(ledger) = rx.blocking_recv() {
-        ledger_relay_wire::record::write_record_to(&mut sink, &ledger.data)
-            .and_then(|()| sink.flush())
-            .map_err(out_err)?;
+        if let Some(sink) = &mut sink {
+            ledger_relay_wire::record::write_record_to(sink, &ledger.data)
+                .and_then(|()| sink.flush())
+                .map_err(out_err)?;
+        }
         if let Some((w, path)) = &mut csv {
             let row = stats_row(&ledger, previous_ns);
             w.write_all(row.as_bytes())
@@ -589,7 +606,7 @@ pub fn stats_row(ledger: &Ledger, previous_received_ns: Option<u64>) -> String {
     format!(
         "{},{},{},{:.3},{},{:.3}\n",
         ledger.seq,
-        ledger.data.len(),
+        ledger.raw_len,
         ledger.wire_bytes,
         delivery_ms,
         inter,

@@ -316,6 +316,12 @@ pub struct SubscribeConfig {
     /// (`bench/RESULTS.md`, "Content check"); off, a relay can alter transactions and results
     /// without the subscriber noticing, and only the header chain is checked.
     pub content_check: bool,
+    /// Receive-only, a bench mode that does **not** verify content (default false): chunks
+    /// are not decompressed, and neither the checksum, the hash chain nor the content hashes
+    /// are checked; framing, bounds, declared lengths, chunk count and order still are. Each
+    /// [`crate::Ledger`] then has empty `data` (its size is in `raw_len`). Not with `hedge` or
+    /// `anchor`.
+    pub receive_only: bool,
     /// Lanes to open, counting lane 0 (default 4, at most 64). The relay may grant fewer.
     pub lanes: u8,
     /// Local UDP ports for the lanes, an inclusive range: lane k binds `first + k`. `None`
@@ -370,6 +376,7 @@ impl SubscribeConfig {
             start: Start::Tip,
             anchor: None,
             content_check: true,
+            receive_only: false,
             lanes: 4,
             lane_ports: None,
             codecs: Codec::ALL.to_vec(),
@@ -424,6 +431,13 @@ impl SubscribeConfig {
                     format!("{name:?} is not a valid DNS name or IP address"),
                 );
             }
+        }
+        if self.receive_only && (self.hedge || self.anchor.is_some()) {
+            return invalid(
+                "receive_only",
+                "verifies no content, so it cannot pick among relays (hedge) or check an anchor"
+                    .into(),
+            );
         }
         if self.lanes == 0 || self.lanes > MAX_LANES {
             return invalid("lanes", format!("{} is not in 1..={MAX_LANES}", self.lanes));

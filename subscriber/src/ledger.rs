@@ -22,6 +22,9 @@ pub struct Ledger {
     /// The raw `LedgerCloseMeta` XDR, exactly as stellar-core wrote it (without the record
     /// mark).
     pub data: Bytes,
+    /// Its raw length: `data.len()`, except in receive-only mode (a bench mode,
+    /// `SubscribeConfig::receive_only`), where `data` is empty and this is the end record's.
+    pub raw_len: u64,
     /// `LedgerHeaderHistoryEntry.hash`, checked against the header and the end record.
     pub header_hash: [u8; 32],
     /// `LedgerHeader.previousLedgerHash`, checked to equal the previous ledger's hash.

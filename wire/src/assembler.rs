@@ -19,6 +19,12 @@
 //! Memory: at most `Limits::max_ledgers_in_flight` ledgers are open, and the raw bytes held
 //! across them never exceed `Limits::max_buffered_bytes`, whatever the peer sends.
 //!
+//! Receive-only ([`Reassembler::receive_only`], a bench mode): chunks are kept as they came
+//! (compressed), so layer 1 checks the bounds and declared lengths but not that a payload
+//! decompresses, layer 2 checks the chunk count and that the declared lengths tile the ledger
+//! but not the checksum (it is over the raw bytes), layer 3 is unchanged, and a ledger comes
+//! out with empty `data`. It does not verify content.
+//!
 //! Fail-closed: after the first error every `handle_*` call returns
 //! [`AssemblyError::Stopped`] and no ledger that was not already complete is delivered.
 
@@ -93,6 +99,9 @@ pub struct AssemblyStats {
 
 struct Slot {
     offset: u64,
+    /// Its declared raw length (`raw.len()`, except receive-only, where `raw` is the payload
+    /// as it came).
+    len: u64,
     raw: Bytes,
 }
 
@@ -118,6 +127,7 @@ pub struct Reassembler {
     missing: VecDeque<Missing>,
     error: Option<AssemblyError>,
     stats: AssemblyStats,
+    receive_only: bool,
 }
 
 impl std::fmt::Debug for Reassembler {
@@ -146,7 +156,16 @@ impl Reassembler {
             missing: VecDeque::new(),
             error: None,
             stats: AssemblyStats::default(),
+            receive_only: false,
         }
+    }
+
+    /// This reassembler in receive-only mode, a bench mode that does **not** verify content
+    /// (see the module documentation): no decompression, no checksum, ledgers with empty
+    /// `data`; framing, bounds, declared lengths, chunk count and order are still checked.
+    pub fn receive_only(mut self) -> Reassembler {
+        self.receive_only = true;
+        self
     }
 
     /// The next sequence to be delivered.
@@ -249,7 +268,7 @@ impl Reassembler {
     /// polled here (what was not handed out is in [`Reassembler::poll_ledger`]'s ledger); after
     /// an error, nothing is.
     pub fn poll_prefix(&mut self) -> Option<Prefix> {
-        if self.error.is_some() {
+        if self.error.is_some() || self.receive_only {
             return None;
         }
         let seq = self.next;
@@ -367,8 +386,8 @@ impl Reassembler {
         if let Some(slot) = self.open.get(&seq).and_then(|p| p.chunks.get(&index)) {
             // A resend after a lane loss is harmless if it is the same chunk.
             let same = slot.offset == h.raw_offset
-                && slot.raw.len() == h.raw_len as usize
-                && if h.codec == Codec::None {
+                && slot.len == u64::from(h.raw_len)
+                && if h.codec == Codec::None || self.receive_only {
                     slot.raw == chunk.payload
                 } else {
                     let mut raw = vec![0u8; h.raw_len as usize];
@@ -404,6 +423,9 @@ impl Reassembler {
                 });
             }
             chunk.payload.clone()
+        } else if self.receive_only {
+            // Kept as it came: frame decoding bounded it below the declared raw length.
+            chunk.payload.clone()
         } else {
             let mut raw = vec![0u8; h.raw_len as usize];
             decode(&mut raw)?;
@@ -417,6 +439,7 @@ impl Reassembler {
             index,
             Slot {
                 offset: h.raw_offset,
+                len: incoming,
                 raw,
             },
         );
@@ -464,7 +487,7 @@ impl Reassembler {
                 return Err(AssemblyError::ConflictingEnd { seq });
             }
             for (&index, slot) in &p.chunks {
-                check_against_end(end, index, slot.offset + slot.raw.len() as u64)?;
+                check_against_end(end, index, slot.offset + slot.len)?;
             }
         }
         let timeout = self.stall_timeout;
@@ -486,7 +509,12 @@ impl Reassembler {
             };
             // Every index below chunk_count is present (indices were checked against the count),
             // so iterate in order and check the chunks tile [0, raw_len).
-            let mut data = Vec::with_capacity(p.raw_bytes.min(end.raw_len) as usize);
+            let keep = !self.receive_only;
+            let mut data = Vec::with_capacity(if keep {
+                p.raw_bytes.min(end.raw_len) as usize
+            } else {
+                0
+            });
             let mut offset = 0u64;
             for (&index, slot) in &p.chunks {
                 if slot.offset != offset {
@@ -497,8 +525,10 @@ impl Reassembler {
                         got: slot.offset,
                     });
                 }
-                offset += slot.raw.len() as u64;
-                data.extend_from_slice(&slot.raw);
+                offset += slot.len;
+                if keep {
+                    data.extend_from_slice(&slot.raw);
+                }
             }
             if offset != end.raw_len {
                 return Err(AssemblyError::LengthMismatch {
@@ -507,13 +537,15 @@ impl Reassembler {
                     got: offset,
                 });
             }
-            let sum = crate::checksum(&data);
-            if sum != end.checksum {
-                return Err(AssemblyError::ChecksumMismatch {
-                    seq,
-                    expected: end.checksum,
-                    got: sum,
-                });
+            if keep {
+                let sum = crate::checksum(&data);
+                if sum != end.checksum {
+                    return Err(AssemblyError::ChecksumMismatch {
+                        seq,
+                        expected: end.checksum,
+                        got: sum,
+                    });
+                }
             }
             // The entry exists: it was just read above.
             let Some(p) = self.open.remove(&seq) else {

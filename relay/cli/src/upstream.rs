@@ -417,6 +417,7 @@ mod tests {
         Ledger {
             seq,
             data: data.clone(),
+            raw_len: data.len() as u64,
             header_hash: [seq as u8; 32],
             previous_hash: [0; 32],
             relay_first_byte_ns: 111,

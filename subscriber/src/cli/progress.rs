@@ -147,7 +147,7 @@ impl Meter {
 
     pub(super) fn add(&mut self, ledger: &Ledger) {
         self.ledgers += 1;
-        self.bytes += ledger.data.len() as u64;
+        self.bytes += ledger.raw_len;
         self.last_seq = ledger.seq;
     }
 

@@ -1,8 +1,8 @@
 //! `ledger-subscribe --sessions N`, a bench mode: N independent subscriptions in one process,
 //! so that a benchmark of the relay's cost per subscriber does not need N processes sharing
 //! the relay's cores. Each is the normal run ([`super::run_one`]): its own session and lanes,
-//! every ledger verified as usual, then counted and written nowhere; `--stats FILE` gives
-//! session `k` the file `FILE.k`.
+//! every ledger verified as usual (or not, with `--receive-only`), then counted and written
+//! nowhere; `--stats FILE` gives session `k` the file `FILE.k` (one session: `FILE`).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -62,12 +62,15 @@ pub(super) async fn run(
 }
 
 /// The configuration of session `k`: one subscription, written nowhere, its stats in
-/// `FILE.k`, no status line.
+/// `FILE.k` (`FILE` when it is the only one), no status line.
 fn session_config(config: &CliConfig, k: u16) -> CliConfig {
     let mut one = config.clone();
     one.sessions = 1;
     one.out = Output::Path(PathBuf::from("/dev/null"));
-    one.stats = config.stats.as_deref().map(|p| stats_path(p, k));
+    one.stats = match config.stats.as_deref() {
+        Some(p) if config.sessions > 1 => Some(stats_path(p, k)),
+        other => other.map(Path::to_path_buf),
+    };
     one.progress = Progress::Quiet;
     one
 }

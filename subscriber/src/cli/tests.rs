@@ -7,6 +7,7 @@ fn ledger(seq: u32, received_ns: u64, last_byte_ns: u64) -> Ledger {
     Ledger {
         seq,
         data: bytes::Bytes::from(vec![0u8; 1000]),
+        raw_len: 1000,
         header_hash: [0; 32],
         previous_hash: [0; 32],
         relay_first_byte_ns: 0,

@@ -81,7 +81,13 @@ pub(super) async fn read_data_stream(
                 Frame::Chunk(c) => c.payload.len() as u64,
                 _ => 0,
             };
-            let frame = decompress_chunk(frame, limits);
+            // Receive-only (a bench mode) keeps chunks as they came; the reassembler checks
+            // their bounds and declared lengths.
+            let frame = if peer.shared.config.receive_only {
+                Ok(frame)
+            } else {
+                decompress_chunk(frame, limits)
+            };
             // A closed channel means the session is ending; the frame is not needed.
             let _ = data_tx
                 .send(DataFrame {

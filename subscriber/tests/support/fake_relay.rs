@@ -47,6 +47,8 @@ pub struct Plan {
     pub drop_chunks: Vec<(u32, u32)>,
     /// Flip a byte of chunk 0 of this ledger (sent raw).
     pub tamper: Option<u32>,
+    /// Declare chunk 1 of this ledger one byte further on than it is (its framing is wrong).
+    pub misplace: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
     pub silent: bool,
     /// Never read a session's control stream after its `SessionOpen`: acks and resends pile up
@@ -72,6 +74,7 @@ impl Plan {
             kill_lane1_after: None,
             drop_chunks: Vec::new(),
             tamper: None,
+            misplace: None,
             silent: false,
             deaf: false,
             control_credit: None,
@@ -131,7 +134,8 @@ fn prepare(plan: &Plan) -> Vec<Prepared> {
                         header: ChunkHeader {
                             seq,
                             index: c.index,
-                            raw_offset: c.offset,
+                            raw_offset: c.offset
+                                + u64::from(plan.misplace == Some(seq) && c.index == 1),
                             raw_len: c.data.len() as u32,
                             codec,
                         },

@@ -472,3 +472,48 @@ fn prefixes_stop_at_a_misplaced_chunk_and_after_an_error() {
     assert!(r.poll_prefix().is_none());
     assert!(r.poll_ledger().is_none());
 }
+
+#[test]
+fn receive_only_checks_lengths_and_order_but_not_content() {
+    let mut r = new(5).receive_only();
+    let raws: Vec<Bytes> = (5..7).map(|s| ledger(s, 4000 + s as usize)).collect();
+    for (raw, seq) in raws.iter().zip(5..) {
+        let (chunks, mut end) = pieces(seq, raw, 1000, Codec::Zstd);
+        // Content is not checked: a wrong checksum still delivers, without the raw bytes.
+        end.checksum ^= 1;
+        for c in chunks.iter().rev() {
+            r.handle_chunk(c, MS).unwrap();
+        }
+        r.handle_end(&end, MS).unwrap();
+    }
+    for (raw, seq) in raws.iter().zip(5..) {
+        let l = r.poll_ledger().unwrap();
+        assert_eq!(
+            (l.seq, l.data.len(), l.end.raw_len),
+            (seq, 0, raw.len() as u64)
+        );
+        assert!(l.wire_bytes > 0 && l.wire_bytes < raw.len() as u64);
+    }
+    assert!(r.poll_prefix().is_none());
+    assert_eq!(r.held_bytes(), 0);
+
+    // Declared lengths still have to tile the ledger.
+    let raw = ledger(7, 3000);
+    let (mut chunks, end) = pieces(7, &raw, 1000, Codec::Zstd);
+    chunks[1].header.raw_offset += 1;
+    for c in &chunks {
+        r.handle_chunk(c, MS).unwrap();
+    }
+    let e = r.handle_end(&end, MS).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AssemblyError::Misplaced {
+                seq: 7,
+                index: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
