@@ -26,18 +26,18 @@ pub use ledger_relay_transport::now_ns;
 /// Pacing of a baseline source.
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub struct Pacing {
-    /// Bytes per ledger.
-    #[arg(long)]
-    pub size: usize,
+    /// `--size`: bytes per ledger.
+    #[command(flatten)]
+    pub size: crate::cluster::Size,
     /// Ledgers.
     #[arg(long)]
     pub count: u32,
-    /// Time between ledgers, ms.
-    #[arg(long)]
-    pub cadence_ms: f64,
-    /// Window over which a ledger is written, ms.
-    #[arg(long)]
-    pub emit_ms: f64,
+    /// `--cadence`.
+    #[command(flatten)]
+    pub cadence: crate::cluster::Cadence,
+    /// `--emit-ms`: the window over which a ledger is written.
+    #[command(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Bytes per write.
     #[arg(long)]
     pub piece: usize,
@@ -70,19 +70,20 @@ struct Piece {
 /// Runs the paced source on its own thread; pieces go to the returned channel.
 fn source(p: Pacing) -> mpsc::Receiver<Piece> {
     let (tx, rx) = mpsc::channel();
+    let size = p.size.ledger_bytes as usize;
     std::thread::spawn(move || {
-        let body = std::sync::Arc::new(filler(p.size, 0x9e37_79b9));
-        let pieces = p.size.div_ceil(p.piece.max(1)).max(1);
+        let body = std::sync::Arc::new(filler(size, 0x9e37_79b9));
+        let pieces = size.div_ceil(p.piece.max(1)).max(1);
         let t0 = Instant::now();
         for seq in 0..p.count {
-            let start = t0 + Duration::from_secs_f64(f64::from(seq) * p.cadence_ms / 1e3);
+            let start = t0 + Duration::from_secs_f64(f64::from(seq) * p.cadence.cadence_ms / 1e3);
             for k in 0..pieces {
-                let at =
-                    start + Duration::from_secs_f64(p.emit_ms / 1e3 * k as f64 / pieces as f64);
+                let at = start
+                    + Duration::from_secs_f64(p.emit.emit_ms / 1e3 * k as f64 / pieces as f64);
                 if let Some(wait) = at.checked_duration_since(Instant::now()) {
                     std::thread::sleep(wait);
                 }
-                let range = k * p.piece..((k + 1) * p.piece).min(p.size);
+                let range = k * p.piece..((k + 1) * p.piece).min(size);
                 let last = k + 1 == pieces;
                 let piece = Piece {
                     seq,
@@ -118,7 +119,7 @@ pub fn tcp_send(connect: SocketAddr, pacing: Pacing) -> anyhow::Result<()> {
     for piece in source(pacing) {
         if piece.first {
             let mut h = [0u8; 8];
-            h[..4].copy_from_slice(&(pacing.size as u32).to_be_bytes());
+            h[..4].copy_from_slice(&(pacing.size.ledger_bytes as u32).to_be_bytes());
             h[4..].copy_from_slice(&piece.seq.to_be_bytes());
             sock.write_all(&h)?;
         }
@@ -183,7 +184,7 @@ pub fn pipe(pacing: Pacing) -> anyhow::Result<Vec<Record>> {
     let write = std::thread::spawn(move || -> std::io::Result<()> {
         for piece in source(pacing) {
             if piece.first {
-                let mark = 0x8000_0000u32 | pacing.size as u32;
+                let mark = 0x8000_0000u32 | pacing.size.ledger_bytes as u32;
                 writer.write_all(&mark.to_be_bytes())?;
             }
             writer.write_all(&piece.data[piece.range.clone()])?;
@@ -219,14 +220,17 @@ pub fn pipe(pacing: Pacing) -> anyhow::Result<Vec<Record>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::{Cadence, Emit, Size};
 
     #[test]
     fn pipe_baseline_delivers_every_ledger() {
         let p = Pacing {
-            size: 100_000,
+            size: Size {
+                ledger_bytes: 100_000,
+            },
             count: 5,
-            cadence_ms: 5.0,
-            emit_ms: 1.0,
+            cadence: Cadence { cadence_ms: 5.0 },
+            emit: Emit { emit_ms: 1.0 },
             piece: 16_384,
         };
         let r = pipe(p).unwrap();

@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 
 use crate::baseline::Pacing;
 use crate::cluster::Cluster;
+use crate::cluster::{Cadence, Emit, Size};
 use crate::harness::{RelaySettings, SubSpec};
 use crate::netem::{Netem, Shape, RELAY_ADDR, SUB_ADDR};
 use crate::proc::{cpu_seconds, kill_all, thread_cpu_seconds, wait_with_cpu};
@@ -287,10 +288,14 @@ pub fn run(env: &mut Env, s: &Settings, sc: &Scenario) -> Row {
 
 fn pacing(s: &Settings) -> Pacing {
     Pacing {
-        size: s.size as usize,
+        size: Size {
+            ledger_bytes: s.size,
+        },
         count: s.ledgers,
-        cadence_ms: s.cadence_ms,
-        emit_ms: s.emit_ms,
+        cadence: Cadence {
+            cadence_ms: s.cadence_ms,
+        },
+        emit: Emit { emit_ms: s.emit_ms },
         piece: s.chunk as usize,
     }
 }
@@ -359,14 +364,14 @@ fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow:
         .args(["tcp-send", "--connect", &format!("{addr}:{port}")])
         .args([
             "--size",
-            &p.size.to_string(),
+            &p.size.ledger_bytes.to_string(),
             "--count",
             &p.count.to_string(),
         ])
-        .args(["--cadence-ms", &p.cadence_ms.to_string()])
+        .args(["--cadence", &format!("{}ms", p.cadence.cadence_ms)])
         .args([
             "--emit-ms",
-            &p.emit_ms.to_string(),
+            &p.emit.emit_ms.to_string(),
             "--piece",
             &p.piece.to_string(),
         ])
