@@ -168,6 +168,14 @@ pub struct Workload {
     pub codec: Codec,
 }
 
+/// A subcommand's arguments `A` parsed from `argv`, for tests.
+#[cfg(test)]
+pub(crate) fn parse<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> A {
+    let cmd = A::augment_args(clap::Command::new("test"));
+    let m = cmd.get_matches_from(std::iter::once("test").chain(argv.iter().copied()));
+    A::from_arg_matches(&m).unwrap()
+}
+
 /// Parses `--size` to bytes (positive).
 pub fn size_bytes(s: &str) -> Result<u64, String> {
     match ledger_relay_transport::parse_size(s) {

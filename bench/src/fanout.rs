@@ -752,14 +752,8 @@ mod tests {
         r
     }
 
-    #[derive(clap::Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        a: FanoutArgs,
-    }
-
     fn defaults() -> FanoutArgs {
-        <Wrap as clap::Parser>::parse_from(["x"]).a
+        crate::cluster::parse(&[])
     }
 
     #[test]

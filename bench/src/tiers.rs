@@ -653,12 +653,7 @@ mod tests {
 
     #[test]
     fn a_span_leaves_time_to_connect() {
-        #[derive(clap::Parser)]
-        struct Wrap {
-            #[command(flatten)]
-            a: TiersArgs,
-        }
-        let a = <Wrap as clap::Parser>::parse_from(["x"]).a;
+        let a: TiersArgs = crate::cluster::parse(&[]);
         // 5 s at 600 ms: 9 ledgers after ledger 2, then 3 warm-up, then 20 measured.
         let s = span(&a, 600.0, 5.0);
         assert_eq!((s.first, s.measured, s.last, s.count()), (12, 15, 34, 23));

@@ -16,21 +16,15 @@ fn durations() {
 
 #[test]
 fn the_quick_preset_and_checks() {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        a: LoadArgs,
-    }
-    let t = T::try_parse_from(["t", "--quick"]).unwrap();
-    let s = t.a.settings().unwrap();
+    let t = |argv: &[&str]| crate::cluster::parse::<LoadArgs>(argv).settings();
+    let s = t(&["--quick"]).unwrap();
     assert_eq!((s.duration_s, s.warmup_s, s.retention), (60.0, 20.0, 80));
-    let t = T::try_parse_from(["t", "--quick", "--duration", "10s"]).unwrap();
-    assert_eq!(t.a.settings().unwrap().duration_s, 10.0);
-    let t = T::try_parse_from(["t", "--reconnecting", "40"]).unwrap();
-    assert!(t.a.settings().is_err());
-    let t = T::try_parse_from(["t", "--min-life", "5s", "--max-life", "1s"]).unwrap();
-    assert!(t.a.settings().is_err());
+    assert_eq!(
+        t(&["--quick", "--duration", "10s"]).unwrap().duration_s,
+        10.0
+    );
+    assert!(t(&["--reconnecting", "40"]).is_err());
+    assert!(t(&["--min-life", "5s", "--max-life", "1s"]).is_err());
 }
 
 #[test]
