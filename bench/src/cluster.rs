@@ -69,81 +69,153 @@ pub struct Output {
     pub plots: Option<PathBuf>,
 }
 
-/// `--cadence`: the time between ledgers of the source. Its default is 600 ms; a subcommand
-/// with another sets it with `#[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]`.
-#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
-pub struct Cadence {
+/// Declares argument groups of one flag each, the flag's help their doc: the group's name
+/// (`: Copy` when it can be), the field's `#[arg]` (and `#[serde]`), the field. A subcommand
+/// flattens the group and changes the flag's default or help with
+/// `#[command(mut_arg("FIELD", |a| ...))]`, and a `--quick` preset its default with
+/// `default_value_if("quick", "true", ...)`.
+macro_rules! one_flag_groups {
+    ($($(#[doc = $doc:literal])* $group:ident $(: $copy:ident)? {
+        $(#[$arg:meta])* $field:ident: $ty:ty
+    })*) => {$(
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone, clap::Args, serde::Serialize $(, $copy)?)]
+        pub struct $group {
+            $(#[doc = $doc])*
+            $(#[$arg])*
+            pub $field: $ty,
+        }
+    )*};
+}
+
+one_flag_groups! {
     /// Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old
     /// `--cadence-ms` took).
-    #[arg(
-        long = "cadence",
-        alias = "cadence-ms",
-        value_name = "DURATION",
-        value_parser = cadence_ms,
-        default_value = "600ms"
-    )]
-    pub cadence_ms: f64,
-}
-
-/// `--size`: the raw size of each ledger, in the transport's units (`14.5MiB`, `594KiB`) or
-/// bytes. `--ledger-bytes`, its old spelling, is a hidden alias. Its default is 14.5 MiB; a
-/// subcommand with another sets it with `mut_arg("ledger_bytes", ...)` as for [`Cadence`].
-#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
-pub struct Size {
+    Cadence: Copy {
+        #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION",
+            value_parser = cadence_ms, default_value = "600ms")]
+        cadence_ms: f64
+    }
     /// Raw size of each ledger (`14.5MiB`, `594KiB`; a bare number is bytes, as the old
     /// `--ledger-bytes` took).
-    #[arg(
-        long = "size",
-        alias = "ledger-bytes",
-        value_name = "SIZE",
-        value_parser = size_bytes,
-        default_value = "14.5MiB"
-    )]
-    pub ledger_bytes: u64,
+    Size: Copy {
+        #[arg(long = "size", alias = "ledger-bytes", value_name = "SIZE",
+            value_parser = size_bytes, default_value = "14.5MiB")]
+        ledger_bytes: u64
+    }
+    /// Relay chunk size (`256KiB`; a bare number is bytes; `--chunk-size` and `--chunk`, the
+    /// spellings of `cpu` and `lanes`, are kept).
+    Chunk: Copy {
+        #[arg(long, aliases = ["chunk-size", "chunk"], value_name = "SIZE",
+            value_parser = size_bytes, default_value = "262144")]
+        chunk_bytes: u64
+    }
+    /// Ledgers measured per row (after the warm-up).
+    Ledgers: Copy {
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        ledgers: u32
+    }
+    /// Lanes per subscriber.
+    Lanes: Copy {
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..))]
+        lanes: u8
+    }
+    /// Lane counts to run, one row each (`--lanes`, the old spelling, is kept).
+    LaneCounts {
+        #[arg(long = "lane-counts", alias = "lanes", value_delimiter = ',',
+            default_value = "1,2,4,8")]
+        #[serde(rename = "lanes")]
+        counts: Vec<u8>
+    }
+    /// Ledgers the relay's ring keeps.
+    Retention: Copy {
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        retention: u32
+    }
+    /// A shorter preset.
+    Quick: Copy {
+        #[arg(long)]
+        quick: bool
+    }
+    /// Subscribers.
+    Subscribers: Copy {
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+        subscribers: u16
+    }
+    /// Per-flow cap, Mbit/s.
+    FlowCap: Copy {
+        #[arg(long, default_value_t = 100.0)]
+        flow_mbit: f64
+    }
+    /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
+    Testdata {
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
+        testdata: PathBuf
+    }
+    /// Run only those with these names (repeatable) [default: all].
+    Only {
+        #[arg(long, value_name = "NAME")]
+        only: Vec<String>
+    }
+    /// Runs of each row; the table shows every run.
+    Repeat: Copy {
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: u32
+    }
+    /// Relay VmRSS sampling interval, ms.
+    RssInterval: Copy {
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+        rss_interval_ms: u64
+    }
+    /// Seconds of the idle phase.
+    Idle: Copy {
+        #[arg(long, default_value_t = 3.0)]
+        idle_s: f64
+    }
+    /// Emit window of the source, ms.
+    Emit: Copy {
+        #[arg(long, default_value_t = 8.0)]
+        emit_ms: f64
+    }
+    /// zstd-1 ratio of the synthetic ledgers at the relay's chunk size (1: incompressible).
+    Ratio: Copy {
+        #[arg(long, default_value_t = 7.6)]
+        ratio: f64
+    }
+    /// Payloads of the series.
+    Payloads {
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "compressed,raw")]
+        payload: Vec<crate::fanout::Payload>
+    }
+    /// Relay codec.
+    Codec {
+        #[arg(long, default_value = "zstd", value_parser = ["zstd", "lz4", "none"])]
+        codec: String
+    }
 }
 
-/// `--chunk-bytes`: the raw bytes per chunk the relay cuts (a stream, a frame and a
-/// completion per chunk). Its default is 256 KiB; a subcommand with another sets it with
-/// `mut_arg("chunk_bytes", ...)` as for [`Cadence`].
+/// [`Ledgers`] and `--warmup`, the ledgers at the start of each subscriber or row left out of
+/// the figures (3).
 #[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
-pub struct Chunk {
-    /// Relay chunk size (`256KiB`; a bare number is bytes).
-    #[arg(long, value_name = "SIZE", value_parser = size_bytes, default_value = "262144")]
-    pub chunk_bytes: u64,
-}
-
-/// `--warmup`: ledgers at the start of each subscriber or row left out of the figures. Its
-/// default is 3; a subcommand with another sets it with `mut_arg("warmup", ...)`.
-#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
-pub struct Warmup {
+pub struct Series {
+    /// `--ledgers`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub count: Ledgers,
     /// Ledgers left out at the start of each subscriber or row (handshakes, window growth,
     /// allocations).
     #[arg(long, default_value_t = 3)]
     pub warmup: u32,
 }
 
-/// `--emit-ms`: the window over which the source emits each ledger (core's 8 ms).
-#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
-pub struct Emit {
-    /// Emit window of the source, ms.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
-}
-
-/// `--ratio`: how compressible the synthetic ledgers are.
-#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
-pub struct Ratio {
-    /// zstd-1 ratio of the synthetic ledgers at the relay's chunk size (1: incompressible).
-    #[arg(long, default_value_t = 7.6)]
-    pub ratio: f64,
-}
-
-/// `--codec`: how the relay compresses the chunks it sends.
-#[derive(Debug, Clone, clap::Args, serde::Serialize)]
-pub struct Codec {
-    /// Relay codec.
-    #[arg(long, default_value = "zstd", value_parser = ["zstd", "lz4", "none"])]
-    pub codec: String,
+impl Series {
+    /// Fails unless `--ledgers` exceeds `--warmup`.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.count.ledgers <= self.warmup {
+            anyhow::bail!("--ledgers must exceed --warmup ({})", self.warmup);
+        }
+        Ok(())
+    }
 }
 
 /// The synthetic ledgers a relay serves and how it cuts and compresses them: `--size`,

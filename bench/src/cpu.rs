@@ -37,14 +37,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// `ledger-bench cpu` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("warmup", |a| a.default_value("2")))]
+#[command(mut_arg("lanes", |a| a.help("Lanes of the relay row")))]
+#[command(mut_arg("chunk_bytes", |a| a.help("Raw bytes per chunk of the relay row (`ledger-relay demo --chunk-size`, whose default this is; `--chunk-size`, the old spelling, is kept): a stream, a frame and a completion per chunk")))]
+#[command(mut_arg("retention", |a| a.help("Ledgers the relay row's ring keeps (`ledger-relay demo --retention`, whose default this is). Fewer than the row's ledgers puts the ring at its steady state, where every append prunes the oldest, as in a relay whose ring is full")))]
 pub struct CpuArgs {
-    /// Ledgers measured per row (after the warm-up).
-    #[arg(long, default_value_t = 20)]
-    pub ledgers: u32,
-    /// `--warmup` [default: 2].
+    /// `--ledgers` and `--warmup` [default: 2].
     #[command(flatten)]
     #[serde(flatten)]
-    pub warm: crate::cluster::Warmup,
+    pub series: crate::cluster::Series,
     /// `--size`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -53,18 +53,18 @@ pub struct CpuArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub cadence: crate::cluster::Cadence,
-    /// Lanes of the relay row.
-    #[arg(long, default_value_t = 4)]
-    pub lanes: u8,
-    /// Ledgers the relay row's ring keeps (`ledger-relay demo --retention`; default the
-    /// demo's 1000). Fewer than the row's ledgers puts the ring at its steady state, where
-    /// every append prunes the oldest, as in a relay whose ring is full.
-    #[arg(long)]
-    pub retention: Option<u32>,
-    /// Raw bytes per chunk of the relay row (`ledger-relay demo --chunk-size`; default the
-    /// relay's 256KiB): a stream, a frame and a completion per chunk.
-    #[arg(long, value_name = "BYTES")]
-    pub chunk_size: Option<String>,
+    /// `--lanes` of the relay row.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: crate::cluster::Lanes,
+    /// `--retention` of the relay row (`ledger-relay demo --retention`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub retention: crate::cluster::Retention,
+    /// `--chunk-bytes` of the relay row (`--chunk-size`, the old spelling, is kept).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: crate::cluster::Chunk,
     /// QUIC packet sizes of the quinn and relay rows.
     #[command(flatten)]
     #[serde(flatten)]
@@ -133,9 +133,6 @@ impl Measured {
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let size = a.size.ledger_bytes;
     let cadence = Duration::from_secs_f64(a.cadence.cadence_ms / 1e3);
-    if a.ledgers == 0 {
-        bail!("--ledgers must be at least 1");
-    }
     let size = usize::try_from(size).context("--size")?;
     let mut transport = TransportSettings::default();
     transport.set_mtu(a.transport.max_mtu, a.transport.min_mtu);
@@ -148,8 +145,8 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let run = Run {
         size,
         cadence,
-        warmup: a.warm.warmup,
-        ledgers: a.ledgers,
+        warmup: a.series.warmup,
+        ledgers: a.series.count.ledgers,
         transport,
         certs: certs.path().to_path_buf(),
     };
@@ -533,15 +530,11 @@ impl Run {
         cmd.args(["--ratio", "1", "--codec", "none"])
             .args(["--ledgers", &self.total().to_string()])
             .args(["--warmup", &self.warmup.to_string()])
-            .args(["--lanes", &a.lanes.to_string()])
+            .args(["--lanes", &a.lanes.lanes.to_string()])
             .args(["--size", &a.size.ledger_bytes.to_string()])
-            .args(["--cadence", &format!("{}ms", a.cadence.cadence_ms)]);
-        if let Some(n) = a.retention {
-            cmd.args(["--retention", &n.to_string()]);
-        }
-        if let Some(c) = &a.chunk_size {
-            cmd.args(["--chunk-size", c]);
-        }
+            .args(["--cadence", &format!("{}ms", a.cadence.cadence_ms)])
+            .args(["--retention", &a.retention.retention.to_string()])
+            .args(["--chunk-size", &a.chunk.chunk_bytes.to_string()]);
         let out = cmd
             .stderr(std::process::Stdio::inherit())
             .output()

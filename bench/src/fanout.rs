@@ -58,26 +58,27 @@ impl Payload {
 
 /// `ledger-bench fanout` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("idle_s", |a| a.help("Seconds of the idle phase (CPU of idle sessions)")))]
 pub struct FanoutArgs {
     /// Subscriber counts of the series (one `ledger-subscribe` process each, or
-    /// `--sessions-per-process` of them per process).
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
-    pub subscribers: Vec<u16>,
-    /// Payloads of the series.
+    /// `--sessions-per-process` of them per process; `--subscribers`, the old spelling, is
+    /// kept).
     #[arg(
         long,
-        value_enum,
+        alias = "subscribers",
         value_delimiter = ',',
-        default_value = "compressed,raw"
+        default_value = "1,4,16,64"
     )]
-    pub payload: Vec<Payload>,
-    /// Ledgers measured per row (after the warm-up).
-    #[arg(long, default_value_t = 20)]
-    pub ledgers: u32,
-    /// `--warmup`.
+    #[serde(rename = "subscribers")]
+    pub subscriber_counts: Vec<u16>,
+    /// `--payload`.
     #[command(flatten)]
     #[serde(flatten)]
-    pub warm: crate::cluster::Warmup,
+    pub payload: crate::cluster::Payloads,
+    /// `--ledgers` and `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub series: crate::cluster::Series,
     /// Ledgers published with no subscriber first (baseline CPU and memory; more than the 4 the
     /// hub keeps in memory).
     #[arg(long, default_value_t = 6)]
@@ -94,9 +95,10 @@ pub struct FanoutArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub emit: crate::cluster::Emit,
-    /// Lanes per subscriber.
-    #[arg(long, default_value_t = 4)]
-    pub lanes: u8,
+    /// `--lanes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: crate::cluster::Lanes,
     /// `--size`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -109,9 +111,10 @@ pub struct FanoutArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub chunk: crate::cluster::Chunk,
-    /// Seconds of the idle phase (CPU of idle sessions).
-    #[arg(long, default_value_t = 3.0)]
-    pub idle_s: f64,
+    /// `--idle-s`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub idle: crate::cluster::Idle,
     /// Subscriptions per `ledger-subscribe` process (`--sessions K`: each verified, written
     /// nowhere), so that many subscribers cost the shared cores less than one process each;
     /// the relay's per-identity caps are raised to match.
@@ -389,8 +392,8 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     let connect_s = 2.0 + f64::from(n) * 0.08;
     let k = (connect_s * 1e3 / cadence).ceil() as u32 + 1;
     let first = start + b + k;
-    let measured_from = first + a.warm.warmup;
-    let last = measured_from + a.ledgers - 1;
+    let measured_from = first + a.series.warmup;
+    let last = measured_from + a.series.count.ledgers - 1;
     let settings = RelaySettings {
         size: a.size.ledger_bytes,
         ratio: match payload {
@@ -406,7 +409,7 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
         retention: 40,
     };
     let mut cluster = Cluster::local(&certs, a.transport)?;
-    cluster.relay_extra = caps_for(n, a.sessions_per_process, a.lanes);
+    cluster.relay_extra = caps_for(n, a.sessions_per_process, a.lanes.lanes);
     cluster.relay_extra.extend(a.relay_args.iter().cloned());
     let extra = ["--start-wait".to_owned(), "300s".to_owned()];
     let mut relay = cluster.relay(&dir, &settings, &extra)?;
@@ -469,7 +472,7 @@ fn measure(
         "sub",
         n,
         (a.sessions_per_process, a.receive_only),
-        a.lanes,
+        a.lanes.lanes,
         first,
         Some(last - first + 1),
     )?;
@@ -536,7 +539,7 @@ fn measure(
         / records.iter().map(Vec::len).sum::<usize>().max(1) as f64
         / 1e6;
     let peak = rss.iter().map(|s| s.rss_kib).max().unwrap_or(baseline_kib);
-    let relay_cpu_ms = (cb - ca) * 1e3 / f64::from(a.ledgers);
+    let relay_cpu_ms = (cb - ca) * 1e3 / f64::from(a.series.count.ledgers);
     let per_n = |x: f64| x / f64::from(n);
     // Idle: N sessions at the tip of a stopped source.
     let (idle_rss, idle_cpu) = idle(a, relay, children, cluster, dir, n, last)?;
@@ -544,7 +547,7 @@ fn measure(
         payload,
         subscribers: n,
         cadence_ms: cadence,
-        ledgers: a.ledgers,
+        ledgers: a.series.count.ledgers,
         wire_mb,
         zero_cpu_ms,
         relay_cpu_ms,
@@ -586,7 +589,7 @@ fn idle(
         "idle",
         n,
         (a.sessions_per_process, a.receive_only),
-        a.lanes,
+        a.lanes.lanes,
         last,
         None,
     )?;
@@ -594,7 +597,7 @@ fn idle(
     let limit = Duration::from_secs(60) + Duration::from_secs_f64(f64::from(n) * 0.5);
     wait_for(relay, limit, "idle subscribers", |_| all_have(&stats, last))?;
     // Every session with all its lanes up.
-    let lanes = u32::from(a.lanes);
+    let lanes = u32::from(a.lanes.lanes);
     wait_for(
         relay,
         Duration::from_secs(30),
@@ -608,7 +611,7 @@ fn idle(
     std::thread::sleep(Duration::from_secs(1));
     let c0 = cpu_seconds(pid);
     let t0 = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(a.idle_s.max(0.5)));
+    std::thread::sleep(Duration::from_secs_f64(a.idle.idle_s.max(0.5)));
     let c1 = cpu_seconds(pid);
     let with = status_kib(pid, "VmRSS").context("relay RSS")?;
     let secs = t0.elapsed().as_secs_f64();
@@ -625,19 +628,19 @@ fn idle(
 
 /// Runs the series (every payload, every count) and returns the report.
 pub fn run(a: &FanoutArgs) -> anyhow::Result<FanoutReport> {
-    if a.ledgers < 2 {
+    if a.series.count.ledgers < 2 {
         bail!("--ledgers must be at least 2");
     }
-    if a.subscribers.is_empty() || a.subscribers.contains(&0) {
+    if a.subscriber_counts.is_empty() || a.subscriber_counts.contains(&0) {
         bail!("--subscribers takes counts of at least 1");
     }
-    let n_max = a.subscribers.iter().copied().max().unwrap_or(1);
+    let n_max = a.subscriber_counts.iter().copied().max().unwrap_or(1);
     let tmp = crate::cluster::work_dir("ledger-bench-fanout")?;
     make_certs(&tmp.path().join("certs"), usize::from(n_max))?;
     let load_before = crate::harness::load_average();
     let mut rows = Vec::new();
-    for &p in &a.payload {
-        for &n in &a.subscribers {
+    for &p in &a.payload.payload {
+        for &n in &a.subscriber_counts {
             eprintln!(
                 "fanout: {p:?}, {n} subscribers, a ledger every {} ms",
                 a.cadence(p, n)

@@ -23,7 +23,7 @@
 
 mod session;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,19 +48,18 @@ use crate::stats::{read_csv, summarize, Summary};
 
 /// `ledger-bench lake` arguments.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("ledgers", |a| a.default_value("60").default_value_if("quick", "true", "20").help("Ledgers per delivery run, warm-up included (quick: 20)")))]
+#[command(mut_arg("quick", |a| a.help("About two minutes: 20 ledgers per delivery run, one round, 16 ledgers to backfill")))]
 pub struct LakeArgs {
-    /// About two minutes: 20 ledgers per delivery run, one round, 16 ledgers to backfill.
-    #[arg(long)]
-    pub quick: bool,
-    /// Ledgers per delivery run, warm-up included [default: 60, quick 20].
-    #[arg(long)]
-    pub ledgers: Option<u32>,
-    /// `--warmup`.
+    /// `--quick`.
     #[command(flatten)]
-    pub warm: crate::cluster::Warmup,
-    /// Rounds of the three delivery runs [default: 2, quick 1].
-    #[arg(long)]
-    pub rounds: Option<u32>,
+    pub quick: crate::cluster::Quick,
+    /// `--ledgers` [default: 60, quick 20] and `--warmup`.
+    #[command(flatten)]
+    pub series: crate::cluster::Series,
+    /// Rounds of the three delivery runs (quick: 1).
+    #[arg(long, default_value_t = 2, default_value_if("quick", "true", "1"))]
+    pub rounds: u32,
     /// `--cadence`.
     #[command(flatten)]
     pub cadence: crate::cluster::Cadence,
@@ -73,9 +72,9 @@ pub struct LakeArgs {
     /// zstd level of the exported objects (`--export-zstd-level`).
     #[arg(long, default_value_t = 1)]
     pub export_level: i32,
-    /// Ledgers in the backfill lake and ring [default: 40, quick 16].
-    #[arg(long)]
-    pub backfill_ledgers: Option<u32>,
+    /// Ledgers in the backfill lake and ring (quick: 16).
+    #[arg(long, default_value_t = 40, default_value_if("quick", "true", "16"))]
+    pub backfill_ledgers: u32,
     /// Prefetch depths to compare (objects fetched ahead).
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     pub depths: Vec<usize>,
@@ -88,9 +87,9 @@ pub struct LakeArgs {
     /// Of the backfill runs, only those through a relay and a subscriber.
     #[arg(long)]
     pub sessions_only: bool,
-    /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
-    pub testdata: PathBuf,
+    /// `--testdata`.
+    #[command(flatten)]
+    pub testdata: crate::cluster::Testdata,
     /// `--json`.
     #[command(flatten)]
     pub json: crate::cluster::Json,
@@ -154,14 +153,11 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
     make_certs(&certs, 1)?;
     let mut cluster = crate::cluster::Cluster::local(&certs, Default::default())?;
     cluster.relay_env = server.env();
-    let ledgers = a.ledgers.unwrap_or(if a.quick { 20 } else { 60 });
-    if ledgers <= a.warm.warmup {
-        bail!("--ledgers must exceed --warmup");
-    }
-    let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 2 });
+    a.series.check()?;
+    let ledgers = a.series.count.ledgers;
     let settings = RelaySettings::endless(a.size.ledger_bytes, a.ratio.ratio, a.cadence.cadence_ms);
     let mut out = Vec::new();
-    for round in 0..rounds {
+    for round in 0..a.rounds {
         for export in ["off", "file", "s3"] {
             let dir = work.join(format!("delivery-{round}-{export}"));
             let mut extra: Vec<String> = Vec::new();
@@ -216,7 +212,11 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
             let run = DeliveryRun {
                 round,
                 export: export.into(),
-                summary: summarize(std::slice::from_ref(&records), a.warm.warmup as usize, 8.0),
+                summary: summarize(
+                    std::slice::from_ref(&records),
+                    a.series.warmup as usize,
+                    8.0,
+                ),
                 exported_newest: scrape.get("lake_export_newest") as u64,
                 delivered_newest: records.last().map_or(0, |r| r.seq),
                 export_degraded: scrape.get("lake_export_degraded") > 0.0,
@@ -458,7 +458,7 @@ fn backfill(
     server: &S3Server,
     report: &mut LakeReport,
 ) -> anyhow::Result<()> {
-    let n = a.backfill_ledgers.unwrap_or(if a.quick { 16 } else { 40 });
+    let n = a.backfill_ledgers;
     let spec = SyntheticSpec {
         size: a.size.ledger_bytes,
         ratio: a.ratio.ratio,
@@ -467,7 +467,7 @@ fn backfill(
         ..SyntheticSpec::default()
     };
     let synthetic = ledger_set(&spec);
-    let testnet = testnet_set(&a.testdata)?;
+    let testnet = testnet_set(&a.testdata.testdata)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -520,6 +520,7 @@ fn backfill(
             source: format!(
                 "file:{}",
                 a.testdata
+                    .testdata
                     .join("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr")
                     .display()
             ),

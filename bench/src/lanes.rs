@@ -58,26 +58,31 @@ impl LaneMode {
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("cadence_ms", |a| a.default_value("15ms").help("Source cadence in live rows (faster than the lanes carry, so they bind) (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took)")))]
 #[command(mut_arg("ledger_bytes", |a| a.default_value("2MiB")))]
+#[command(mut_arg("ledgers", |a| a.default_value("96").help("Ledgers per row")))]
 pub struct LanesArgs {
-    /// Lane counts to run (one row each, per mode).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-    pub lanes: Vec<u8>,
+    /// `--lane-counts` (one row each, per mode).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: crate::cluster::LaneCounts,
     /// Modes to run.
     #[arg(long, value_delimiter = ',', default_value = "live,catch-up")]
     pub modes: Vec<LaneMode>,
-    /// Ledgers per row.
-    #[arg(long, default_value_t = 96)]
-    pub ledgers: u32,
+    /// `--ledgers` [default: 96].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub count: crate::cluster::Ledgers,
     /// `--size` [default: 2MiB].
     #[command(flatten)]
     #[serde(flatten)]
     pub size: crate::cluster::Size,
-    /// Chunk size the relay cuts.
-    #[arg(long, default_value = "256KiB")]
-    pub chunk: String,
-    /// Per-flow cap, Mbit/s.
-    #[arg(long, default_value_t = 100.0)]
-    pub flow_mbit: f64,
+    /// `--chunk-bytes` (`--chunk`, the old spelling, is kept).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub chunk: crate::cluster::Chunk,
+    /// `--flow-mbit`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub flow: crate::cluster::FlowCap,
     /// `--cadence` [default: 15ms].
     #[command(flatten)]
     #[serde(flatten)]
@@ -85,9 +90,10 @@ pub struct LanesArgs {
     /// Also run 4 lanes with lane 0 capped at half the others (per mode).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub half_cap: bool,
-    /// Runs of each row; the table shows every run.
-    #[arg(long, default_value_t = 1)]
-    pub repeat: u32,
+    /// `--repeat`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub repeat: crate::cluster::Repeat,
     /// `--csv`, `--json`, and `--plots` (goodput against lanes with the ideal line; bytes per
     /// lane).
     #[command(flatten)]
@@ -236,8 +242,8 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
         bail!("the lanes bench needs the emulated network: {reason}");
     }
     let size = args.size.ledger_bytes;
-    let chunk = ledger_relay_transport::units::parse_size(&args.chunk).context("--chunk")?;
-    if args.lanes.is_empty() || args.lanes.iter().any(|&l| l == 0 || l > 16) {
+    let chunk = args.chunk.chunk_bytes;
+    if args.lanes.counts.is_empty() || args.lanes.counts.iter().any(|&l| l == 0 || l > 16) {
         bail!("--lanes: each count must be 1..=16");
     }
     // Before any row: every row needs them.
@@ -246,8 +252,8 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
     let tmp = tempfile::tempdir()?;
     let certs = tmp.path().join("certs");
     crate::harness::make_certs(&certs, 1)?;
-    let flow_bps = (args.flow_mbit * 1e6) as u64;
-    let max_lanes = u64::from(args.lanes.iter().copied().max().unwrap_or(1).max(4));
+    let flow_bps = (args.flow.flow_mbit * 1e6) as u64;
+    let max_lanes = u64::from(args.lanes.counts.iter().copied().max().unwrap_or(1).max(4));
     let mut netem = Netem::create(
         "ln",
         Shape {
@@ -261,18 +267,18 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
     }
     let mut plan: Vec<(LaneMode, Vec<f64>)> = Vec::new();
     for &mode in &args.modes {
-        for &l in &args.lanes {
-            plan.push((mode, vec![args.flow_mbit; usize::from(l)]));
+        for &l in &args.lanes.counts {
+            plan.push((mode, vec![args.flow.flow_mbit; usize::from(l)]));
         }
         if args.half_cap {
-            let mut caps = vec![args.flow_mbit; 4];
-            caps[0] = args.flow_mbit / 2.0;
+            let mut caps = vec![args.flow.flow_mbit; 4];
+            caps[0] = args.flow.flow_mbit / 2.0;
             plan.push((mode, caps));
         }
     }
     let mut rows = Vec::new();
     let mut index = 0u16;
-    for run_no in 1..=args.repeat.max(1) {
+    for run_no in 1..=args.repeat.repeat {
         for (mode, caps) in &plan {
             index += 1;
             let row = run_row(
@@ -375,7 +381,7 @@ fn measure(
     let settings = RelaySettings {
         size,
         ratio: 1.0,
-        count: Some(args.ledgers),
+        count: Some(args.count.ledgers),
         start: 2,
         cadence_ms,
         emit_ms,
@@ -389,7 +395,7 @@ fn measure(
     let mut subs: Vec<Child> = Vec::new();
     // Lanes at their caps, with a floor for the handshakes, and a generous margin: a bound,
     // not a timing.
-    let ideal_s = args.ledgers as f64 * size as f64 / (row.caps_mib_s * MIB);
+    let ideal_s = args.count.ledgers as f64 * size as f64 / (row.caps_mib_s * MIB);
     let within = Duration::from_secs_f64(ideal_s * 4.0 + 60.0);
     let outcome = (|| -> anyhow::Result<(f64, f64)> {
         if row.mode == LaneMode::CatchUp {
@@ -399,7 +405,7 @@ fn measure(
         let t0 = unix_ms();
         let spec = SubSpec {
             extra: vec!["--lane-ports".into(), lane_base.to_string()],
-            ..SubSpec::new("sub-0", 2, Some(args.ledgers), row.lanes, &dir, "sub")
+            ..SubSpec::new("sub-0", 2, Some(args.count.ledgers), row.lanes, &dir, "sub")
         };
         let sub = cluster.subscriber_in(Some(&netem.sub_ns), relay.addr, &spec)?;
         subs.push(sub);
@@ -418,11 +424,11 @@ fn measure(
             .iter()
             .filter_map(|r| r.received_unix_ms)
             .fold(f64::NAN, f64::max);
-        if recs.len() != args.ledgers as usize || last.is_nan() {
+        if recs.len() != args.count.ledgers as usize || last.is_nan() {
             bail!(
                 "the subscriber's stats hold {} ledgers of {} (or no arrival times)",
                 recs.len(),
-                args.ledgers
+                args.count.ledgers
             );
         }
         row.ledgers = recs.len();
@@ -623,8 +629,8 @@ pub fn csv(rows: &[LaneRow]) -> String {
 /// `ledger-bench lanes`: runs, prints the table and the targets, writes CSV/JSON/plots.
 pub fn main(args: &LanesArgs) -> anyhow::Result<()> {
     eprintln!(
-        "ledger-bench lanes: {} ledgers of {} B per row, chunks of {}, {} Mbit/s per flow, live cadence {} ms",
-        args.ledgers, args.size.ledger_bytes, args.chunk, args.flow_mbit, args.cadence.cadence_ms
+        "ledger-bench lanes: {} ledgers of {} B per row, chunks of {} B, {} Mbit/s per flow, live cadence {} ms",
+        args.count.ledgers, args.size.ledger_bytes, args.chunk.chunk_bytes, args.flow.flow_mbit, args.cadence.cadence_ms
     );
     let report = LanesReport {
         settings: args.clone(),
@@ -662,7 +668,7 @@ impl crate::cluster::Report for LanesReport {
         csv(&self.rows)
     }
     fn plots(&self, dir: &Path) -> anyhow::Result<String> {
-        Ok(plots(&self.rows, dir, self.settings.flow_mbit)?.join(", "))
+        Ok(plots(&self.rows, dir, self.settings.flow.flow_mbit)?.join(", "))
     }
 }
 

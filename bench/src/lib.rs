@@ -162,33 +162,33 @@ pub enum Network {
 #[derive(Debug, Clone, clap::Args)]
 #[command(mut_arg("ledger_bytes", |a| a.help("Unscaled raw size of each ledger (Phase 3 stress profile: 14.5 MiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
 #[command(mut_arg("chunk_bytes", |a| a.help("Unscaled relay chunk size (`256KiB`; a bare number is bytes)")))]
+#[command(mut_arg("ledgers", |a| a.default_value("60").default_value_if("quick", "true", "15").help("Ledgers per subscriber, warm-up included (quick: 15)")))]
+#[command(mut_arg("quick", |a| a.help("A preset that finishes in about a minute: fewer ledgers, a shorter cadence, the core rows only")))]
+#[command(mut_arg("cadence_ms", |a| a.default_value_if("quick", "true", "250ms").help("Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took) (quick: 250ms)")))]
+#[command(mut_arg("flow_mbit", |a| a.default_value("200").help("Per-flow cap of the emulated network, Mbit/s")))]
+#[command(mut_arg("only", |a| a.help("Run only the scenarios with these names (repeatable; see the table for names)")))]
 pub struct Args {
-    /// A preset that finishes in about a minute: fewer ledgers, a shorter cadence, the core
-    /// rows only.
-    #[arg(long)]
-    pub quick: bool,
+    /// `--quick`.
+    #[command(flatten)]
+    pub quick: cluster::Quick,
     /// Which rows to run.
     #[arg(long, value_enum, default_value = "all")]
     pub network: Network,
-    /// Run only the scenarios with these names (repeatable; see the table for names).
-    #[arg(long = "only", value_name = "NAME")]
-    pub only: Vec<String>,
-    /// Ledgers per subscriber, warm-up included [default: 60, quick 15].
-    #[arg(long)]
-    pub ledgers: Option<u32>,
-    /// `--warmup`.
+    /// `--only`: scenarios.
     #[command(flatten)]
-    pub warm: crate::cluster::Warmup,
-    /// Time between ledgers (`600ms`, `1s`; a bare number is milliseconds, as the old
-    /// `--cadence-ms` took) [default: 600ms, quick 250ms].
-    #[arg(long = "cadence", alias = "cadence-ms", value_name = "DURATION", value_parser = crate::cluster::cadence_ms)]
-    pub cadence_ms: Option<f64>,
+    pub only: crate::cluster::Only,
+    /// `--ledgers` [default: 60, quick 15] and `--warmup`.
+    #[command(flatten)]
+    pub series: crate::cluster::Series,
+    /// `--cadence` [default: 600ms, quick 250ms].
+    #[command(flatten)]
+    pub cadence: cluster::Cadence,
     /// `--emit-ms`.
     #[command(flatten)]
     pub emit: crate::cluster::Emit,
-    /// Per-flow cap of the emulated network, Mbit/s.
-    #[arg(long, default_value_t = 200.0)]
-    pub flow_mbit: f64,
+    /// `--flow-mbit` [default: 200].
+    #[command(flatten)]
+    pub flow: crate::cluster::FlowCap,
     /// Aggregate cap of the emulated network, Mbit/s [default: 8x the per-flow cap].
     #[arg(long)]
     pub aggregate_mbit: Option<f64>,
@@ -202,9 +202,9 @@ pub struct Args {
     /// `--chunk-bytes`.
     #[command(flatten)]
     pub chunk: crate::cluster::Chunk,
-    /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
-    pub testdata: PathBuf,
+    /// `--testdata`.
+    #[command(flatten)]
+    pub testdata: crate::cluster::Testdata,
     /// `--csv`, `--json` (with every delivery sample) and `--plots` (delivery-cdf,
     /// throughput-vs-lanes and fanout-cost, SVG and PNG).
     #[command(flatten)]
@@ -220,22 +220,17 @@ pub struct Args {
 impl Args {
     /// The settings these arguments give.
     pub fn settings(&self) -> anyhow::Result<Settings> {
-        if self.flow_mbit <= 0.0 || self.emulated_flow_mbit <= 0.0 {
+        if self.flow.flow_mbit <= 0.0 || self.emulated_flow_mbit <= 0.0 {
             bail!("--flow-mbit and --emulated-flow-mbit must be positive");
         }
-        let scale = (self.emulated_flow_mbit / self.flow_mbit).max(1.0);
-        let ledgers = self.ledgers.unwrap_or(if self.quick { 15 } else { 60 });
-        if ledgers <= self.warm.warmup {
-            bail!("--ledgers must exceed --warmup ({})", self.warm.warmup);
-        }
-        let flow_bps = (self.flow_mbit * 1e6) as u64;
+        let scale = (self.emulated_flow_mbit / self.flow.flow_mbit).max(1.0);
+        self.series.check()?;
+        let flow_bps = (self.flow.flow_mbit * 1e6) as u64;
         Ok(Settings {
-            ledgers,
-            warmup: self.warm.warmup,
+            ledgers: self.series.count.ledgers,
+            warmup: self.series.warmup,
             size: ((self.size.ledger_bytes as f64 / scale) as u64).max(4096),
-            cadence_ms: self
-                .cadence_ms
-                .unwrap_or(if self.quick { 250.0 } else { 600.0 }),
+            cadence_ms: self.cadence.cadence_ms,
             emit_ms: self.emit.emit_ms,
             // The relay refuses chunks under 4 KiB.
             chunk: ((self.chunk.chunk_bytes as f64 / scale) as u64).max(4096),
@@ -289,6 +284,7 @@ pub fn scenarios(args: &Args) -> Vec<Scenario> {
     let file = || {
         Payload::File(
             args.testdata
+                .testdata
                 .join("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"),
         )
     };
@@ -302,7 +298,7 @@ pub fn scenarios(args: &Args) -> Vec<Scenario> {
         relay("raw-l2", true, 2, "none", raw(), 1),
         relay("raw-l4", true, 4, "none", raw(), 1),
     ];
-    if !args.quick {
+    if !args.quick.quick {
         v.push(relay("raw-l8", true, 8, "none", raw(), 1));
         // Streams alone do not beat a flow cap: one lane, one stream at a time vs four.
         let streams = |n| Mode {
@@ -344,7 +340,7 @@ pub fn scenarios(args: &Args) -> Vec<Scenario> {
         v.push(with_mode(relay(name, true, lanes, "none", raw(), 1), bulk));
     }
     v.push(relay("x7.6-zstd-l1", true, 1, "zstd", cal(), 1));
-    if !args.quick {
+    if !args.quick.quick {
         v.extend([
             relay("x7.6-zstd-l4", true, 4, "zstd", cal(), 1),
             relay("x7.6-lz4-l1", true, 1, "lz4", cal(), 1),
@@ -355,7 +351,7 @@ pub fn scenarios(args: &Args) -> Vec<Scenario> {
     }
     v.push(relay("fanout-1", true, 4, "zstd", cal(), 1));
     v.push(relay("fanout-4", true, 4, "zstd", cal(), 4));
-    if !args.quick {
+    if !args.quick.quick {
         v.push(relay("fanout-16", true, 4, "zstd", cal(), 16));
     }
     v.push(Scenario {
@@ -364,7 +360,7 @@ pub fn scenarios(args: &Args) -> Vec<Scenario> {
         emulated: false,
     });
     v.push(relay("lo-x7.6-zstd-l4", false, 4, "zstd", cal(), 1));
-    if !args.quick {
+    if !args.quick.quick {
         v.push(relay("lo-raw-none-l1", false, 1, "none", raw(), 1));
         v.push(relay("lo-raw-none-l4", false, 4, "none", raw(), 1));
     }
@@ -403,7 +399,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
             Network::Loopback => !s.emulated,
             Network::Emulated => s.emulated,
         })
-        .filter(|s| args.only.is_empty() || args.only.contains(&s.name))
+        .filter(|s| args.only.only.is_empty() || args.only.only.contains(&s.name))
         .collect();
     if list.is_empty() {
         bail!("no scenario selected");

@@ -13,7 +13,7 @@
 //! Checked afterwards: every subscriber's sequences, across all its processes, are contiguous
 //! with no duplicate; a restarted process starts exactly where it was asked to; every process
 //! ended with exit 0 or was killed by the harness. Measured: the relay's VmRSS every
-//! `--rss-interval-ms`, its least-squares slope after `--warmup` (MiB per minute) and
+//! `--rss-interval-ms`, its least-squares slope after `--slope-warmup` (MiB per minute) and
 //! `VmHWM`; connects, reconnects, ledgers delivered and the relay's counters.
 
 use std::path::PathBuf;
@@ -47,17 +47,23 @@ pub fn parse_secs(s: &str) -> Result<f64, String> {
 #[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
 #[command(mut_arg("ledger_bytes", |a| a.default_value("256KiB")))]
 #[command(mut_arg("chunk_bytes", |a| a.default_value("65536")))]
+#[command(mut_arg("lanes", |a| a.default_value("2")))]
+#[command(mut_arg("subscribers", |a| a.default_value("32").help("Subscriber processes at once").value_parser(clap::value_parser!(u16).range(1..=128))))]
+#[command(mut_arg("rss_interval_ms", |a| a.value_parser(clap::value_parser!(u64).range(10..=60_000))))]
+#[command(mut_arg("quick", |a| a.help("A one-minute preset: --duration 60s, --slope-warmup 20s, --preroll 5s, --stagger 5s, --retention 80 (each unless given)")))]
+#[command(mut_arg("retention", |a| a.default_value("240").default_value_if("quick", "true", "80").help("Ledgers the ring keeps (240: a minute at 250 ms; quick: 80): the ring fills during the warm-up, so memory after it is steady state")))]
 pub struct LoadArgs {
-    /// A one-minute preset: --duration 60s, --warmup 20s, --preroll 5s, --stagger 5s,
-    /// --retention 80 (each unless given).
-    #[arg(long)]
-    pub quick: bool,
+    /// `--quick`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub quick: crate::cluster::Quick,
     /// How long subscribers run, from the first start to the stop [default: 5m; quick 60s].
     #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
     pub duration: Option<f64>,
-    /// Subscriber processes at once.
-    #[arg(long, default_value_t = 32)]
-    pub subscribers: usize,
+    /// `--subscribers` [default: 32].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub subscribers: crate::cluster::Subscribers,
     /// How many of them are stopped and restarted in a loop.
     #[arg(long, default_value_t = 8)]
     pub reconnecting: usize,
@@ -73,17 +79,20 @@ pub struct LoadArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub emit: crate::cluster::Emit,
-    /// Lanes per subscriber.
-    #[arg(long, default_value_t = 2)]
-    pub lanes: u8,
-    /// Ledgers the ring keeps [default: 240, a minute at 250 ms; quick 80]: the ring fills
-    /// during the warm-up, so memory after it is steady state.
-    #[arg(long)]
-    pub retention: Option<u32>,
+    /// `--lanes` [default: 2].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: crate::cluster::Lanes,
+    /// `--retention` [default: 240, quick 80].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub retention: crate::cluster::Retention,
     /// Time from the relay's start left out of the memory slope [default: 90s, the ring full
-    /// for 30 s; quick 20s].
-    #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
-    pub warmup: Option<f64>,
+    /// for 30 s; quick 20s] (`--warmup`, the old spelling, is kept; the other subcommands'
+    /// `--warmup` counts ledgers).
+    #[arg(long, alias = "warmup", value_parser = parse_secs, value_name = "DURATION")]
+    #[serde(rename = "warmup")]
+    pub slope_warmup: Option<f64>,
     /// Time the relay runs before the first subscriber [default: 10s; quick 5s].
     #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
     pub preroll: Option<f64>,
@@ -99,9 +108,10 @@ pub struct LoadArgs {
     /// Seed of the random lives and start order.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Relay VmRSS sampling interval, ms.
-    #[arg(long, default_value_t = 1000)]
-    pub rss_interval_ms: u64,
+    /// `--rss-interval-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rss: crate::cluster::RssInterval,
     /// Target: the slope of VmRSS after the warm-up at most this, MiB per minute.
     #[arg(long, default_value_t = 0.5)]
     pub flat_mib_per_min: f64,
@@ -129,22 +139,19 @@ pub struct LoadSettings {
 impl LoadArgs {
     /// Resolves the presets and checks the arguments.
     pub fn settings(&self) -> anyhow::Result<LoadSettings> {
-        let q = self.quick;
+        let q = self.quick.quick;
         let s = LoadSettings {
             duration_s: self.duration.unwrap_or(if q { 60.0 } else { 300.0 }),
-            warmup_s: self.warmup.unwrap_or(if q { 20.0 } else { 90.0 }),
+            warmup_s: self.slope_warmup.unwrap_or(if q { 20.0 } else { 90.0 }),
             preroll_s: self.preroll.unwrap_or(if q { 5.0 } else { 10.0 }),
             stagger_s: self.stagger.unwrap_or(if q { 5.0 } else { 10.0 }),
-            retention: self.retention.unwrap_or(if q { 80 } else { 240 }),
+            retention: self.retention.retention,
         };
-        if !(1..=128).contains(&self.subscribers) {
-            bail!("--subscribers must be 1..=128");
-        }
-        if self.reconnecting > self.subscribers {
+        if self.reconnecting > usize::from(self.subscribers.subscribers) {
             bail!("--reconnecting must not exceed --subscribers");
         }
-        if s.duration_s < 1.0 || s.retention == 0 || self.lanes == 0 {
-            bail!("--duration must be at least 1s, --retention and --lanes at least 1");
+        if s.duration_s < 1.0 {
+            bail!("--duration must be at least 1s");
         }
         if !(self.min_life >= 0.2 && self.max_life >= self.min_life) {
             bail!("--min-life must be at least 200ms and --max-life at least --min-life");
@@ -157,9 +164,6 @@ impl LoadArgs {
         }
         if self.workload.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
-        }
-        if !(10..=60_000).contains(&self.rss_interval_ms) {
-            bail!("--rss-interval-ms must be 10..=60000");
         }
         Ok(s)
     }
@@ -244,7 +248,7 @@ fn start(
         &slot.report.name,
         &from,
         None,
-        ctx.a.lanes,
+        ctx.a.lanes.lanes,
         &ctx.dir,
         &format!("{}-{k}", slot.report.name),
     );
@@ -293,7 +297,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let load_start = harness::load_average();
     let tmp = crate::cluster::work_dir("ledger-bench-load")?;
     let certs = tmp.path().join("certs");
-    harness::make_certs(&certs, a.subscribers)?;
+    harness::make_certs(&certs, usize::from(a.subscribers.subscribers))?;
     let ctx = Ctx {
         a,
         dir: tmp.path().join("subs"),
@@ -318,16 +322,16 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let total_s = s.preroll_s + s.duration_s + 30.0;
     let sampler = RssSampler::start(
         relay.pid,
-        Duration::from_millis(a.rss_interval_ms),
+        Duration::from_millis(a.rss.rss_interval_ms),
         ctx.t0,
-        (total_s * 1e3 / a.rss_interval_ms as f64) as usize + 100,
+        (total_s * 1e3 / a.rss.rss_interval_ms as f64) as usize + 100,
     );
     let mut rng = Rng::new(a.seed);
-    let mut order: Vec<usize> = (0..a.subscribers).collect();
+    let mut order: Vec<usize> = (0..usize::from(a.subscribers.subscribers)).collect();
     for i in (1..order.len()).rev() {
         order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
     }
-    let mut slots: Vec<Slot> = (0..a.subscribers)
+    let mut slots: Vec<Slot> = (0..usize::from(a.subscribers.subscribers))
         .map(|i| Slot {
             report: SlotReport {
                 name: format!("sub-{i}"),
@@ -344,7 +348,8 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         })
         .collect();
     for (k, &i) in order.iter().enumerate() {
-        slots[i].start_at_s = s.preroll_s + s.stagger_s * k as f64 / a.subscribers as f64;
+        slots[i].start_at_s =
+            s.preroll_s + s.stagger_s * k as f64 / usize::from(a.subscribers.subscribers) as f64;
     }
     let end_s = s.preroll_s + s.duration_s;
     let mut failures: Vec<String> = Vec::new();

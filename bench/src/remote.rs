@@ -2,7 +2,7 @@
 //! on another host (`ledger-relay run ... --tcp-baseline ADDR`), with the same table, CSV, JSON
 //! and plots as the rows of one machine.
 //!
-//! One row per lane count of `--lanes`: a `ledger-subscribe` (found next to this executable)
+//! One row per lane count of `--lane-counts`: a `ledger-subscribe` (found next to this executable)
 //! from the relay's tip for `--ledgers` ledgers, its `--stats` CSV read back. With `--tcp`, a
 //! row over the relay's TCP baseline too: the same ledgers over one TLS-over-TCP flow, read by
 //! this process ([`tcp`]), sent by the relay once it holds each whole ledger (the lanes stream
@@ -38,6 +38,8 @@ use tcp::{ClockEstimate, TcpBaseline};
 
 /// `ledger-bench remote` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("ledgers", |a| a.default_value("60").help("Ledgers per row, warm-up included")))]
+#[command(mut_arg("emit_ms", |a| a.help("The relay's `--emit` window, ms: a ledger's goodput counts from its first byte")))]
 pub struct RemoteArgs {
     /// The relay's QUIC address, HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
@@ -49,16 +51,14 @@ pub struct RemoteArgs {
     /// Our client certificate's name in DIR.
     #[arg(long, value_name = "NAME")]
     pub name: String,
-    /// Lane counts, one row each.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-    pub lanes: Vec<u8>,
-    /// Ledgers per row, warm-up included.
-    #[arg(long, default_value_t = 60)]
-    pub ledgers: u32,
-    /// `--warmup`.
+    /// `--lane-counts`.
     #[command(flatten)]
     #[serde(flatten)]
-    pub warm: crate::cluster::Warmup,
+    pub lanes: crate::cluster::LaneCounts,
+    /// `--ledgers` and `--warmup` [ledgers default: 60, warm-up included].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub series: crate::cluster::Series,
     /// The relay's TCP baseline (`ledger-relay run --tcp-baseline ADDR`), HOST:PORT: adds a row
     /// over one TLS-over-TCP flow, and the clock offset between the hosts.
     #[arg(long, value_name = "HOST:PORT")]
@@ -66,9 +66,10 @@ pub struct RemoteArgs {
     /// TLS name the relay's certificate must be valid for [default: the host of --relay].
     #[arg(long, value_name = "NAME")]
     pub server_name: Option<String>,
-    /// The relay's `--emit` window, ms: a ledger's goodput counts from its first byte.
-    #[arg(long, default_value_t = 8.0)]
-    pub emit_ms: f64,
+    /// `--emit-ms` of the relay.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: crate::cluster::Emit,
     /// Clock probes before the rows and after them (with --tcp).
     #[arg(long, default_value_t = 32)]
     pub clock_probes: u32,
@@ -182,18 +183,16 @@ pub fn correct(records: &mut [Record], offset_ms: f64) {
 
 /// Runs the rows; see the module documentation.
 pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
-    if args.lanes.is_empty() && args.tcp.is_none() {
+    if args.lanes.counts.is_empty() && args.tcp.is_none() {
         bail!("nothing to run: no --lanes and no --tcp");
     }
-    if let Some(&bad) = args.lanes.iter().find(|&&n| n == 0 || n > 64) {
+    if let Some(&bad) = args.lanes.counts.iter().find(|&&n| n == 0 || n > 64) {
         bail!("--lanes {bad}: expected 1..=64");
     }
-    if args.ledgers <= args.warm.warmup {
-        bail!("--ledgers must exceed --warmup ({})", args.warm.warmup);
-    }
+    args.series.check()?;
     let relay_host = host_of(&args.relay).context("--relay")?;
     let server_name = args.server_name.clone().unwrap_or(relay_host);
-    if !args.lanes.is_empty() {
+    if !args.lanes.counts.is_empty() {
         // Before any row: the lane rows need it.
         sibling_binary("ledger-subscribe")?;
     }
@@ -220,12 +219,12 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
         eprintln!("ledger-bench remote: remote-tcp (one TLS-over-TCP flow to {addr})");
         let sc = scenario("remote-tcp", addr, None);
         let got = b
-            .stream(args.ledgers, within)
+            .stream(args.series.count.ledgers, within)
             .map(|r| (r, None))
             .map_err(|e| format!("{e:#}"));
         measured.push((sc, 1, got));
     }
-    for &lanes in &args.lanes {
+    for &lanes in &args.lanes.counts {
         let name = format!("remote-l{lanes}");
         eprintln!(
             "ledger-bench remote: {name} ({lanes} lanes to {})",
@@ -258,11 +257,11 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
         after,
     };
     let settings = Settings {
-        ledgers: args.ledgers,
-        warmup: args.warm.warmup,
+        ledgers: args.series.count.ledgers,
+        warmup: args.series.warmup,
         size: 0,
         cadence_ms: 0.0,
-        emit_ms: args.emit_ms,
+        emit_ms: args.emit.emit_ms,
         chunk: 0,
         shape: Shape {
             flow_bps: 0,
@@ -281,7 +280,7 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
                     if let Some(off) = offset_ms {
                         correct(&mut records, off);
                     }
-                    row.sub_cpu_ms = cpu.map(|c| c * 1e3 / f64::from(args.ledgers));
+                    row.sub_cpu_ms = cpu.map(|c| c * 1e3 / f64::from(args.series.count.ledgers));
                     finish(&settings, &mut row, &[records], 0.0);
                 }
                 Err(e) => row.error = Some(e),
@@ -324,7 +323,7 @@ fn subscribe(
         ..SubSpec::new(
             &args.name,
             "tip",
-            Some(args.ledgers),
+            Some(args.series.count.ledgers),
             lanes,
             tmp,
             &format!("sub-l{lanes}"),

@@ -33,28 +33,35 @@ use crate::harness::{make_certs, RelaySettings};
 
 /// `ledger-bench ring-disk` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("quick", |a| a.help("About a minute: 60 paced ledgers at 200 ms, 40 in the burst, 5 s idle")))]
+#[command(mut_arg("retention", |a| a.default_value("20")))]
+#[command(mut_arg("idle_s", |a| a.default_value("20").default_value_if("quick", "true", "5").help("Seconds sampled after the source stopped (quick: 5)")))]
+#[command(mut_arg("only", |a| a.value_name("RUN").help("Which runs: `paced`, `burst` (repeatable) [default: both]")))]
 pub struct RingDiskArgs {
-    /// About a minute: 60 paced ledgers at 200 ms, 40 in the burst, 5 s idle.
-    #[arg(long)]
-    pub quick: bool,
-    /// Which runs: `paced`, `burst` (repeatable) [default: both].
-    #[arg(long = "only", value_name = "RUN")]
-    pub only: Vec<String>,
-    /// Ledgers of the paced run [default: 200, quick 60].
-    #[arg(long)]
-    pub paced_ledgers: Option<u32>,
-    /// Time between ledgers of the paced run, ms [default: 600, quick 200].
-    #[arg(long)]
-    pub paced_cadence_ms: Option<f64>,
-    /// Ledgers of the burst run [default: 100, quick 40].
-    #[arg(long)]
-    pub burst_ledgers: Option<u32>,
+    /// `--quick`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub quick: crate::cluster::Quick,
+    /// `--only`: runs.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub only: crate::cluster::Only,
+    /// Ledgers of the paced run (quick: 60).
+    #[arg(long, default_value_t = 200, default_value_if("quick", "true", "60"))]
+    pub paced_ledgers: u32,
+    /// Time between ledgers of the paced run, ms (quick: 200).
+    #[arg(long, default_value = "600", default_value_if("quick", "true", "200"))]
+    pub paced_cadence_ms: f64,
+    /// Ledgers of the burst run (quick: 40).
+    #[arg(long, default_value_t = 100, default_value_if("quick", "true", "40"))]
+    pub burst_ledgers: u32,
     /// Time between ledgers of the burst run, ms.
     #[arg(long, default_value_t = 1.0)]
     pub burst_cadence_ms: f64,
-    /// Ledgers the ring keeps (`--retention`).
-    #[arg(long, default_value_t = 20)]
-    pub retention: u32,
+    /// `--retention` [default: 20].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub retention: crate::cluster::Retention,
     /// `--size`, `--chunk-bytes`, `--ratio`, `--codec`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -68,9 +75,10 @@ pub struct RingDiskArgs {
     /// Time between samples, ms.
     #[arg(long, default_value_t = 1000)]
     pub sample_ms: u64,
-    /// Seconds sampled after the source stopped [default: 20, quick 5].
-    #[arg(long)]
-    pub idle_s: Option<u64>,
+    /// `--idle-s` [default: 20, quick 5].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub idle: crate::cluster::Idle,
     /// `--json`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -238,7 +246,7 @@ fn run_one(
         emit_ms: cadence_ms.min(8.0),
         codec: a.workload.codec.codec.clone(),
         chunk: a.workload.chunk.chunk_bytes,
-        retention: a.retention,
+        retention: a.retention.retention,
     };
     let data = dir.join("data");
     let mut tuning = Vec::new();
@@ -297,7 +305,7 @@ fn run_one(
     let Some((process_cpu, threads, wchar, stored)) = cpu_end else {
         bail!("{name}: no final reading");
     };
-    let full = |s: &&Sample| s.ledgers >= u64::from(a.retention);
+    let full = |s: &&Sample| s.ledgers >= u64::from(a.retention.retention);
     let steady: Vec<f64> = samples
         .iter()
         .filter(|s| !s.idle)
@@ -395,24 +403,21 @@ pub fn table(runs: &[RunReport]) -> String {
 
 /// The whole command: runs, prints the table, writes `--json`.
 pub fn main(a: &RingDiskArgs) -> anyhow::Result<()> {
-    let want = |n: &str| a.only.is_empty() || a.only.iter().any(|o| o == n);
-    if a.only.iter().any(|o| o != "paced" && o != "burst") {
+    let want = |n: &str| a.only.only.is_empty() || a.only.only.iter().any(|o| o == n);
+    if a.only.only.iter().any(|o| o != "paced" && o != "burst") {
         bail!("--only takes paced or burst");
     }
     let tmp = crate::cluster::work_dir("ledger-bench-ring")?;
     make_certs(&tmp.path().join("certs"), 0)?;
-    let idle = Duration::from_secs(a.idle_s.unwrap_or(if a.quick { 5 } else { 20 }));
+    let idle = Duration::from_secs_f64(a.idle.idle_s.max(0.0));
     let mut runs = Vec::new();
     if want("paced") {
-        let n = a.paced_ledgers.unwrap_or(if a.quick { 60 } else { 200 });
-        let c = a
-            .paced_cadence_ms
-            .unwrap_or(if a.quick { 200.0 } else { 600.0 });
+        let (n, c) = (a.paced_ledgers, a.paced_cadence_ms);
         eprintln!("ring-disk: paced, {n} ledgers every {c} ms");
         runs.push(run_one(a, tmp.path(), "paced", n, c, idle)?);
     }
     if want("burst") {
-        let n = a.burst_ledgers.unwrap_or(if a.quick { 40 } else { 100 });
+        let n = a.burst_ledgers;
         eprintln!(
             "ring-disk: burst, {n} ledgers every {} ms",
             a.burst_cadence_ms

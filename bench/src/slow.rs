@@ -45,17 +45,20 @@ pub use verdict::*;
 #[command(mut_arg("cadence_ms", |a| a.default_value("250ms")))]
 #[command(mut_arg("ledger_bytes", |a| a.default_value("608174").help("Raw size of each ledger (default: the main bench's 14.5 MiB scaled by 25, 594 KiB; a bare number is bytes, as the old `--ledger-bytes` took)")))]
 #[command(mut_arg("chunk_bytes", |a| a.default_value("10485").help("Relay chunk size in bytes (default: the main bench's 256 KiB scaled by 25)")))]
+#[command(mut_arg("ledgers", |a| a.default_value("100").help("Ledgers the source emits; every subscriber, the slow one included, takes them all")))]
+#[command(mut_arg("retention", |a| a.default_value("10000").help("Ledgers the relay's ring keeps in runs A and B")))]
+#[command(mut_arg("subscribers", |a| a.help("Normal subscribers").value_parser(clap::value_parser!(u16).range(1..=254))))]
+#[command(mut_arg("repeat", |a| a.default_value("3").help("Pairs of runs A and B, alternated").value_parser(clap::value_parser!(u32).range(1..=20))))]
+#[command(mut_arg("rss_interval_ms", |a| a.default_value("100").value_parser(clap::value_parser!(u64).range(10..=10_000))))]
 pub struct SlowArgs {
-    /// Normal subscribers.
-    #[arg(long, default_value_t = 8)]
-    pub subscribers: u8,
-    /// Ledgers the source emits; every subscriber, the slow one included, takes them all.
-    #[arg(long, default_value_t = 100)]
-    pub ledgers: u32,
-    /// `--warmup`.
+    /// `--subscribers`: the normal ones.
     #[command(flatten)]
     #[serde(flatten)]
-    pub warm: crate::cluster::Warmup,
+    pub subscribers: crate::cluster::Subscribers,
+    /// `--ledgers` and `--warmup` [ledgers default: 100, all the source emits].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub series: crate::cluster::Series,
     /// `--cadence` [default: 250ms].
     #[command(flatten)]
     #[serde(flatten)]
@@ -72,22 +75,26 @@ pub struct SlowArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub workload: crate::cluster::Workload,
-    /// Lanes per subscriber.
-    #[arg(long, default_value_t = 4)]
-    pub lanes: u8,
-    /// Ledgers the relay's ring keeps in runs A and B.
-    #[arg(long, default_value_t = 10_000)]
-    pub retention: u32,
+    /// `--lanes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: crate::cluster::Lanes,
+    /// `--retention` [default: 10000].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub retention: crate::cluster::Retention,
     /// Ledgers the ring keeps in run C, where the slow subscriber falls out of retention;
     /// 0 skips run C.
     #[arg(long, default_value_t = 10)]
     pub short_retention: u32,
-    /// Pairs of runs A and B, alternated.
-    #[arg(long, default_value_t = 3)]
-    pub repeat: u32,
-    /// Relay VmRSS sampling interval, ms.
-    #[arg(long, default_value_t = 100)]
-    pub rss_interval_ms: u64,
+    /// `--repeat` [default: 3].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub repeat: crate::cluster::Repeat,
+    /// `--rss-interval-ms` [default: 100].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rss: crate::cluster::RssInterval,
     /// Target: the normal subscribers' p99 in B within this fraction of A's.
     #[arg(long, default_value_t = 0.10)]
     pub p99_tolerance: f64,
@@ -99,12 +106,7 @@ pub struct SlowArgs {
 
 impl SlowArgs {
     fn check(&self) -> anyhow::Result<()> {
-        if self.subscribers == 0 || usize::from(self.subscribers) > 254 {
-            bail!("--subscribers must be 1..=254");
-        }
-        if self.ledgers <= self.warm.warmup {
-            bail!("--ledgers must exceed --warmup ({})", self.warm.warmup);
-        }
+        self.series.check()?;
         if !(self.cadence.cadence_ms > 0.0
             && self.emit.emit_ms >= 0.0
             && self.emit.emit_ms <= self.cadence.cadence_ms)
@@ -114,17 +116,8 @@ impl SlowArgs {
         if !(self.slow_factor > 0.0 && self.slow_factor <= 1000.0) {
             bail!("--slow-factor must be in (0, 1000]");
         }
-        if self.lanes == 0 || self.retention == 0 {
-            bail!("--lanes and --retention must be at least 1");
-        }
         if self.workload.chunk.chunk_bytes < 4096 {
             bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
-        }
-        if !(1..=20).contains(&self.repeat) {
-            bail!("--repeat must be 1..=20");
-        }
-        if !(10..=10_000).contains(&self.rss_interval_ms) {
-            bail!("--rss-interval-ms must be 10..=10000");
         }
         Ok(())
     }
@@ -136,7 +129,7 @@ impl SlowArgs {
 
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
-            count: Some(self.ledgers),
+            count: Some(self.series.count.ledgers),
             emit_ms: self.emit.emit_ms,
             codec: self.workload.codec.codec.clone(),
             chunk: self.workload.chunk.chunk_bytes,
@@ -208,29 +201,29 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let relay = env.cluster.relay(&dir, &settings, &[])?;
     let t0 = Instant::now();
     let at_listen = status_kib(relay.pid, "VmRSS").unwrap_or(0);
-    let normal_s = f64::from(a.ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
-    let slow_s = normal_s + f64::from(a.ledgers) * a.delay_ms() / 1e3 + 60.0;
+    let normal_s = f64::from(a.series.count.ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
+    let slow_s = normal_s + f64::from(a.series.count.ledgers) * a.delay_ms() / 1e3 + 60.0;
     let limit_s = if slow && wait_slow { slow_s } else { normal_s };
     let sampler = RssSampler::start(
         relay.pid,
-        Duration::from_millis(a.rss_interval_ms),
+        Duration::from_millis(a.rss.rss_interval_ms),
         t0,
-        (limit_s * 1e3 / a.rss_interval_ms as f64) as usize + 100,
+        (limit_s * 1e3 / a.rss.rss_interval_ms as f64) as usize + 100,
     );
     let mut relay = Some(relay);
     let mut subs: Vec<Sub> = Vec::new();
     let result = (|| -> anyhow::Result<SlowRun> {
         let relay_ref = relay.as_mut().context("relay")?;
-        let total = usize::from(a.subscribers) + usize::from(slow);
+        let total = usize::from(a.subscribers.subscribers) + usize::from(slow);
         for i in 0..total {
-            let is_slow = i == usize::from(a.subscribers);
+            let is_slow = i == usize::from(a.subscribers.subscribers);
             let spec = SubSpec {
                 consume_delay_ms: is_slow.then(|| a.delay_ms()),
                 ..SubSpec::new(
                     format!("sub-{i}"),
                     2,
-                    Some(a.ledgers),
-                    a.lanes,
+                    Some(a.series.count.ledgers),
+                    a.lanes.lanes,
                     &dir,
                     &format!("sub-{i}"),
                 )
@@ -243,7 +236,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                 exit: None,
             });
         }
-        let slow_name = format!("sub-{}", a.subscribers);
+        let slow_name = format!("sub-{}", a.subscribers.subscribers);
         let mut outcome = SlowOutcome {
             delay_ms: a.delay_ms(),
             waited: wait_slow,
@@ -259,7 +252,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                     continue;
                 }
                 if let Some((st, _)) = crate::proc::wait_with_cpu(&mut s.child, Instant::now())? {
-                    let is_slow = i == usize::from(a.subscribers);
+                    let is_slow = i == usize::from(a.subscribers.subscribers);
                     if !is_slow && !st.success() {
                         bail!(
                             "normal subscriber {i} failed ({st}): {}",
@@ -295,7 +288,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             }
             let normals_done = subs
                 .iter()
-                .take(usize::from(a.subscribers))
+                .take(usize::from(a.subscribers.subscribers))
                 .all(|s| s.exit.is_some());
             if normals_done && !wait_slow {
                 // The slow one has been measured for as long as the normal ones ran.
@@ -315,22 +308,28 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             scrape = m;
         }
         let mut normals: Vec<Vec<Record>> = Vec::new();
-        for (i, s) in subs.iter().take(usize::from(a.subscribers)).enumerate() {
+        for (i, s) in subs
+            .iter()
+            .take(usize::from(a.subscribers.subscribers))
+            .enumerate()
+        {
             let recs = crate::stats::read_csv(&s.stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             harness::check_contiguous(&[seqs])
                 .map_err(|e| anyhow::anyhow!("normal subscriber {i}: {e}"))?;
-            if recs.len() != a.ledgers as usize || recs.first().map(|r| r.seq) != Some(2) {
+            if recs.len() != a.series.count.ledgers as usize
+                || recs.first().map(|r| r.seq) != Some(2)
+            {
                 bail!(
                     "normal subscriber {i}: {} ledgers from {:?}, expected {} from 2",
                     recs.len(),
                     recs.first().map(|r| r.seq),
-                    a.ledgers
+                    a.series.count.ledgers
                 );
             }
             normals.push(recs);
         }
-        let warm = a.warm.warmup as usize;
+        let warm = a.series.warmup as usize;
         let normal = summarize(&normals, warm, a.emit.emit_ms);
         let normal_samples: Vec<(u32, f64)> = normals
             .iter()
@@ -350,7 +349,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             .map(|r| r.wire_bytes as f64)
             .fold(0.0, f64::max);
         let slow_out = if slow {
-            let s = &subs[usize::from(a.subscribers)];
+            let s = &subs[usize::from(a.subscribers.subscribers)];
             let recs = harness::read_stats_lenient(&s.stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             outcome.contiguous = harness::check_contiguous(std::slice::from_ref(&seqs)).is_ok()
@@ -372,7 +371,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             &settings,
             &sizing,
             sessions,
-            u64::from(a.lanes),
+            u64::from(a.lanes.lanes),
             wire_ledger,
         );
         let hwm_mib = mib(hwm);
@@ -424,24 +423,24 @@ fn oldest_held(message: &str) -> Option<u32> {
 /// The A-B pairs and C (see the module documentation).
 fn plan(a: &SlowArgs) -> Vec<Planned> {
     let mut plan = Vec::new();
-    for k in 1..=a.repeat {
+    for k in 1..=a.repeat.repeat {
         plan.push(Planned {
             name: format!("A{k}"),
-            label: format!("{} normal", a.subscribers),
+            label: format!("{} normal", a.subscribers.subscribers),
             slow: false,
             wait_slow: false,
-            retention: a.retention,
+            retention: a.retention.retention,
         });
         plan.push(Planned {
             name: format!("B{k}"),
             label: format!(
                 "{} normal + 1 slow{}",
-                a.subscribers,
+                a.subscribers.subscribers,
                 if k == 1 { "" } else { " (not waited)" }
             ),
             slow: true,
             wait_slow: k == 1,
-            retention: a.retention,
+            retention: a.retention.retention,
         });
     }
     if a.short_retention > 0 {
@@ -449,7 +448,7 @@ fn plan(a: &SlowArgs) -> Vec<Planned> {
             name: "C".into(),
             label: format!(
                 "{} normal + 1 slow, ring {}",
-                a.subscribers, a.short_retention
+                a.subscribers.subscribers, a.short_retention
             ),
             slow: true,
             wait_slow: true,
@@ -465,7 +464,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
     let load_start = harness::load_average();
     let tmp = crate::cluster::work_dir("ledger-bench-slow")?;
     let certs = tmp.path().join("certs");
-    harness::make_certs(&certs, usize::from(a.subscribers) + 1)?;
+    harness::make_certs(&certs, usize::from(a.subscribers.subscribers) + 1)?;
     let env = Env {
         cluster: crate::cluster::Cluster::local(&certs, Default::default())?,
         tmp: tmp.path().to_path_buf(),
@@ -495,7 +494,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
         ]
     });
     let by_name = |n: String| runs.iter().find(|r| r.name == n);
-    let pair_ratios = (1..=a.repeat)
+    let pair_ratios = (1..=a.repeat.repeat)
         .filter_map(|k| {
             let (x, y) = (by_name(format!("A{k}"))?, by_name(format!("B{k}"))?);
             Some(y.normal.p99_ms / x.normal.p99_ms)
@@ -526,7 +525,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
         .iter()
         .find(|r| r.name.starts_with('B'))
         .map_or(0.0, |r| {
-            r.bound.sessions_mib / (f64::from(a.subscribers) + 1.0)
+            r.bound.sessions_mib / (f64::from(a.subscribers.subscribers) + 1.0)
         });
     Ok(SlowReport {
         p99_ratio: (pa.2 > 0.0).then(|| pb.2 / pa.2),

@@ -60,6 +60,9 @@ pub enum Part {
 /// `ledger-bench tiers` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("cadence_ms", |a| a.help("Time between ledgers in the tier and hedge parts (`600ms`, `1s`; a bare number is milliseconds, as the old `--cadence-ms` took)")))]
+#[command(mut_arg("lanes", |a| a.help("Lanes per subscriber (and per edge's upstream subscription)")))]
+#[command(mut_arg("flow_mbit", |a| a.help("Per-flow cap of the hedge part's healthy relay, Mbit/s (its port gets lanes x this)")))]
+#[command(mut_arg("payload", |a| a.help("Payloads of the tier part (the tree and hedge parts use the first)")))]
 pub struct TiersArgs {
     /// Parts to run.
     #[arg(
@@ -69,21 +72,14 @@ pub struct TiersArgs {
         default_value = "tier,tree,hedge"
     )]
     pub parts: Vec<Part>,
-    /// Payloads of the tier part (the tree and hedge parts use the first).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "compressed,raw"
-    )]
-    pub payload: Vec<Payload>,
-    /// Ledgers measured per row (after the warm-up).
-    #[arg(long, default_value_t = 20)]
-    pub ledgers: u32,
-    /// `--warmup`.
+    /// `--payload` of the tier part.
     #[command(flatten)]
     #[serde(flatten)]
-    pub warm: crate::cluster::Warmup,
+    pub payload: crate::cluster::Payloads,
+    /// `--ledgers` and `--warmup`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub series: crate::cluster::Series,
     /// `--cadence`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -98,15 +94,17 @@ pub struct TiersArgs {
     /// Edge relays in the tree part.
     #[arg(long, default_value_t = 4)]
     pub edges: u16,
-    /// Per-flow cap of the hedge part's healthy relay, Mbit/s (its port gets lanes x this).
-    #[arg(long, default_value_t = 100.0)]
-    pub flow_mbit: f64,
+    /// `--flow-mbit` of the hedge part.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub flow: crate::cluster::FlowCap,
     /// The degraded relay's cap is the healthy one's divided by this.
     #[arg(long, default_value_t = 10.0)]
     pub degrade: f64,
-    /// Lanes per subscriber (and per edge's upstream subscription).
-    #[arg(long, default_value_t = 4)]
-    pub lanes: u8,
+    /// `--lanes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: crate::cluster::Lanes,
     /// `--size`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -255,11 +253,11 @@ fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySe
 /// The span of a row whose processes need `connect_s` to start and connect.
 fn span(a: &TiersArgs, cadence: f64, connect_s: f64) -> Span {
     let first = 2 + (connect_s * 1e3 / cadence).ceil() as u32 + 1;
-    let measured = first + a.warm.warmup;
+    let measured = first + a.series.warmup;
     Span {
         first,
         measured,
-        last: measured + a.ledgers - 1,
+        last: measured + a.series.count.ledgers - 1,
     }
 }
 
@@ -455,7 +453,7 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
             &s,
             &p.relays[0],
             &cert,
-            a.lanes,
+            a.lanes.lanes,
             false,
         )?;
         p.relays.push(r);
@@ -473,7 +471,7 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
             &p.relays[at],
             &dir,
             &format!("sub-{i}"),
-            a.lanes,
+            a.lanes.lanes,
             sp,
         )?;
         p.subs.push(c);
@@ -485,9 +483,9 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
     wait_all(&stats, &mut p.subs, sp.last, limit)?;
     let (r1, e1) = (cpu_of(&p.relays[..1])?, cpu_of(&p.relays[1..])?);
     let recs = collect(&stats, sp)?;
-    let per = |c: f64| c * 1e3 / f64::from(a.ledgers);
+    let per = |c: f64| c * 1e3 / f64::from(a.series.count.ledgers);
     let mut r = row(Part::Tree, &name, payload, n, cadence);
-    r.ledgers = a.ledgers;
+    r.ledgers = a.series.count.ledgers;
     r.wire_mb = wire_mb(&recs);
     r.delivery = Delivery::of(last_of(&recs));
     r.root_cpu_ms = Some(per(r1 - r0));
@@ -497,7 +495,11 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
 
 /// Runs the parts and returns the report.
 pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
-    if a.ledgers < 2 || a.payload.is_empty() || a.edges == 0 || a.tree_subscribers == 0 {
+    if a.series.count.ledgers < 2
+        || a.payload.payload.is_empty()
+        || a.edges == 0
+        || a.tree_subscribers == 0
+    {
         bail!(
             "--ledgers must be at least 2, and --payload, --edges and --tree-subscribers not empty"
         );
@@ -512,7 +514,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
     let load_before = crate::harness::load_average();
     let mut rows = Vec::new();
     let mut hedge_skipped = None;
-    let first = a.payload[0];
+    let first = a.payload.payload[0];
     let fail = |part, name: &str, p, n, cadence, e: anyhow::Error| {
         eprintln!("tiers: {part:?} {name} failed: {e:#}");
         let mut r = row(part, name, p, n, cadence);
@@ -522,7 +524,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
     for part in &a.parts {
         match part {
             Part::Tier => {
-                for &p in &a.payload {
+                for &p in &a.payload.payload {
                     eprintln!("tiers: tier, {p:?}");
                     match tier::tier(a, tmp.path(), p, None) {
                         Ok(r) => rows.extend(r),
@@ -543,16 +545,16 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                     hedge_skipped = Some(why);
                 }
                 None => {
-                    for &p in &a.payload {
+                    for &p in &a.payload.payload {
                         eprintln!("tiers: tier-zone, {p:?}");
                         // What crosses the link from the root: the direct subscriber's lanes
                         // and both edges' upstream lanes, each at the per-flow cap.
-                        let flows = 3.0 * f64::from(a.lanes);
-                        let link = (flows * a.flow_mbit * 1e6) as u64;
+                        let flows = 3.0 * f64::from(a.lanes.lanes);
+                        let link = (flows * a.flow.flow_mbit * 1e6) as u64;
                         let r = Netem::create(
                             "tierzone",
                             Shape {
-                                flow_bps: (a.flow_mbit * 1e6) as u64,
+                                flow_bps: (a.flow.flow_mbit * 1e6) as u64,
                                 aggregate_bps: link,
                             },
                         )

@@ -92,8 +92,10 @@ fn the_old_cadence_ms_spelling_still_parses_as_the_cadence() {
         assert_eq!(parse(&["--cadence", "1.5s"]), 1500.0, "{sub}");
         assert!(Cli::try_parse_from(["ledger-bench", sub, "--cadence", "soon"]).is_err());
     }
-    let top = Cli::try_parse_from(["ledger-bench", "--cadence-ms", "250"]).unwrap();
-    assert_eq!(top.args.cadence_ms, Some(250.0));
+    let top = |argv: &[&str]| Cli::try_parse_from([&["ledger-bench"][..], argv].concat()).unwrap();
+    assert_eq!(top(&["--cadence-ms", "300"]).args.cadence.cadence_ms, 300.0);
+    assert_eq!(top(&[]).args.cadence.cadence_ms, 600.0);
+    assert_eq!(top(&["--quick"]).args.cadence.cadence_ms, 250.0);
 }
 
 #[test]
@@ -140,32 +142,85 @@ fn the_ledger_size_is_one_flag_with_units_and_the_old_spelling() {
 }
 
 #[test]
-fn the_warmup_is_one_flag_with_each_subcommands_default() {
+fn the_ledgers_and_warmup_are_one_flag_each_with_each_subcommands_defaults() {
     use clap::Parser;
     use ledger_relay_bench::Helper;
-    for (sub, default) in [
-        ("fanout", 3),
-        ("tiers", 3),
-        ("slow-subscriber", 3),
-        ("lake", 3),
-        ("cpu", 2),
+    for (sub, warmup, ledgers) in [
+        ("fanout", 3, 20),
+        ("tiers", 3, 20),
+        ("slow-subscriber", 3, 100),
+        ("lake", 3, 60),
+        ("cpu", 2, 20),
     ] {
-        let warmup = |argv: &[&str]| {
+        let series = |argv: &[&str]| {
             let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat()).unwrap();
             match cli.helper {
-                Some(Helper::Fanout(a)) => a.warm.warmup,
-                Some(Helper::Tiers(a)) => a.warm.warmup,
-                Some(Helper::SlowSubscriber(a)) => a.warm.warmup,
-                Some(Helper::Lake(a)) => a.warm.warmup,
-                Some(Helper::Cpu(a)) => a.warm.warmup,
+                Some(Helper::Fanout(a)) => a.series,
+                Some(Helper::Tiers(a)) => a.series,
+                Some(Helper::SlowSubscriber(a)) => a.series,
+                Some(Helper::Lake(a)) => a.series,
+                Some(Helper::Cpu(a)) => a.series,
                 other => panic!("{sub}: {other:?}"),
             }
         };
-        assert_eq!(warmup(&[]), default, "{sub}");
-        assert_eq!(warmup(&["--warmup", "7"]), 7, "{sub}");
+        assert_eq!(series(&[]).warmup, warmup, "{sub}");
+        assert_eq!(series(&[]).count.ledgers, ledgers, "{sub}");
+        assert_eq!(series(&["--warmup", "7"]).warmup, 7, "{sub}");
+        assert_eq!(series(&["--ledgers", "9"]).count.ledgers, 9, "{sub}");
     }
-    let top = Cli::try_parse_from(["ledger-bench", "--warmup", "5"]).unwrap();
-    assert_eq!(top.args.warm.warmup, 5);
+    let top = |argv: &[&str]| Cli::try_parse_from([&["ledger-bench"][..], argv].concat()).unwrap();
+    assert_eq!(top(&["--warmup", "5"]).args.series.warmup, 5);
+    // A --quick preset changes the default, not a value given.
+    assert_eq!(top(&[]).args.series.count.ledgers, 60);
+    assert_eq!(top(&["--quick"]).args.series.count.ledgers, 15);
+    assert_eq!(
+        top(&["--quick", "--ledgers", "30"])
+            .args
+            .series
+            .count
+            .ledgers,
+        30
+    );
+}
+
+#[test]
+fn renamed_flags_keep_their_old_spelling() {
+    use clap::Parser;
+    use ledger_relay_bench::Helper;
+    let helper = |argv: &[&str]| {
+        Cli::try_parse_from([&["ledger-bench"][..], argv].concat())
+            .unwrap()
+            .helper
+    };
+    for (sub, old, new) in [
+        ("lanes", "--lanes", "--lane-counts"),
+        ("remote", "--lanes", "--lane-counts"),
+        ("fanout", "--subscribers", "--subscriber-counts"),
+    ] {
+        let remote = ["--relay", "h:1", "--certs", "c", "--name", "n"];
+        for flag in [old, new] {
+            let extra: &[&str] = if sub == "remote" { &remote } else { &[] };
+            let counts: Vec<u16> = match helper(&[&[sub, flag, "1,3"][..], extra].concat()) {
+                Some(Helper::Lanes(a)) => a.lanes.counts.iter().map(|&n| u16::from(n)).collect(),
+                Some(Helper::Remote(a)) => a.lanes.counts.iter().map(|&n| u16::from(n)).collect(),
+                Some(Helper::Fanout(a)) => a.subscriber_counts,
+                other => panic!("{sub}: {other:?}"),
+            };
+            assert_eq!(counts, [1, 3], "{sub} {flag}");
+        }
+    }
+    for flag in ["--warmup", "--slope-warmup"] {
+        match helper(&["load", flag, "3s"]) {
+            Some(Helper::Load(a)) => assert_eq!(a.slope_warmup, Some(3.0)),
+            other => panic!("load: {other:?}"),
+        }
+    }
+    for flag in ["--chunk-size", "--chunk", "--chunk-bytes"] {
+        match helper(&["cpu", flag, "64KiB"]) {
+            Some(Helper::Cpu(a)) => assert_eq!(a.chunk.chunk_bytes, 64 << 10),
+            other => panic!("cpu: {other:?}"),
+        }
+    }
 }
 
 /// The `ledger-bench` command lines recorded in bench/RESULTS.md: continuation lines joined,

@@ -136,7 +136,7 @@ fn subscribers_reconnecting_in_a_loop_deliver_contiguously() {
         "2s",
         "--stagger",
         "1s",
-        "--warmup",
+        "--slope-warmup",
         "3s",
         "--min-life",
         "1s",

@@ -154,11 +154,11 @@ pub fn summary(r: &LoadReport) -> String {
     let _ = writeln!(
         out,
         "load: {} subscribers ({} reconnecting every {}-{} s), {} lanes; {:.0} KiB ledgers every {} ms, {} ratio {}, chunk {} B, ring {} ledgers; {:.0} s (+{:.0} s pre-roll), wall {:.0} s; load average {} -> {}",
-        a.subscribers,
+        a.subscribers.subscribers,
         a.reconnecting,
         a.min_life,
         a.max_life,
-        a.lanes,
+        a.lanes.lanes,
         a.workload.size.ledger_bytes as f64 / 1024.0,
         a.cadence.cadence_ms,
         a.workload.codec.codec,

@@ -17,11 +17,11 @@ use crate::stats::Record;
 pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<TierRow>> {
     let c = Cluster::local(&work.join("certs"), Default::default())?;
     let dir = work.join("hedge");
-    let healthy = f64::from(a.lanes) * a.flow_mbit * 1e6;
+    let healthy = f64::from(a.lanes.lanes) * a.flow.flow_mbit * 1e6;
     let mut netem = Netem::create(
         "tiers",
         Shape {
-            flow_bps: (a.flow_mbit * 1e6) as u64,
+            flow_bps: (a.flow.flow_mbit * 1e6) as u64,
             aggregate_bps: (4.0 * healthy) as u64,
         },
     )?;
@@ -49,8 +49,8 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             let mut spec = SubSpec::new(
                 "sub-0",
                 "tip",
-                Some(a.warm.warmup + a.ledgers),
-                a.lanes,
+                Some(a.series.warmup + a.series.count.ledgers),
+                a.lanes.lanes,
                 &dir,
                 name,
             );
@@ -60,7 +60,10 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             let stats = spec.stats.clone();
             let mut child = c.subscriber_to(Some(&netem.sub_ns), &addrs, &spec)?;
             let limit = Duration::from_secs_f64(
-                a.cadence.cadence_ms / 1e3 * f64::from(a.warm.warmup + a.ledgers) * 3.0 + 60.0,
+                a.cadence.cadence_ms / 1e3
+                    * f64::from(a.series.warmup + a.series.count.ledgers)
+                    * 3.0
+                    + 60.0,
             );
             let st = crate::harness::wait_child(&mut child, limit)?;
             if !st.success() {
@@ -68,17 +71,17 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             }
             let recs = read_stats_lenient(&stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
-            if seqs.len() != (a.warm.warmup + a.ledgers) as usize
+            if seqs.len() != (a.series.warmup + a.series.count.ledgers) as usize
                 || seqs.windows(2).any(|w| w[1] != w[0] + 1)
             {
                 bail!(
                     "the {name} subscriber wrote {seqs:?}, not {} consecutive ledgers",
-                    a.warm.warmup + a.ledgers
+                    a.series.warmup + a.series.count.ledgers
                 );
             }
-            let measured: Vec<Record> = recs.into_iter().skip(a.warm.warmup as usize).collect();
+            let measured: Vec<Record> = recs.into_iter().skip(a.series.warmup as usize).collect();
             let mut r = row(Part::Hedge, name, payload, 1, a.cadence.cadence_ms);
-            r.ledgers = a.ledgers;
+            r.ledgers = a.series.count.ledgers;
             r.wire_mb = wire_mb(std::slice::from_ref(&measured));
             r.delivery = Delivery::of(measured.iter().map(|r| (r.seq, r.delivery_ms)).collect());
             rows.push(r);

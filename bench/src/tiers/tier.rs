@@ -52,7 +52,7 @@ pub(super) fn tier(
             &s,
             &p.relays[0],
             cert,
-            a.lanes,
+            a.lanes.lanes,
             cut_through,
         )?;
         p.relays.push(e);
@@ -66,7 +66,7 @@ pub(super) fn tier(
             &p.relays[i],
             &dir,
             &name,
-            a.lanes,
+            a.lanes.lanes,
             sp,
         )?;
         p.subs.push(c);
@@ -81,7 +81,7 @@ pub(super) fn tier(
     wait_all(&stats, &mut p.subs, sp.last, limit)?;
     let after = cpus(&p)?;
     let recs = collect(&stats, sp)?;
-    let per = |i: usize| (after[i] - before[i]) * 1e3 / f64::from(a.ledgers);
+    let per = |i: usize| (after[i] - before[i]) * 1e3 / f64::from(a.series.count.ledgers);
     let d =
         |i: usize| -> Vec<(u32, f64)> { recs[i].iter().map(|r| (r.seq, r.delivery_ms)).collect() };
     let mut rows = Vec::new();
@@ -97,7 +97,7 @@ pub(super) fn tier(
             ));
             r.edge_cpu_ms = Some(per(i));
         }
-        r.ledgers = a.ledgers;
+        r.ledgers = a.series.count.ledgers;
         r.wire_mb = wire_mb(&recs[i..=i]);
         r.root_cpu_ms = Some(per(0));
         rows.push(r);
