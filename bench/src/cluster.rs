@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::value_parser;
 
 use crate::harness::{free_tcp_port, free_udp_port, RelayProc, RelaySettings, SubSpec};
 
@@ -112,12 +113,12 @@ one_flag_groups! {
     }
     /// Ledgers measured per row (after the warm-up).
     Ledgers: Copy {
-        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = 20, value_parser = value_parser!(u32).range(1..))]
         ledgers: u32
     }
     /// Lanes per subscriber.
     Lanes: Copy {
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..))]
+        #[arg(long, default_value_t = 4, value_parser = value_parser!(u8).range(1..))]
         lanes: u8
     }
     /// Lane counts to run, one row each (`--lanes`, the old spelling, is kept).
@@ -129,59 +130,41 @@ one_flag_groups! {
     }
     /// Ledgers the relay's ring keeps.
     Retention: Copy {
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = 1000, value_parser = value_parser!(u32).range(1..))]
         retention: u32
     }
     /// A shorter preset.
-    Quick: Copy {
-        #[arg(long)]
-        quick: bool
-    }
+    Quick: Copy { #[arg(long)] quick: bool }
     /// Subscribers.
     Subscribers: Copy {
-        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+        #[arg(long, default_value_t = 8, value_parser = value_parser!(u16).range(1..))]
         subscribers: u16
     }
     /// Per-flow cap, Mbit/s.
-    FlowCap: Copy {
-        #[arg(long, default_value_t = 100.0)]
-        flow_mbit: f64
-    }
+    FlowCap: Copy { #[arg(long, default_value_t = 100.0)] flow_mbit: f64 }
     /// Directory holding testnet/testnet-1410048-1410367.lcm-v0.framed.xdr.
     Testdata {
         #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata"))]
         testdata: PathBuf
     }
     /// Run only those with these names (repeatable) [default: all].
-    Only {
-        #[arg(long, value_name = "NAME")]
-        only: Vec<String>
-    }
+    Only { #[arg(long, value_name = "NAME")] only: Vec<String> }
     /// Runs of each row; the table shows every run.
     Repeat: Copy {
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = 1, value_parser = value_parser!(u32).range(1..))]
         repeat: u32
     }
     /// Relay VmRSS sampling interval, ms.
     RssInterval: Copy {
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+        #[arg(long, default_value_t = 1000, value_parser = value_parser!(u64).range(10..))]
         rss_interval_ms: u64
     }
     /// Seconds of the idle phase.
-    Idle: Copy {
-        #[arg(long, default_value_t = 3.0)]
-        idle_s: f64
-    }
+    Idle: Copy { #[arg(long, default_value_t = 3.0)] idle_s: f64 }
     /// Emit window of the source, ms.
-    Emit: Copy {
-        #[arg(long, default_value_t = 8.0)]
-        emit_ms: f64
-    }
+    Emit: Copy { #[arg(long, default_value_t = 8.0)] emit_ms: f64 }
     /// zstd-1 ratio of the synthetic ledgers at the relay's chunk size (1: incompressible).
-    Ratio: Copy {
-        #[arg(long, default_value_t = 7.6)]
-        ratio: f64
-    }
+    Ratio: Copy { #[arg(long, default_value_t = 7.6)] ratio: f64 }
     /// Payloads of the series.
     Payloads {
         #[arg(long, value_enum, value_delimiter = ',', default_value = "compressed,raw")]
