@@ -165,6 +165,33 @@ pub struct LaneRow {
 }
 
 impl LaneRow {
+    /// Run `run` of `mode` over lanes capped at `caps` (Mbit/s), nothing measured yet.
+    fn new(mode: LaneMode, caps: &[f64], run: u32) -> LaneRow {
+        LaneRow {
+            mode,
+            lanes: caps.len() as u8,
+            run,
+            ledgers: 0,
+            raw_bytes: 0,
+            transfer_s: f64::NAN,
+            goodput_mib_s: f64::NAN,
+            caps_mib_s: caps.iter().sum::<f64>() * 1e6 / 8.0 / MIB,
+            per_lane: caps
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| LaneStat {
+                    lane: i as u8,
+                    cap_mbit: c,
+                    ..LaneStat::default()
+                })
+                .collect(),
+            imbalance: f64::NAN,
+            sub_cpu_s: f64::NAN,
+            relay_cpu_s: f64::NAN,
+            error: None,
+        }
+    }
+
     fn label(&self) -> String {
         let caps: Vec<f64> = self.per_lane.iter().map(|l| l.cap_mbit).collect();
         let unequal = caps.windows(2).any(|w| w[0] != w[1]);
@@ -326,30 +353,7 @@ fn run_row(
     caps: &[f64],
     run_no: u32,
 ) -> LaneRow {
-    let lanes = caps.len() as u8;
-    let mut row = LaneRow {
-        mode,
-        lanes,
-        run: run_no,
-        ledgers: 0,
-        raw_bytes: 0,
-        transfer_s: f64::NAN,
-        goodput_mib_s: f64::NAN,
-        caps_mib_s: caps.iter().sum::<f64>() * 1e6 / 8.0 / MIB,
-        per_lane: caps
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| LaneStat {
-                lane: i as u8,
-                cap_mbit: c,
-                ..LaneStat::default()
-            })
-            .collect(),
-        imbalance: f64::NAN,
-        sub_cpu_s: f64::NAN,
-        relay_cpu_s: f64::NAN,
-        error: None,
-    };
+    let mut row = LaneRow::new(mode, caps, run_no);
     if let Err(e) = measure(netem, certs, tmp, index, args, (size, chunk), &mut row) {
         row.error = Some(format!("{e:#}"));
     }

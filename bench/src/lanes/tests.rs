@@ -56,32 +56,22 @@ fn imbalance_is_measured_against_each_lanes_share_of_its_cap() {
 }
 
 fn row(mode: LaneMode, caps: &[f64], goodput: f64, mb: &[f64]) -> LaneRow {
+    let per_lane: Vec<LaneStat> = caps
+        .iter()
+        .zip(mb)
+        .enumerate()
+        .map(|(i, (&c, &m))| lane(i as u8, c, m))
+        .collect();
     LaneRow {
-        mode,
-        lanes: caps.len() as u8,
-        run: 1,
         ledgers: 96,
         raw_bytes: 96 << 21,
         transfer_s: 1.0,
         goodput_mib_s: goodput,
-        caps_mib_s: caps.iter().sum::<f64>() * 1e6 / 8.0 / MIB,
-        per_lane: caps
-            .iter()
-            .zip(mb)
-            .enumerate()
-            .map(|(i, (&c, &m))| lane(i as u8, c, m))
-            .collect(),
-        imbalance: imbalance(
-            &caps
-                .iter()
-                .zip(mb)
-                .enumerate()
-                .map(|(i, (&c, &m))| lane(i as u8, c, m))
-                .collect::<Vec<_>>(),
-        ),
+        imbalance: imbalance(&per_lane),
+        per_lane,
         sub_cpu_s: 1.0,
         relay_cpu_s: 1.0,
-        error: None,
+        ..LaneRow::new(mode, caps, 1)
     }
 }
 
