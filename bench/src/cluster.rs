@@ -231,6 +231,17 @@ pub(crate) fn parse<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> A {
     A::from_arg_matches(&m).unwrap()
 }
 
+/// Fails unless the source's emit window fits in its cadence and the relay takes the chunks.
+pub fn check_source(cadence: &Cadence, emit: &Emit, chunk: &Chunk) -> anyhow::Result<()> {
+    if !(emit.emit_ms >= 0.0 && emit.emit_ms <= cadence.cadence_ms) {
+        anyhow::bail!("--cadence must be at least --emit-ms");
+    }
+    if chunk.chunk_bytes < 4096 {
+        anyhow::bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
+    }
+    Ok(())
+}
+
 /// Parses `--size` to bytes (positive).
 pub fn size_bytes(s: &str) -> Result<u64, String> {
     match ledger_relay_transport::parse_size(s) {

@@ -156,15 +156,7 @@ impl LoadArgs {
         if !(self.min_life >= 0.2 && self.max_life >= self.min_life) {
             bail!("--min-life must be at least 200ms and --max-life at least --min-life");
         }
-        if !(self.cadence.cadence_ms > 0.0
-            && self.emit.emit_ms >= 0.0
-            && self.emit.emit_ms <= self.cadence.cadence_ms)
-        {
-            bail!("--cadence-ms must be positive and at least --emit-ms");
-        }
-        if self.workload.chunk.chunk_bytes < 4096 {
-            bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
-        }
+        crate::cluster::check_source(&self.cadence, &self.emit, &self.workload.chunk)?;
         Ok(s)
     }
 }

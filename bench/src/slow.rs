@@ -107,17 +107,9 @@ pub struct SlowArgs {
 impl SlowArgs {
     fn check(&self) -> anyhow::Result<()> {
         self.series.check()?;
-        if !(self.cadence.cadence_ms > 0.0
-            && self.emit.emit_ms >= 0.0
-            && self.emit.emit_ms <= self.cadence.cadence_ms)
-        {
-            bail!("--cadence-ms must be positive and at least --emit-ms");
-        }
+        crate::cluster::check_source(&self.cadence, &self.emit, &self.workload.chunk)?;
         if !(self.slow_factor > 0.0 && self.slow_factor <= 1000.0) {
             bail!("--slow-factor must be in (0, 1000]");
-        }
-        if self.workload.chunk.chunk_bytes < 4096 {
-            bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         Ok(())
     }
