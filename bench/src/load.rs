@@ -286,10 +286,11 @@ fn unexpected(slot: &Slot, st: std::process::ExitStatus) -> End {
 /// Runs the load (see the module documentation).
 pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let s = a.settings()?;
+    let subscribers = usize::from(a.subscribers.subscribers);
     let load_start = harness::load_average();
     let tmp = crate::cluster::work_dir("ledger-bench-load")?;
     let certs = tmp.path().join("certs");
-    harness::make_certs(&certs, usize::from(a.subscribers.subscribers))?;
+    harness::make_certs(&certs, subscribers)?;
     let ctx = Ctx {
         a,
         dir: tmp.path().join("subs"),
@@ -319,11 +320,11 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         (total_s * 1e3 / a.rss.rss_interval_ms as f64) as usize + 100,
     );
     let mut rng = Rng::new(a.seed);
-    let mut order: Vec<usize> = (0..usize::from(a.subscribers.subscribers)).collect();
+    let mut order: Vec<usize> = (0..subscribers).collect();
     for i in (1..order.len()).rev() {
         order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
     }
-    let mut slots: Vec<Slot> = (0..usize::from(a.subscribers.subscribers))
+    let mut slots: Vec<Slot> = (0..subscribers)
         .map(|i| Slot {
             report: SlotReport {
                 name: format!("sub-{i}"),
@@ -340,8 +341,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         })
         .collect();
     for (k, &i) in order.iter().enumerate() {
-        slots[i].start_at_s =
-            s.preroll_s + s.stagger_s * k as f64 / usize::from(a.subscribers.subscribers) as f64;
+        slots[i].start_at_s = s.preroll_s + s.stagger_s * k as f64 / subscribers as f64;
     }
     let end_s = s.preroll_s + s.duration_s;
     let mut failures: Vec<String> = Vec::new();

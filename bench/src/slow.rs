@@ -193,8 +193,13 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let relay = env.cluster.relay(&dir, &settings, &[])?;
     let t0 = Instant::now();
     let at_listen = status_kib(relay.pid, "VmRSS").unwrap_or(0);
-    let normal_s = f64::from(a.series.count.ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
-    let slow_s = normal_s + f64::from(a.series.count.ledgers) * a.delay_ms() / 1e3 + 60.0;
+    // The normal subscribers, and the ledgers every subscriber takes.
+    let (n_normal, ledgers) = (
+        usize::from(a.subscribers.subscribers),
+        a.series.count.ledgers,
+    );
+    let normal_s = f64::from(ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
+    let slow_s = normal_s + f64::from(ledgers) * a.delay_ms() / 1e3 + 60.0;
     let limit_s = if slow && wait_slow { slow_s } else { normal_s };
     let sampler = RssSampler::start(
         relay.pid,
@@ -206,15 +211,15 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let mut subs: Vec<Sub> = Vec::new();
     let result = (|| -> anyhow::Result<SlowRun> {
         let relay_ref = relay.as_mut().context("relay")?;
-        let total = usize::from(a.subscribers.subscribers) + usize::from(slow);
+        let total = n_normal + usize::from(slow);
         for i in 0..total {
-            let is_slow = i == usize::from(a.subscribers.subscribers);
+            let is_slow = i == n_normal;
             let spec = SubSpec {
                 consume_delay_ms: is_slow.then(|| a.delay_ms()),
                 ..SubSpec::new(
                     format!("sub-{i}"),
                     2,
-                    Some(a.series.count.ledgers),
+                    Some(ledgers),
                     a.lanes.lanes,
                     &dir,
                     &format!("sub-{i}"),
@@ -228,7 +233,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                 exit: None,
             });
         }
-        let slow_name = format!("sub-{}", a.subscribers.subscribers);
+        let slow_name = format!("sub-{n_normal}");
         let mut outcome = SlowOutcome {
             delay_ms: a.delay_ms(),
             waited: wait_slow,
@@ -244,7 +249,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                     continue;
                 }
                 if let Some((st, _)) = crate::proc::wait_with_cpu(&mut s.child, Instant::now())? {
-                    let is_slow = i == usize::from(a.subscribers.subscribers);
+                    let is_slow = i == n_normal;
                     if !is_slow && !st.success() {
                         bail!(
                             "normal subscriber {i} failed ({st}): {}",
@@ -278,10 +283,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             if subs.iter().all(|s| s.exit.is_some()) {
                 break;
             }
-            let normals_done = subs
-                .iter()
-                .take(usize::from(a.subscribers.subscribers))
-                .all(|s| s.exit.is_some());
+            let normals_done = subs.iter().take(n_normal).all(|s| s.exit.is_some());
             if normals_done && !wait_slow {
                 // The slow one has been measured for as long as the normal ones ran.
                 break;
@@ -300,23 +302,17 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             scrape = m;
         }
         let mut normals: Vec<Vec<Record>> = Vec::new();
-        for (i, s) in subs
-            .iter()
-            .take(usize::from(a.subscribers.subscribers))
-            .enumerate()
-        {
+        for (i, s) in subs.iter().take(n_normal).enumerate() {
             let recs = crate::stats::read_csv(&s.stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             harness::check_contiguous(&[seqs])
                 .map_err(|e| anyhow::anyhow!("normal subscriber {i}: {e}"))?;
-            if recs.len() != a.series.count.ledgers as usize
-                || recs.first().map(|r| r.seq) != Some(2)
-            {
+            if recs.len() != ledgers as usize || recs.first().map(|r| r.seq) != Some(2) {
                 bail!(
                     "normal subscriber {i}: {} ledgers from {:?}, expected {} from 2",
                     recs.len(),
                     recs.first().map(|r| r.seq),
-                    a.series.count.ledgers
+                    ledgers
                 );
             }
             normals.push(recs);
@@ -341,7 +337,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             .map(|r| r.wire_bytes as f64)
             .fold(0.0, f64::max);
         let slow_out = if slow {
-            let s = &subs[usize::from(a.subscribers.subscribers)];
+            let s = &subs[n_normal];
             let recs = harness::read_stats_lenient(&s.stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             outcome.contiguous = harness::check_contiguous(std::slice::from_ref(&seqs)).is_ok()

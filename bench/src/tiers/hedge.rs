@@ -17,6 +17,8 @@ use crate::stats::Record;
 pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Result<Vec<TierRow>> {
     let c = Cluster::local(&work.join("certs"), Default::default())?;
     let dir = work.join("hedge");
+    // Ledgers each subscriber takes, the warm-up's included.
+    let total = a.series.warmup + a.series.count.ledgers;
     let healthy = f64::from(a.lanes.lanes) * a.flow.flow_mbit * 1e6;
     let mut netem = Netem::create(
         "tiers",
@@ -46,37 +48,24 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
                 true,
             ),
         ] {
-            let mut spec = SubSpec::new(
-                "sub-0",
-                "tip",
-                Some(a.series.warmup + a.series.count.ledgers),
-                a.lanes.lanes,
-                &dir,
-                name,
-            );
+            let mut spec = SubSpec::new("sub-0", "tip", Some(total), a.lanes.lanes, &dir, name);
             if hedged {
                 spec.extra.push("--hedge".into());
             }
             let stats = spec.stats.clone();
             let mut child = c.subscriber_to(Some(&netem.sub_ns), &addrs, &spec)?;
-            let limit = Duration::from_secs_f64(
-                a.cadence.cadence_ms / 1e3
-                    * f64::from(a.series.warmup + a.series.count.ledgers)
-                    * 3.0
-                    + 60.0,
-            );
+            let limit =
+                Duration::from_secs_f64(a.cadence.cadence_ms / 1e3 * f64::from(total) * 3.0 + 60.0);
             let st = crate::harness::wait_child(&mut child, limit)?;
             if !st.success() {
                 bail!("the {name} subscriber exited with {st}");
             }
             let recs = read_stats_lenient(&stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
-            if seqs.len() != (a.series.warmup + a.series.count.ledgers) as usize
-                || seqs.windows(2).any(|w| w[1] != w[0] + 1)
-            {
+            if seqs.len() != total as usize || seqs.windows(2).any(|w| w[1] != w[0] + 1) {
                 bail!(
                     "the {name} subscriber wrote {seqs:?}, not {} consecutive ledgers",
-                    a.series.warmup + a.series.count.ledgers
+                    total
                 );
             }
             let measured: Vec<Record> = recs.into_iter().skip(a.series.warmup as usize).collect();
