@@ -70,11 +70,9 @@ pub struct Output {
     pub plots: Option<PathBuf>,
 }
 
-/// Declares argument groups of one flag each, the flag's help their doc: the group's name
-/// (`: Copy` when it can be), the field's `#[arg]` (and `#[serde]`), the field. A subcommand
-/// flattens the group and changes the flag's default or help with
-/// `#[command(mut_arg("FIELD", |a| ...))]`, and a `--quick` preset its default with
-/// `default_value_if("quick", "true", ...)`.
+/// Declares groups of one flag each (the flag's help their doc, `: Copy` when they can be); a
+/// subcommand flattens one and changes its default or help with `mut_arg("FIELD", ...)`, and
+/// a `--quick` preset its default with `default_value_if("quick", "true", ...)`.
 macro_rules! one_flag_groups {
     ($($(#[doc = $doc:literal])* $group:ident $(: $copy:ident)? {
         $(#[$arg:meta])* $field:ident: $ty:ty
