@@ -58,6 +58,7 @@ impl Payload {
 
 /// `ledger-bench fanout` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(mut_arg("ledgers", |a| a.value_parser(clap::value_parser!(u32).range(2..))))]
 #[command(mut_arg("idle_s", |a| a.help("Seconds of the idle phase (CPU of idle sessions)")))]
 pub struct FanoutArgs {
     /// Subscriber counts of the series (one `ledger-subscribe` process each, or
@@ -628,9 +629,6 @@ fn idle(
 
 /// Runs the series (every payload, every count) and returns the report.
 pub fn run(a: &FanoutArgs) -> anyhow::Result<FanoutReport> {
-    if a.series.count.ledgers < 2 {
-        bail!("--ledgers must be at least 2");
-    }
     if a.subscriber_counts.is_empty() || a.subscriber_counts.contains(&0) {
         bail!("--subscribers takes counts of at least 1");
     }
