@@ -39,6 +39,7 @@ use tcp::{ClockEstimate, TcpBaseline};
 /// `ledger-bench remote` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("ledgers", |a| a.default_value("60").help("Ledgers per row, warm-up included")))]
+#[command(mut_arg("counts", |a| a.value_parser(clap::value_parser!(u8).range(1..=64))))]
 #[command(mut_arg("emit_ms", |a| a.help("The relay's `--emit` window, ms: a ledger's goodput counts from its first byte")))]
 pub struct RemoteArgs {
     /// The relay's QUIC address, HOST:PORT.
@@ -185,9 +186,6 @@ pub fn correct(records: &mut [Record], offset_ms: f64) {
 pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     if args.lanes.counts.is_empty() && args.tcp.is_none() {
         bail!("nothing to run: no --lanes and no --tcp");
-    }
-    if let Some(&bad) = args.lanes.counts.iter().find(|&&n| n == 0 || n > 64) {
-        bail!("--lanes {bad}: expected 1..=64");
     }
     args.series.check()?;
     let relay_host = host_of(&args.relay).context("--relay")?;
