@@ -306,20 +306,14 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
     }
     let mut rows = Vec::new();
     let mut index = 0u16;
+    let (work, sizes) = (tmp.path(), (size, chunk));
     for run_no in 1..=args.repeat.repeat {
         for (mode, caps) in &plan {
             index += 1;
-            let row = run_row(
-                &mut netem,
-                &certs,
-                tmp.path(),
-                index,
-                args,
-                (size, chunk),
-                *mode,
-                caps,
-                run_no,
-            );
+            let mut row = LaneRow::new(*mode, caps, run_no);
+            if let Err(e) = measure(&mut netem, &certs, work, index, args, sizes, &mut row) {
+                row.error = Some(format!("{e:#}"));
+            }
             eprintln!("ledger-bench lanes: {}", summary_line(&row));
             rows.push(row);
         }
@@ -340,25 +334,6 @@ fn summary_line(r: &LaneRow) -> String {
             100.0 * r.imbalance
         ),
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_row(
-    netem: &mut Netem,
-    certs: &Path,
-    tmp: &Path,
-    index: u16,
-    args: &LanesArgs,
-    (size, chunk): (u64, u64),
-    mode: LaneMode,
-    caps: &[f64],
-    run_no: u32,
-) -> LaneRow {
-    let mut row = LaneRow::new(mode, caps, run_no);
-    if let Err(e) = measure(netem, certs, tmp, index, args, (size, chunk), &mut row) {
-        row.error = Some(format!("{e:#}"));
-    }
-    row
 }
 
 #[allow(clippy::too_many_arguments)]
