@@ -29,9 +29,9 @@ pub struct Pacing {
     /// `--size`: bytes per ledger.
     #[command(flatten)]
     pub size: crate::cluster::Size,
-    /// Ledgers.
-    #[arg(long)]
-    pub count: u32,
+    /// `--count`.
+    #[command(flatten)]
+    pub count: crate::cluster::Count,
     /// `--cadence`.
     #[command(flatten)]
     pub cadence: crate::cluster::Cadence,
@@ -75,7 +75,7 @@ fn source(p: Pacing) -> mpsc::Receiver<Piece> {
         let body = std::sync::Arc::new(filler(size, 0x9e37_79b9));
         let pieces = size.div_ceil(p.piece.max(1)).max(1);
         let t0 = Instant::now();
-        for seq in 0..p.count {
+        for seq in 0..p.count.count {
             let start = t0 + Duration::from_secs_f64(f64::from(seq) * p.cadence.cadence_ms / 1e3);
             for k in 0..pieces {
                 let at = start
@@ -198,7 +198,7 @@ pub fn pipe(pacing: Pacing) -> anyhow::Result<Vec<Record>> {
     let mut out = Vec::new();
     let mut body = Vec::new();
     let mut prev: Option<u64> = None;
-    for seq in 0..pacing.count {
+    for seq in 0..pacing.count.count {
         let mut h = [0u8; 4];
         reader.read_exact(&mut h)?;
         let len = (u32::from_be_bytes(h) & 0x7fff_ffff) as usize;
@@ -220,7 +220,7 @@ pub fn pipe(pacing: Pacing) -> anyhow::Result<Vec<Record>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{Cadence, Emit, Size};
+    use crate::cluster::{Cadence, Count, Emit, Size};
 
     #[test]
     fn pipe_baseline_delivers_every_ledger() {
@@ -228,7 +228,7 @@ mod tests {
             size: Size {
                 ledger_bytes: 100_000,
             },
-            count: 5,
+            count: Count { count: 5 },
             cadence: Cadence { cadence_ms: 5.0 },
             emit: Emit { emit_ms: 1.0 },
             piece: 16_384,

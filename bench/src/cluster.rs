@@ -159,6 +159,8 @@ one_flag_groups! {
     }
     /// Seconds of the idle phase.
     Idle: Copy { #[arg(long, default_value_t = 3.0)] idle_s: f64 }
+    /// Ledgers of a baseline, to send or to receive.
+    Count: Copy { #[arg(long)] count: u32 }
     /// Emit window of the source, ms.
     Emit: Copy { #[arg(long, default_value_t = 8.0)] emit_ms: f64 }
     /// zstd-1 ratio of the synthetic ledgers at the relay's chunk size (1: incompressible).

@@ -138,9 +138,9 @@ pub enum Helper {
         /// Address to listen on.
         #[arg(long)]
         listen: std::net::SocketAddr,
-        /// Ledgers to receive.
-        #[arg(long)]
-        count: u32,
+        /// `--count`.
+        #[command(flatten)]
+        count: cluster::Count,
         /// Stats CSV.
         #[arg(long)]
         stats: PathBuf,
@@ -479,7 +479,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
             listen,
             count,
             stats,
-        }) => return baseline::tcp_recv(listen, count, stats),
+        }) => return baseline::tcp_recv(listen, count.count, stats),
         Some(Helper::SlowSubscriber(a)) => return slow::main(&a),
         Some(Helper::Load(a)) => return load::main(&a),
         Some(Helper::Lake(a)) => return lake::main(&a),

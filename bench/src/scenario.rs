@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 
 use crate::baseline::Pacing;
 use crate::cluster::Cluster;
-use crate::cluster::{Cadence, Emit, Size};
+use crate::cluster::{Cadence, Count, Emit, Size};
 use crate::harness::{RelaySettings, SubSpec};
 use crate::netem::{Netem, Shape, RELAY_ADDR, SUB_ADDR};
 use crate::proc::{cpu_seconds, kill_all, thread_cpu_seconds, wait_with_cpu};
@@ -291,7 +291,7 @@ fn pacing(s: &Settings) -> Pacing {
         size: Size {
             ledger_bytes: s.size,
         },
-        count: s.ledgers,
+        count: Count { count: s.ledgers },
         cadence: Cadence {
             cadence_ms: s.cadence_ms,
         },
@@ -366,7 +366,7 @@ fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow:
             "--size",
             &p.size.ledger_bytes.to_string(),
             "--count",
-            &p.count.to_string(),
+            &p.count.count.to_string(),
         ])
         .args(["--cadence", &format!("{}ms", p.cadence.cadence_ms)])
         .args([
