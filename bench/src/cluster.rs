@@ -119,9 +119,9 @@ one_flag_groups! {
         #[arg(long, default_value_t = 4, value_parser = value_parser!(u8).range(1..))]
         lanes: u8
     }
-    /// Lane counts to run, one row each (`--lanes`, the old spelling, is kept).
+    /// Lane counts to run, one row each (also `--lanes 1,2,4,8`, the spelling operators use).
     LaneCounts {
-        #[arg(long = "lane-counts", alias = "lanes", value_delimiter = ',',
+        #[arg(long = "lane-counts", visible_alias = "lanes", value_delimiter = ',',
             default_value = "1,2,4,8")]
         #[serde(rename = "lanes")]
         counts: Vec<u8>

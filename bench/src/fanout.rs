@@ -62,11 +62,11 @@ impl Payload {
 #[command(mut_arg("idle_s", |a| a.help("Seconds of the idle phase (CPU of idle sessions)")))]
 pub struct FanoutArgs {
     /// Subscriber counts of the series (one `ledger-subscribe` process each, or
-    /// `--sessions-per-process` of them per process; `--subscribers`, the old spelling, is
-    /// kept).
+    /// `--sessions-per-process` of them per process; also `--subscribers 1,4,8`, the spelling of
+    /// the recorded runs).
     #[arg(
         long,
-        alias = "subscribers",
+        visible_alias = "subscribers",
         value_delimiter = ',',
         default_value = "1,4,16,64"
     )]
