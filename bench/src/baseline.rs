@@ -152,19 +152,25 @@ pub fn tcp_recv(listen: SocketAddr, count: u32, stats: PathBuf) -> anyhow::Resul
         let mut t = [0u8; 8];
         sock.read_exact(&mut t)?;
         let last = u64::from_be_bytes(t);
-        let r = Record {
-            seq,
-            raw_bytes: len as u64,
-            wire_bytes: len as u64,
-            delivery_ms: (received as f64 - last as f64) / 1e6,
-            inter_arrival_ms: prev.map(|p| (received as f64 - p as f64) / 1e6),
-            received_unix_ms: None,
-        };
+        let r = record(seq, len, received, last, prev);
         prev = Some(received);
         out.write_all(crate::stats::csv_row(&r).as_bytes())?;
         out.flush()?;
     }
     Ok(())
+}
+
+/// The record of ledger `seq` of `len` bytes received at `received` ns, its last byte sent at
+/// `last`, the ledger before received at `prev`.
+fn record(seq: u32, len: usize, received: u64, last: u64, prev: Option<u64>) -> Record {
+    Record {
+        seq,
+        raw_bytes: len as u64,
+        wire_bytes: len as u64,
+        delivery_ms: (received as f64 - last as f64) / 1e6,
+        inter_arrival_ms: prev.map(|p| (received as f64 - p as f64) / 1e6),
+        received_unix_ms: None,
+    }
 }
 
 /// The local pipe baseline: the paced source writes core's record-marked framing into a pipe,
@@ -201,14 +207,7 @@ pub fn pipe(pacing: Pacing) -> anyhow::Result<Vec<Record>> {
         let last = ts_rx
             .recv_timeout(Duration::from_secs(5))
             .context("writer timestamp")?;
-        out.push(Record {
-            seq,
-            raw_bytes: len as u64,
-            wire_bytes: len as u64,
-            delivery_ms: (received as f64 - last as f64) / 1e6,
-            inter_arrival_ms: prev.map(|p| (received as f64 - p as f64) / 1e6),
-            received_unix_ms: None,
-        });
+        out.push(record(seq, len, received, last, prev));
         prev = Some(received);
     }
     write

@@ -376,10 +376,7 @@ impl Cluster {
     /// with no stdin or stdout.
     fn command(&self, ns: Option<&str>, name: &str) -> anyhow::Result<Command> {
         let program = crate::proc::sibling_binary(name)?;
-        let mut cmd = match ns {
-            Some(ns) => crate::netem::Netem::exec_in(ns, &program),
-            None => Command::new(program),
-        };
+        let mut cmd = crate::netem::Netem::exec_in(ns, &program);
         cmd.stdin(Stdio::null()).stdout(Stdio::null());
         Ok(cmd)
     }

@@ -54,6 +54,21 @@ impl Payload {
             Payload::Raw => "none",
         }
     }
+
+    /// An endless source of `size`-byte ledgers of this payload (of `ratio` when compressed),
+    /// one per `cadence` ms emitted over `emit_ms` (at most the cadence), 40 ledgers kept.
+    pub(crate) fn relay(self, size: u64, ratio: f64, cadence: f64, emit_ms: f64) -> RelaySettings {
+        let ratio = match self {
+            Payload::Compressed => ratio,
+            Payload::Raw => 1.0,
+        };
+        RelaySettings {
+            emit_ms: emit_ms.min(cadence),
+            codec: self.codec().into(),
+            retention: 40,
+            ..RelaySettings::endless(size, ratio, cadence)
+        }
+    }
 }
 
 /// `ledger-bench fanout` arguments.
@@ -312,36 +327,36 @@ fn wait_for(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Starts `n` sessions from `from` for `count` ledgers, `--sessions-per-process` of them per
+/// `ledger-subscribe` process; returns the processes and every session's stats file.
 fn spawn_all(
+    a: &FanoutArgs,
     cluster: &Cluster,
     relay: &RelayProc,
     dir: &Path,
     tag: &str,
     n: u16,
-    (per_process, receive_only): (u16, bool),
-    lanes: u8,
-    from: u32,
-    count: Option<u32>,
+    (from, count): (u32, Option<u32>),
 ) -> anyhow::Result<(Vec<Child>, Vec<PathBuf>)> {
     let mut children = Vec::new();
     let mut stats = Vec::new();
-    let per_process = per_process.max(1);
+    let per_process = a.sessions_per_process.max(1);
     for i in 0..n.div_ceil(per_process) {
         let spec = SubSpec {
-            name: format!("sub-{i}"),
             sessions: per_process.min(n - i * per_process),
-            from: from.to_string(),
-            count,
-            lanes,
-            stats: dir.join(format!("{tag}-{i}.csv")),
-            log: dir.join(format!("{tag}-{i}.log")),
-            consume_delay_ms: None,
-            extra: if receive_only {
+            extra: if a.receive_only {
                 vec!["--receive-only".into()]
             } else {
                 Vec::new()
             },
+            ..SubSpec::new(
+                format!("sub-{i}"),
+                from,
+                count,
+                a.lanes,
+                dir,
+                &format!("{tag}-{i}"),
+            )
         };
         match cluster.subscriber(relay.addr, &spec) {
             Ok(c) => children.push(c),
@@ -392,18 +407,10 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     let measured_from = first + a.warm.warmup;
     let last = measured_from + a.ledgers - 1;
     let settings = RelaySettings {
-        size: a.size.ledger_bytes,
-        ratio: match payload {
-            Payload::Compressed => a.ratio.ratio,
-            Payload::Raw => 1.0,
-        },
         count: Some(last - start + 1),
         start,
-        cadence_ms: cadence,
-        emit_ms: a.emit.emit_ms.min(cadence),
-        codec: payload.codec().into(),
         chunk: a.chunk.chunk_bytes,
-        retention: 40,
+        ..payload.relay(a.size.ledger_bytes, a.ratio.ratio, cadence, a.emit.emit_ms)
     };
     let mut cluster = Cluster::local(&certs, a.transport)?;
     cluster.relay_extra = caps_for(n, a.sessions_per_process, a.lanes);
@@ -463,15 +470,13 @@ fn measure(
     // Active: N subscribers from `first`.
     let lagged0 = relay.scrape()?.get("lagged_total");
     let (kids, stats) = spawn_all(
+        a,
         cluster,
         relay,
         dir,
         "sub",
         n,
-        (a.sessions_per_process, a.receive_only),
-        a.lanes,
-        first,
-        Some(last - first + 1),
+        (first, Some(last - first + 1)),
     )?;
     children.extend(kids);
     let rounds = last - start + 2;
@@ -579,17 +584,7 @@ fn idle(
     let pid = relay.pid;
     std::thread::sleep(Duration::from_millis(500));
     let before = status_kib(pid, "VmRSS").context("relay RSS")?;
-    let (kids, stats) = spawn_all(
-        cluster,
-        relay,
-        dir,
-        "idle",
-        n,
-        (a.sessions_per_process, a.receive_only),
-        a.lanes,
-        last,
-        None,
-    )?;
+    let (kids, stats) = spawn_all(a, cluster, relay, dir, "idle", n, (last, None))?;
     children.extend(kids);
     let limit = Duration::from_secs(60) + Duration::from_secs_f64(f64::from(n) * 0.5);
     wait_for(relay, limit, "idle subscribers", |_| all_have(&stats, last))?;

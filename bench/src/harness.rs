@@ -94,6 +94,45 @@ impl RelaySettings {
     }
 }
 
+impl crate::cluster::Workload {
+    /// The relay settings of an endless synthetic source of these ledgers from ledger 2, one
+    /// per `cadence_ms` emitted over `emit_ms`, `retention` ledgers kept.
+    pub fn relay(&self, cadence_ms: f64, emit_ms: f64, retention: u32) -> RelaySettings {
+        RelaySettings {
+            emit_ms,
+            codec: self.codec.codec.clone(),
+            chunk: self.chunk.chunk_bytes,
+            retention,
+            ..RelaySettings::endless(self.size.ledger_bytes, self.ratio.ratio, cadence_ms)
+        }
+    }
+
+    /// Fails unless ledgers come every positive `cadence_ms`, emitted within it, in chunks the
+    /// relay takes.
+    pub fn check(&self, cadence_ms: f64, emit_ms: f64) -> anyhow::Result<()> {
+        if !(cadence_ms > 0.0 && emit_ms >= 0.0 && emit_ms <= cadence_ms) {
+            bail!("--cadence-ms must be positive and at least --emit-ms");
+        }
+        if self.chunk.chunk_bytes < 4096 {
+            bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
+        }
+        Ok(())
+    }
+
+    /// `every C ms, CODEC ratio R, chunk B B` (for the summaries).
+    pub fn pace(&self, cadence_ms: f64) -> String {
+        format!(
+            "every {cadence_ms} ms, {} ratio {}, chunk {} B",
+            self.codec.codec, self.ratio.ratio, self.chunk.chunk_bytes
+        )
+    }
+
+    /// The ledger size, KiB.
+    pub fn kib(&self) -> f64 {
+        self.size.ledger_bytes as f64 / 1024.0
+    }
+}
+
 /// A running `ledger-relay run` on loopback with `--metrics`.
 #[derive(Debug)]
 pub struct RelayProc {
@@ -112,9 +151,7 @@ impl RelayProc {
     /// Fails if the relay has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(st) = self.child.try_wait()? {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(5).collect();
-            bail!("the relay exited ({st}): {}", tail.join(" | "));
+            bail!("the relay exited ({st}): {}", log_tail(&self.log, 5));
         }
         Ok(())
     }
@@ -481,6 +518,12 @@ pub fn check_contiguous(segments: &[Vec<u32>]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The last `n` lines of a log, newest first, joined by ` | ` (for error messages).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().rev().take(n).collect::<Vec<_>>().join(" | ")
 }
 
 /// The last line of a log (for error messages).

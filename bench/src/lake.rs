@@ -399,6 +399,13 @@ async fn backfill_set(
         .map(|l| 12 + l.raw.len() as u64)
         .max()
         .unwrap_or(0);
+    // A read holding at most `depth` ledgers ahead.
+    let read = |depth: usize| Read {
+        set,
+        n,
+        raw_total,
+        bound: depth as u64 * largest,
+    };
     for &depth in &a.depths {
         let stats = Arc::new(LakeStats::default());
         let mut cfg = BackfillConfig::new(url.clone(), Some(TESTNET_PASSPHRASE.into()));
@@ -417,15 +424,9 @@ async fn backfill_set(
             got += 1;
         }
         let what = format!("backfill from S3, prefetch {depth}, chunked (zstd 1)");
-        let read = Read {
-            set,
-            n,
-            raw_total,
-            bound: depth as u64 * largest,
-        };
         report
             .reads
-            .push(read.run(&what, got, t.elapsed(), &stats)?);
+            .push(read(depth).run(&what, got, t.elapsed(), &stats)?);
     }
     // The lake alone: fetch, decompress, decode and check, no chunking.
     let depth = 8;
@@ -447,15 +448,9 @@ async fn backfill_set(
         got += 1;
     }
     let what = format!("lake read from S3, prefetch {depth}, raw (verified, not chunked)");
-    let read = Read {
-        set,
-        n,
-        raw_total,
-        bound: depth as u64 * largest,
-    };
     report
         .reads
-        .push(read.run(&what, got, t.elapsed(), &stats)?);
+        .push(read(depth).run(&what, got, t.elapsed(), &stats)?);
     Ok(url)
 }
 

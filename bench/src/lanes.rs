@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::cluster::Cluster;
-use crate::harness::{RelaySettings, SubSpec};
+use crate::harness::{log_tail, RelaySettings, SubSpec};
 use crate::netem::{Netem, Shape, RELAY_ADDR};
 use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
 use crate::stats::read_csv;
@@ -159,6 +159,33 @@ pub struct LaneRow {
 }
 
 impl LaneRow {
+    /// A row of `mode` run `run_no` on lanes capped at `caps` Mbit/s, nothing measured yet.
+    fn planned(mode: LaneMode, caps: &[f64], run_no: u32) -> LaneRow {
+        LaneRow {
+            mode,
+            lanes: caps.len() as u8,
+            run: run_no,
+            ledgers: 0,
+            raw_bytes: 0,
+            transfer_s: f64::NAN,
+            goodput_mib_s: f64::NAN,
+            caps_mib_s: caps.iter().sum::<f64>() * 1e6 / 8.0 / MIB,
+            per_lane: caps
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| LaneStat {
+                    lane: i as u8,
+                    cap_mbit: c,
+                    ..LaneStat::default()
+                })
+                .collect(),
+            imbalance: f64::NAN,
+            sub_cpu_s: f64::NAN,
+            relay_cpu_s: f64::NAN,
+            error: None,
+        }
+    }
+
     fn label(&self) -> String {
         let caps: Vec<f64> = self.per_lane.iter().map(|l| l.cap_mbit).collect();
         let unequal = caps.windows(2).any(|w| w[0] != w[1]);
@@ -275,17 +302,11 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<Vec<LaneRow>> {
     for run_no in 1..=args.repeat.max(1) {
         for (mode, caps) in &plan {
             index += 1;
-            let row = run_row(
-                &mut netem,
-                &certs,
-                tmp.path(),
-                index,
-                args,
-                (size, chunk),
-                *mode,
-                caps,
-                run_no,
-            );
+            let mut row = LaneRow::planned(*mode, caps, run_no);
+            let dims = (size, chunk);
+            if let Err(e) = measure(&mut netem, &certs, tmp.path(), index, args, dims, &mut row) {
+                row.error = Some(format!("{e:#}"));
+            }
             eprintln!("ledger-bench lanes: {}", summary_line(&row));
             rows.push(row);
         }
@@ -306,48 +327,6 @@ fn summary_line(r: &LaneRow) -> String {
             100.0 * r.imbalance
         ),
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_row(
-    netem: &mut Netem,
-    certs: &Path,
-    tmp: &Path,
-    index: u16,
-    args: &LanesArgs,
-    (size, chunk): (u64, u64),
-    mode: LaneMode,
-    caps: &[f64],
-    run_no: u32,
-) -> LaneRow {
-    let lanes = caps.len() as u8;
-    let mut row = LaneRow {
-        mode,
-        lanes,
-        run: run_no,
-        ledgers: 0,
-        raw_bytes: 0,
-        transfer_s: f64::NAN,
-        goodput_mib_s: f64::NAN,
-        caps_mib_s: caps.iter().sum::<f64>() * 1e6 / 8.0 / MIB,
-        per_lane: caps
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| LaneStat {
-                lane: i as u8,
-                cap_mbit: c,
-                ..LaneStat::default()
-            })
-            .collect(),
-        imbalance: f64::NAN,
-        sub_cpu_s: f64::NAN,
-        relay_cpu_s: f64::NAN,
-        error: None,
-    };
-    if let Err(e) = measure(netem, certs, tmp, index, args, (size, chunk), &mut row) {
-        row.error = Some(format!("{e:#}"));
-    }
-    row
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -407,9 +386,10 @@ fn measure(
         let sub_cpu = match wait_with_cpu(&mut subs[0], deadline)? {
             Some((st, cpu)) if st.success() => cpu,
             Some((st, _)) => {
-                let log = std::fs::read_to_string(dir.join("sub.log")).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                bail!("subscriber failed ({st}): {}", tail.join(" | "));
+                bail!(
+                    "subscriber failed ({st}): {}",
+                    log_tail(&dir.join("sub.log"), 3)
+                );
             }
             None => bail!("timed out after {within:?}; logs in {}", dir.display()),
         };

@@ -24,9 +24,7 @@ use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::{
-    self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler, Written,
-};
+use crate::harness::{self, mib, status_kib, RelayProc, RssSample, RssSampler, Written};
 
 mod verdict;
 
@@ -149,15 +147,8 @@ impl LoadArgs {
         if !(self.min_life >= 0.2 && self.max_life >= self.min_life) {
             bail!("--min-life must be at least 200ms and --max-life at least --min-life");
         }
-        if !(self.cadence.cadence_ms > 0.0
-            && self.emit.emit_ms >= 0.0
-            && self.emit.emit_ms <= self.cadence.cadence_ms)
-        {
-            bail!("--cadence-ms must be positive and at least --emit-ms");
-        }
-        if self.workload.chunk.chunk_bytes < 4096 {
-            bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
-        }
+        self.workload
+            .check(self.cadence.cadence_ms, self.emit.emit_ms)?;
         if !(10..=60_000).contains(&self.rss_interval_ms) {
             bail!("--rss-interval-ms must be 10..=60000");
         }
@@ -301,17 +292,9 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         t0: Instant::now(),
     };
     std::fs::create_dir_all(&ctx.dir)?;
-    let settings = RelaySettings {
-        emit_ms: a.emit.emit_ms,
-        codec: a.workload.codec.codec.clone(),
-        chunk: a.workload.chunk.chunk_bytes,
-        retention: s.retention,
-        ..RelaySettings::endless(
-            a.workload.size.ledger_bytes,
-            a.workload.ratio.ratio,
-            a.cadence.cadence_ms,
-        )
-    };
+    let settings = a
+        .workload
+        .relay(a.cadence.cadence_ms, a.emit.emit_ms, s.retention);
     let mut relay = ctx
         .cluster
         .relay(&tmp.path().join("relay"), &settings, &[])?;

@@ -713,20 +713,18 @@ mod tests {
     use crate::stats::Summary;
 
     fn row(name: &str, lanes: u8, mode: Mode, p99: f64, tput: f64, bound: Option<f64>) -> Row {
-        Row {
-            scenario: Scenario {
-                name: name.into(),
-                kind: Kind::Relay {
-                    lanes,
-                    codec: "none".into(),
-                    payload: Payload::Synthetic(1.0),
-                    subscribers: 1,
-                    mode,
-                },
-                emulated: true,
+        let sc = Scenario {
+            name: name.into(),
+            kind: Kind::Relay {
+                lanes,
+                codec: "none".into(),
+                payload: Payload::Synthetic(1.0),
+                subscribers: 1,
+                mode,
             },
-            lanes,
-            subscribers: 1,
+            emulated: true,
+        };
+        Row {
             summary: Summary {
                 ledgers: 10,
                 p99_ms: p99,
@@ -734,17 +732,9 @@ mod tests {
                 goodput_mib_s: tput,
                 ..Summary::default()
             },
-            relay_cpu_ms: None,
-            sub_cpu_ms: None,
-            relay_path_cpu_ms: None,
-            sub_run_cpu_ms: None,
-            per_lane: Vec::new(),
-            projection: None,
             bound_ms: bound,
             p99_over_bound: bound.map(|b| p99 / b),
-            wall_s: f64::NAN,
-            delivery_ms: Vec::new(),
-            error: None,
+            ..Row::empty(&sc, lanes, 1)
         }
     }
 

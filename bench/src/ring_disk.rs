@@ -230,15 +230,10 @@ fn run_one(
     let start = 2u32;
     let last = u64::from(start + ledgers - 1);
     let settings = RelaySettings {
-        size: a.workload.size.ledger_bytes,
-        ratio: a.workload.ratio.ratio,
         count: Some(ledgers),
         start,
-        cadence_ms,
-        emit_ms: cadence_ms.min(8.0),
-        codec: a.workload.codec.codec.clone(),
-        chunk: a.workload.chunk.chunk_bytes,
-        retention: a.retention,
+        ..a.workload
+            .relay(cadence_ms, cadence_ms.min(8.0), a.retention)
     };
     let data = dir.join("data");
     let mut tuning = Vec::new();

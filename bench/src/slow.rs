@@ -105,20 +105,13 @@ impl SlowArgs {
         if self.ledgers <= self.warm.warmup {
             bail!("--ledgers must exceed --warmup ({})", self.warm.warmup);
         }
-        if !(self.cadence.cadence_ms > 0.0
-            && self.emit.emit_ms >= 0.0
-            && self.emit.emit_ms <= self.cadence.cadence_ms)
-        {
-            bail!("--cadence-ms must be positive and at least --emit-ms");
-        }
+        self.workload
+            .check(self.cadence.cadence_ms, self.emit.emit_ms)?;
         if !(self.slow_factor > 0.0 && self.slow_factor <= 1000.0) {
             bail!("--slow-factor must be in (0, 1000]");
         }
         if self.lanes == 0 || self.retention == 0 {
             bail!("--lanes and --retention must be at least 1");
-        }
-        if self.workload.chunk.chunk_bytes < 4096 {
-            bail!("--chunk-bytes must be at least 4096 (the relay's minimum)");
         }
         if !(1..=20).contains(&self.repeat) {
             bail!("--repeat must be 1..=20");
@@ -137,15 +130,9 @@ impl SlowArgs {
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
             count: Some(self.ledgers),
-            emit_ms: self.emit.emit_ms,
-            codec: self.workload.codec.codec.clone(),
-            chunk: self.workload.chunk.chunk_bytes,
-            retention,
-            ..RelaySettings::endless(
-                self.workload.size.ledger_bytes,
-                self.workload.ratio.ratio,
-                self.cadence.cadence_ms,
-            )
+            ..self
+                .workload
+                .relay(self.cadence.cadence_ms, self.emit.emit_ms, retention)
         }
     }
 }

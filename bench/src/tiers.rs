@@ -237,18 +237,9 @@ impl Drop for Procs {
 }
 
 fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySettings {
-    let mut s = RelaySettings::endless(
-        a.size.ledger_bytes,
-        match payload {
-            Payload::Compressed => a.ratio.ratio,
-            Payload::Raw => 1.0,
-        },
-        cadence,
-    );
+    // The relay's 8 ms emit window.
+    let mut s = payload.relay(a.size.ledger_bytes, a.ratio.ratio, cadence, 8.0);
     s.count = Some(last - s.start + 1);
-    s.codec = payload.codec().into();
-    s.emit_ms = s.emit_ms.min(cadence);
-    s.retention = 40;
     s
 }
 
@@ -513,28 +504,23 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
     let mut rows = Vec::new();
     let mut hedge_skipped = None;
     let first = a.payload[0];
-    let fail = |part, name: &str, p, n, cadence, e: anyhow::Error| {
-        eprintln!("tiers: {part:?} {name} failed: {e:#}");
-        let mut r = row(part, name, p, n, cadence);
-        r.error = Some(format!("{e:#}"));
-        r
+    // The rows of a part, or one failed row standing for them.
+    let mut add = |got: anyhow::Result<Vec<TierRow>>, part, name: &str, p, n, cadence| match got {
+        Ok(r) => rows.extend(r),
+        Err(e) => {
+            eprintln!("tiers: {part:?} {name} failed: {e:#}");
+            let mut r = row(part, name, p, n, cadence);
+            r.error = Some(format!("{e:#}"));
+            rows.push(r);
+        }
     };
     for part in &a.parts {
         match part {
             Part::Tier => {
                 for &p in &a.payload {
                     eprintln!("tiers: tier, {p:?}");
-                    match tier::tier(a, tmp.path(), p, None) {
-                        Ok(r) => rows.extend(r),
-                        Err(e) => rows.push(fail(
-                            Part::Tier,
-                            "direct+edge",
-                            p,
-                            1,
-                            a.cadence.cadence_ms,
-                            e,
-                        )),
-                    }
+                    let got = tier::tier(a, tmp.path(), p, None);
+                    add(got, Part::Tier, "direct+edge", p, 1, a.cadence.cadence_ms);
                 }
             }
             Part::TierZone => match crate::netem::unavailable_reason() {
@@ -559,17 +545,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                         .and_then(|mut netem| {
                             tier::tier(a, tmp.path(), p, Some((&mut netem, link)))
                         });
-                        match r {
-                            Ok(r) => rows.extend(r),
-                            Err(e) => rows.push(fail(
-                                Part::TierZone,
-                                "direct+edge",
-                                p,
-                                1,
-                                a.cadence.cadence_ms,
-                                e,
-                            )),
-                        }
+                        add(r, Part::TierZone, "direct+edge", p, 1, a.cadence.cadence_ms);
                     }
                 }
             },
@@ -579,17 +555,14 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                         "tiers: tree, {edges} edges, {} subscribers",
                         a.tree_subscribers
                     );
-                    match tree_row(a, tmp.path(), first, edges) {
-                        Ok(r) => rows.push(r),
-                        Err(e) => rows.push(fail(
-                            Part::Tree,
-                            &format!("edges-{edges}"),
-                            first,
-                            a.tree_subscribers,
-                            a.tree_cadence_ms,
-                            e,
-                        )),
-                    }
+                    add(
+                        tree_row(a, tmp.path(), first, edges).map(|r| vec![r]),
+                        Part::Tree,
+                        &format!("edges-{edges}"),
+                        first,
+                        a.tree_subscribers,
+                        a.tree_cadence_ms,
+                    );
                 }
             }
             Part::Hedge => match crate::netem::unavailable_reason() {
@@ -599,12 +572,8 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                 }
                 None => {
                     eprintln!("tiers: hedge, {first:?}");
-                    match hedge::hedge(a, tmp.path(), first) {
-                        Ok(r) => rows.extend(r),
-                        Err(e) => {
-                            rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence.cadence_ms, e))
-                        }
-                    }
+                    let got = hedge::hedge(a, tmp.path(), first);
+                    add(got, Part::Hedge, "A+B", first, 1, a.cadence.cadence_ms);
                 }
             },
         }

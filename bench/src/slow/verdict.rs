@@ -176,19 +176,15 @@ pub fn summary(r: &SlowReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "slow subscriber: {} normal subscribers, 1 slow (--consume-delay {} ms = {}x the cadence); {} ledgers of {:.0} KiB every {} ms, {} ratio {}, chunk {} B, {} lanes; load average {} -> {}",
+        "slow subscriber: {} normal subscribers, 1 slow (--consume-delay {} ms = {}x the cadence); {} ledgers of {:.0} KiB {}, {} lanes; {}",
         a.subscribers,
         a.delay_ms(),
         a.slow_factor,
         a.ledgers,
-        a.workload.size.ledger_bytes as f64 / 1024.0,
-        a.cadence.cadence_ms,
-        a.workload.codec.codec,
-        a.workload.ratio.ratio,
-        a.workload.chunk.chunk_bytes,
+        a.workload.kib(),
+        a.workload.pace(a.cadence.cadence_ms),
         a.lanes,
-        crate::stats::fmt_load(&r.load_average[0]),
-        crate::stats::fmt_load(&r.load_average[1]),
+        crate::stats::fmt_loads(&r.load_average),
     );
     let _ = writeln!(
         out,
