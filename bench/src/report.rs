@@ -25,6 +25,64 @@ pub(crate) fn opt(v: Option<f64>, prec: usize) -> String {
     }
 }
 
+/// A column of a fixed-width table: its header, width, whether it is left-aligned, and its
+/// cell of a row (a cell may carry its own padding, as `  20/80  `; it is padded to the width
+/// only when shorter).
+pub(crate) struct Col<R>(&'static str, usize, bool, fn(&R) -> String);
+
+impl<R> Col<R> {
+    /// Right-aligned.
+    pub(crate) const fn r(head: &'static str, width: usize, cell: fn(&R) -> String) -> Col<R> {
+        Col(head, width, false, cell)
+    }
+
+    /// Left-aligned.
+    pub(crate) const fn l(head: &'static str, width: usize, cell: fn(&R) -> String) -> Col<R> {
+        Col(head, width, true, cell)
+    }
+
+    fn pad(&self, text: &str) -> String {
+        if self.2 {
+            format!("{text:<w$}", w = self.1)
+        } else {
+            format!("{text:>w$}", w = self.1)
+        }
+    }
+}
+
+/// The table of `rows` under `cols`' headers, a space between columns. A row whose `error`
+/// is set shows its first `lead` cells, then `FAILED: ERROR` (`failed` is the word).
+pub(crate) fn table_of<R>(
+    cols: &[Col<R>],
+    rows: &[R],
+    (lead, failed): (usize, &str),
+    error: impl Fn(&R) -> Option<&str>,
+) -> String {
+    let line = |cells: Vec<String>| cells.join(" ") + "\n";
+    let mut s = line(cols.iter().map(|c| c.pad(c.0)).collect());
+    for r in rows {
+        let shown = if error(r).is_some() { lead } else { cols.len() };
+        let mut cells: Vec<String> = cols[..shown].iter().map(|c| c.pad(&(c.3)(r))).collect();
+        if let Some(e) = error(r) {
+            cells.push(format!("{failed}: {e}"));
+        }
+        s.push_str(&line(cells));
+    }
+    s
+}
+
+/// A CSV column: its name and its field of a row.
+pub(crate) type CsvCol<R> = (&'static str, fn(&R) -> String);
+
+/// CSV of `rows`: a header line of the column names, then one line per row.
+pub(crate) fn csv_of<R>(cols: &[CsvCol<R>], rows: &[R]) -> String {
+    let mut s = cols.iter().map(|c| c.0).collect::<Vec<_>>().join(",") + "\n";
+    for r in rows {
+        s.push_str(&(cols.iter().map(|c| (c.1)(r)).collect::<Vec<_>>().join(",") + "\n"));
+    }
+    s
+}
+
 /// `codec` of a row ("-" for the baselines).
 fn codec(r: &Row) -> &str {
     match &r.scenario.kind {
@@ -736,6 +794,21 @@ mod tests {
             p99_over_bound: bound.map(|b| p99 / b),
             ..Row::empty(&sc, lanes, 1)
         }
+    }
+
+    #[test]
+    fn columns_pad_their_cells_and_a_failed_row_keeps_its_lead() {
+        let cols: [Col<(u32, Option<&str>)>; 3] = [
+            Col::l("name", 6, |r| format!("r{}", r.0)),
+            Col::r("n", 4, |r| r.0.to_string()),
+            Col::r("x", 3, |r| format!("{:>2}/", r.0)),
+        ];
+        let t = table_of(&cols, &[(7, None), (8, Some("boom"))], (1, "FAILED"), |r| {
+            r.1
+        });
+        assert_eq!(t, "name      n   x\nr7        7  7/\nr8     FAILED: boom\n");
+        let c: [CsvCol<u32>; 2] = [("a", |r| r.to_string()), ("b", |r| (r * 2).to_string())];
+        assert_eq!(csv_of(&c, &[1, 2]), "a,b\n1,2\n2,4\n");
     }
 
     #[test]
