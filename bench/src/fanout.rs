@@ -28,10 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::{Cluster, Output, Transport};
-use crate::harness::{
-    make_certs, read_stats_lenient, status_kib, RelayProc, RelaySettings, RssSampler, SubSpec,
-};
+use crate::cluster::{Cluster, Output, RelayProc, RelaySettings, SubSpec, Transport};
+use crate::harness::{make_certs, read_stats_lenient, status_kib, RssSampler};
 use crate::proc::{cpu_seconds, kill_all, stop};
 
 mod report;
@@ -508,7 +506,7 @@ fn measure(
         );
     }
     for c in children.iter_mut() {
-        let st = crate::harness::wait_child(c, slack)?;
+        let st = crate::cluster::wait_child(c, slack)?;
         if !st.success() {
             bail!("a subscriber exited with {st}");
         }

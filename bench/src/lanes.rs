@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::Cluster;
-use crate::harness::{log_tail, RelaySettings, SubSpec};
+use crate::cluster::{Cluster, RelaySettings, SubSpec};
+use crate::harness::log_tail;
 use crate::netem::{Netem, Shape, RELAY_ADDR};
 use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
 use crate::report::{csv_of, table_of, Col, CsvCol};

@@ -24,7 +24,8 @@ use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::{self, mib, status_kib, RelayProc, RssSample, RssSampler, Written};
+use crate::cluster::{RelayProc, SubSpec};
+use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
 
 mod verdict;
 
@@ -231,7 +232,7 @@ fn start(
 ) -> anyhow::Result<()> {
     let k = slot.report.segments.len();
     let from = next_from(slot, scrape);
-    let spec = harness::SubSpec::new(
+    let spec = SubSpec::new(
         &slot.report.name,
         &from,
         None,

@@ -28,8 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::Cluster;
-use crate::harness::SubSpec;
+use crate::cluster::{Cluster, SubSpec};
 use crate::netem::Shape;
 use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
 use crate::scenario::{finish, Kind, Row, Scenario, Settings};

@@ -28,8 +28,8 @@ use anyhow::{bail, Context};
 
 use ledger_relay::ring::SLED_TUNING_ENV;
 
-use crate::cluster::{Cluster, Transport};
-use crate::harness::{make_certs, RelaySettings};
+use crate::cluster::{Cluster, RelaySettings, Transport};
+use crate::harness::make_certs;
 use crate::report::Col;
 
 /// `ledger-bench ring-disk` arguments.

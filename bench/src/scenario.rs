@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::baseline::Pacing;
-use crate::cluster::Cluster;
-use crate::harness::{log_tail, RelaySettings, SubSpec};
+use crate::cluster::{Cluster, RelaySettings, SubSpec};
+use crate::harness::log_tail;
 use crate::netem::{Netem, Shape, RELAY_ADDR, SUB_ADDR};
 use crate::proc::{cpu_seconds, kill_all, thread_cpu_seconds, wait_with_cpu};
 use crate::stats::{read_csv, summarize, Record, Summary};

@@ -29,9 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::harness::{
-    self, mib, status_kib, RelaySettings, RssSample, RssSampler, SubSpec, Written,
-};
+use crate::cluster::{RelaySettings, SubSpec};
+use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
 use crate::stats::{quantile, summarize, Record, Summary};
 
 mod bound;

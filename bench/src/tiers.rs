@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, RelayProc, RelaySettings};
 use crate::fanout::Payload;
-use crate::harness::{make_certs, read_stats_lenient, RelayProc, RelaySettings};
+use crate::harness::{make_certs, read_stats_lenient};
 use crate::netem::{Netem, Shape};
 use crate::proc::{cpu_seconds, kill_all};
 use crate::stats::{quantile, Record};
@@ -313,7 +313,7 @@ fn subscriber(
     lanes: u8,
     span: Span,
 ) -> anyhow::Result<(Child, PathBuf)> {
-    let spec = crate::harness::SubSpec::new(name, span.first, Some(span.count()), lanes, dir, name);
+    let spec = crate::cluster::SubSpec::new(name, span.first, Some(span.count()), lanes, dir, name);
     Ok((c.subscriber_in(ns, relay.addr, &spec)?, spec.stats))
 }
 
