@@ -384,22 +384,13 @@ impl Cluster {
     /// Starts `ledger-subscribe` for `spec` against `relay` with the transport settings
     /// (its [`SubSpec::extra`] flags come last).
     pub fn subscriber(&self, relay: SocketAddr, spec: &SubSpec) -> anyhow::Result<Child> {
-        self.subscriber_in(None, relay, spec)
+        self.subscriber_to(None, &relay.to_string(), spec)
     }
 
-    /// [`Cluster::subscriber`] in network namespace `ns` when given.
-    pub fn subscriber_in(
-        &self,
-        ns: Option<&str>,
-        relay: SocketAddr,
-        spec: &SubSpec,
-    ) -> anyhow::Result<Child> {
-        self.subscriber_to(ns, &relay.to_string(), spec)
-    }
-
-    /// [`Cluster::subscriber_in`] given `relays` as `--relay` takes it (`HOST:PORT`, or `A,B`
-    /// for `--hedge`). It writes ledgers to /dev/null (verified all the same: order, checksums and the
-    /// hash chain) unless it holds several sessions.
+    /// [`Cluster::subscriber`] in network namespace `ns` when given, to `relays` as `--relay`
+    /// takes them (`HOST:PORT`, or `A,B` for `--hedge`). It writes ledgers to /dev/null
+    /// (verified all the same: order, checksums and the hash chain) unless it holds several
+    /// sessions.
     pub fn subscriber_to(
         &self,
         ns: Option<&str>,

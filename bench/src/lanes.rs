@@ -381,7 +381,7 @@ fn measure(
             extra: vec!["--lane-ports".into(), lane_base.to_string()],
             ..SubSpec::new("sub-0", 2, Some(args.ledgers), row.lanes, &dir, "sub")
         };
-        let sub = cluster.subscriber_in(Some(&netem.sub_ns), relay.addr, &spec)?;
+        let sub = cluster.subscriber_to(Some(&netem.sub_ns), &relay.addr.to_string(), &spec)?;
         subs.push(sub);
         let deadline = Instant::now() + within;
         let sub_cpu = match wait_with_cpu(&mut subs[0], deadline)? {

@@ -569,10 +569,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
                     &format!("sub-{i}"),
                 )
             };
-            subs.push(
-                env.cluster
-                    .subscriber_in(sub_ns.as_deref(), relay.addr, &spec)?,
-            );
+            subs.push(env.cluster.subscriber_to(
+                sub_ns.as_deref(),
+                &relay.addr.to_string(),
+                &spec,
+            )?);
         }
         // Relay CPU is counted from the first delivered ledger after warm-up: calibration,
         // generation ahead of time and handshakes are left out.

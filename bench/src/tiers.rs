@@ -314,7 +314,10 @@ fn subscriber(
     span: Span,
 ) -> anyhow::Result<(Child, PathBuf)> {
     let spec = crate::cluster::SubSpec::new(name, span.first, Some(span.count()), lanes, dir, name);
-    Ok((c.subscriber_in(ns, relay.addr, &spec)?, spec.stats))
+    Ok((
+        c.subscriber_to(ns, &relay.addr.to_string(), &spec)?,
+        spec.stats,
+    ))
 }
 
 /// Waits until every stats file holds ledger `seq`; fails after `limit`, or when a subscriber
