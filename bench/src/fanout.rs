@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::cluster::{Cluster, Output, RelayProc, RelaySettings, SubSpec, Transport};
-use crate::harness::{make_certs, read_stats_lenient, status_kib, RssSampler};
+use crate::harness::{all_have, make_certs, read_stats_lenient, status_kib, RssSampler};
 use crate::proc::{cpu_seconds, kill_all, stop};
 
 mod report;
@@ -292,16 +292,6 @@ pub fn spread(subs: &[Vec<crate::stats::Record>], seqs: std::ops::RangeInclusive
     }
 }
 
-/// Whether every stats file holds ledger `seq` (or a later one); the fanout and tiers benches
-/// wait on it.
-pub(crate) fn all_have(stats: &[PathBuf], seq: u32) -> bool {
-    stats.iter().all(|p| {
-        read_stats_lenient(p)
-            .map(|r| r.last().is_some_and(|r| r.seq >= seq))
-            .unwrap_or(false)
-    })
-}
-
 /// Polls `cond` (given the relay) every 20 ms until it holds; fails after `limit` or when the relay exits.
 fn wait_for(
     relay: &mut RelayProc,
@@ -513,20 +503,7 @@ fn measure(
     }
     children.clear();
     let lagged = relay.scrape()?.get("lagged_total") - lagged0;
-    let mut records = Vec::new();
-    for p in &stats {
-        let r = read_stats_lenient(p)?;
-        let seqs: Vec<u32> = r.iter().map(|r| r.seq).collect();
-        let want: Vec<u32> = (first..=last).collect();
-        if seqs != want {
-            bail!(
-                "{}: ledgers {:?}.. not {first}..={last}",
-                p.display(),
-                seqs.first()
-            );
-        }
-        records.push(r);
-    }
+    let records = crate::harness::read_exact(&stats, first..=last)?;
     let delivered = records
         .iter()
         .map(|r| r.iter().filter(|r| r.seq >= measured_from).count())

@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -278,6 +279,41 @@ pub fn read_stats_lenient(path: &Path) -> anyhow::Result<Vec<Record>> {
         None => "",
     };
     parse_csv(whole).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Whether every stats file holds ledger `seq` (or a later one); the fanout and tiers benches
+/// wait on it.
+pub fn all_have(stats: &[PathBuf], seq: u32) -> bool {
+    stats.iter().all(|p| {
+        read_stats_lenient(p)
+            .map(|r| r.last().is_some_and(|r| r.seq >= seq))
+            .unwrap_or(false)
+    })
+}
+
+/// Reads each stats file (see [`read_stats_lenient`]) and checks it holds exactly the ledgers
+/// `want`, in order.
+pub fn read_exact(
+    stats: &[PathBuf],
+    want: RangeInclusive<u32>,
+) -> anyhow::Result<Vec<Vec<Record>>> {
+    let (first, last) = (*want.start(), *want.end());
+    let want: Vec<u32> = want.collect();
+    let read = |p: &PathBuf| {
+        let r = read_stats_lenient(p)?;
+        let seqs: Vec<u32> = r.iter().map(|r| r.seq).collect();
+        if seqs != want {
+            bail!(
+                "{}: wrote ledgers {:?}..{:?} ({}), not {first}..={last}",
+                p.display(),
+                seqs.first(),
+                seqs.last(),
+                seqs.len(),
+            );
+        }
+        Ok(r)
+    };
+    stats.iter().map(read).collect()
 }
 
 /// Checks that `segments` (the sequences of one subscriber's successive processes) join into

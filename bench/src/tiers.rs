@@ -32,7 +32,7 @@ use anyhow::{bail, Context};
 
 use crate::cluster::{Cluster, RelayProc, RelaySettings};
 use crate::fanout::Payload;
-use crate::harness::{make_certs, read_stats_lenient};
+use crate::harness::{all_have, make_certs, read_exact};
 use crate::netem::{Netem, Shape};
 use crate::proc::{cpu_seconds, kill_all};
 use crate::stats::{quantile, Record};
@@ -330,7 +330,7 @@ fn wait_all(
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
-        if crate::fanout::all_have(stats, seq) {
+        if all_have(stats, seq) {
             return Ok(());
         }
         for (i, c) in subs.iter_mut().enumerate() {
@@ -349,25 +349,9 @@ fn wait_all(
 
 /// Reads each stats file, checks it holds exactly `span`, and returns the measured records.
 fn collect(stats: &[PathBuf], span: Span) -> anyhow::Result<Vec<Vec<Record>>> {
-    let want: Vec<u32> = (span.first..=span.last).collect();
-    let mut out = Vec::new();
-    for p in stats {
-        let r = read_stats_lenient(p)?;
-        let seqs: Vec<u32> = r.iter().map(|r| r.seq).collect();
-        if seqs != want {
-            bail!(
-                "{}: wrote ledgers {:?}..{:?} ({}), not {}..={}",
-                p.display(),
-                seqs.first(),
-                seqs.last(),
-                seqs.len(),
-                span.first,
-                span.last
-            );
-        }
-        out.push(r.into_iter().filter(|r| r.seq >= span.measured).collect());
-    }
-    Ok(out)
+    let all = read_exact(stats, span.first..=span.last)?;
+    let measured = |r: Vec<Record>| r.into_iter().filter(|r| r.seq >= span.measured).collect();
+    Ok(all.into_iter().map(measured).collect())
 }
 
 /// Per ledger, the largest delivery over the subscribers (the last to finish it).
