@@ -95,44 +95,27 @@ fn codec(r: &Row) -> &str {
 
 /// The table printed on stdout.
 pub fn table(rows: &[Row]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{:<22} {:>6} {:>3} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
-        "scenario", "net", "ln", "codec", "subs", "p50 ms", "p90 ms", "p99 ms", "max ms",
-        "ia ms", "gput", "tput", "xfer", "ratio", "rly cpu", "sub cpu", "bound", "p99/b"
-    );
-    for r in rows {
-        let net = r.scenario.network();
-        if let Some(e) = &r.error {
-            let _ = writeln!(s, "{:<22} {:>6} ERROR: {e}", r.scenario.name, net);
-            continue;
-        }
-        let m = &r.summary;
-        let _ = writeln!(
-            s,
-            "{:<22} {:>6} {:>3} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>8} {:>8} {:>8} {:>6}",
-            r.scenario.name,
-            net,
-            r.lanes,
-            codec(r),
-            r.subscribers,
-            m.p50_ms,
-            m.p90_ms,
-            m.p99_ms,
-            m.max_ms,
-            m.inter_p50_ms,
-            m.goodput_mib_s,
-            m.throughput_mib_s,
-            m.transfer_mib_s,
-            m.ratio,
-            opt(r.relay_cpu_ms, 2),
-            opt(r.sub_cpu_ms, 2),
-            opt(r.bound_ms, 2),
-            opt(r.p99_over_bound, 2),
-        );
-    }
-    s
+    let cols: [Col<Row>; 18] = [
+        Col::l("scenario", 22, |r| r.scenario.name.clone()),
+        Col::r("net", 6, |r| r.scenario.network().into()),
+        Col::r("ln", 3, |r| r.lanes.to_string()),
+        Col::r("codec", 5, |r| codec(r).into()),
+        Col::r("subs", 4, |r| r.subscribers.to_string()),
+        Col::r("p50 ms", 8, |r| format!("{:.2}", r.summary.p50_ms)),
+        Col::r("p90 ms", 8, |r| format!("{:.2}", r.summary.p90_ms)),
+        Col::r("p99 ms", 8, |r| format!("{:.2}", r.summary.p99_ms)),
+        Col::r("max ms", 8, |r| format!("{:.2}", r.summary.max_ms)),
+        Col::r("ia ms", 7, |r| format!("{:.1}", r.summary.inter_p50_ms)),
+        Col::r("gput", 8, |r| format!("{:.1}", r.summary.goodput_mib_s)),
+        Col::r("tput", 8, |r| format!("{:.1}", r.summary.throughput_mib_s)),
+        Col::r("xfer", 8, |r| format!("{:.1}", r.summary.transfer_mib_s)),
+        Col::r("ratio", 6, |r| format!("{:.2}", r.summary.ratio)),
+        Col::r("rly cpu", 8, |r| opt(r.relay_cpu_ms, 2)),
+        Col::r("sub cpu", 8, |r| opt(r.sub_cpu_ms, 2)),
+        Col::r("bound", 8, |r| opt(r.bound_ms, 2)),
+        Col::r("p99/b", 6, |r| opt(r.p99_over_bound, 2)),
+    ];
+    table_of(&cols, rows, (2, "ERROR"), |r| r.error.as_deref())
 }
 
 /// CSV, one line per row.
