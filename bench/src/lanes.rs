@@ -353,15 +353,12 @@ fn measure(
         LaneMode::CatchUp => (1.0, 0.0),
     };
     let settings = RelaySettings {
-        size,
-        ratio: 1.0,
         count: Some(args.ledgers),
-        start: 2,
-        cadence_ms,
         emit_ms,
         codec: "none".into(),
         chunk,
         retention: 5000,
+        ..RelaySettings::endless(size, 1.0, cadence_ms)
     };
     let cluster = Cluster::local(certs, args.transport)?;
     let ns = Some((netem.relay_ns.as_str(), RELAY_ADDR));

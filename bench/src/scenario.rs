@@ -530,15 +530,13 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         extra.extend(["--window".into(), "1".into()]);
     }
     let settings = RelaySettings {
-        size: s.size,
-        ratio: 1.0,
         count: Some(count),
         start,
-        cadence_ms,
         emit_ms: s.emit_ms,
         codec: codec.to_string(),
         chunk: s.chunk,
         retention: 5000,
+        ..RelaySettings::endless(s.size, 1.0, cadence_ms)
     };
     let ns = relay_ns.as_deref().map(|n| (n, RELAY_ADDR));
     let mut relay = env.cluster.relay_in(ns, &dir, &settings, &source, &extra)?;

@@ -144,15 +144,11 @@ struct Env {
 /// Measures an idle relay: 1 KiB ledgers, one per 100 ms, no subscriber, after 2 s.
 fn idle_rss(env: &Env) -> anyhow::Result<u64> {
     let s = RelaySettings {
-        size: 1024,
-        ratio: 1.0,
         count: Some(20),
-        start: 2,
-        cadence_ms: 100.0,
         emit_ms: 1.0,
-        codec: "zstd".into(),
         chunk: 4096,
         retention: 100,
+        ..RelaySettings::endless(1024, 1.0, 100.0)
     };
     let relay = env.cluster.relay(&env.tmp.join("idle"), &s, &[])?;
     std::thread::sleep(Duration::from_secs(2));
