@@ -6,15 +6,15 @@
 //! measured and [`emit`].
 
 use std::fs::File;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::value_parser;
 
-use crate::harness::{free_tcp_port, free_udp_port, RelayProc, RelaySettings, SubSpec};
+use crate::harness::{http_get, log_tail, parse_metrics, Scrape};
 
 /// QUIC packet sizes of every relay and subscriber of a run (`--max-mtu`, `--min-mtu`).
 #[derive(Debug, Clone, Copy, Default, clap::Args, serde::Serialize)]
@@ -450,10 +450,7 @@ impl Cluster {
     /// with no stdin or stdout.
     fn command(&self, ns: Option<&str>, name: &str) -> anyhow::Result<Command> {
         let program = crate::proc::sibling_binary(name)?;
-        let mut cmd = match ns {
-            Some(ns) => crate::netem::Netem::exec_in(ns, &program),
-            None => Command::new(program),
-        };
+        let mut cmd = crate::netem::Netem::exec_in(ns, &program);
         cmd.stdin(Stdio::null()).stdout(Stdio::null());
         Ok(cmd)
     }
@@ -461,22 +458,13 @@ impl Cluster {
     /// Starts `ledger-subscribe` for `spec` against `relay` with the transport settings
     /// (its [`SubSpec::extra`] flags come last).
     pub fn subscriber(&self, relay: SocketAddr, spec: &SubSpec) -> anyhow::Result<Child> {
-        self.subscriber_in(None, relay, spec)
+        self.subscriber_to(None, &relay.to_string(), spec)
     }
 
-    /// [`Cluster::subscriber`] in network namespace `ns` when given.
-    pub fn subscriber_in(
-        &self,
-        ns: Option<&str>,
-        relay: SocketAddr,
-        spec: &SubSpec,
-    ) -> anyhow::Result<Child> {
-        self.subscriber_to(ns, &relay.to_string(), spec)
-    }
-
-    /// [`Cluster::subscriber_in`] given `relays` as `--relay` takes it (`HOST:PORT`, or `A,B`
-    /// for `--hedge`). It writes ledgers to /dev/null (verified all the same: order, checksums and the
-    /// hash chain) unless it holds several sessions.
+    /// [`Cluster::subscriber`] in network namespace `ns` when given, to `relays` as `--relay`
+    /// takes them (`HOST:PORT`, or `A,B` for `--hedge`). It writes ledgers to /dev/null
+    /// (verified all the same: order, checksums and the hash chain) unless it holds several
+    /// sessions.
     pub fn subscriber_to(
         &self,
         ns: Option<&str>,
@@ -515,6 +503,213 @@ impl Cluster {
         crate::proc::track(&child);
         Ok(child)
     }
+}
+
+/// The synthetic source and the relay settings of a run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RelaySettings {
+    /// Ledger size, bytes.
+    pub size: u64,
+    /// zstd-1 ratio of the synthetic filler at the relay's chunk size (1 = incompressible).
+    pub ratio: f64,
+    /// Ledgers the source emits (`None`: endless).
+    pub count: Option<u32>,
+    /// Sequence of the first ledger.
+    pub start: u32,
+    /// Time between ledgers, ms.
+    pub cadence_ms: f64,
+    /// Emit window, ms.
+    pub emit_ms: f64,
+    /// Chunk codec.
+    pub codec: String,
+    /// Raw bytes per chunk.
+    pub chunk: u64,
+    /// Ledgers kept in the ring (`--retention`).
+    pub retention: u32,
+}
+
+impl RelaySettings {
+    /// The `synthetic:` source of these settings.
+    pub fn synthetic_source(&self) -> String {
+        let mut source = format!("synthetic:size={},ratio={}", self.size, self.ratio);
+        if let Some(n) = self.count {
+            source.push_str(&format!(",count={n}"));
+        }
+        // chunk=: the ratio is calibrated for the relay's chunk size, as in the main bench.
+        source.push_str(&format!(",start={},chunk={}", self.start, self.chunk));
+        source
+    }
+
+    /// An endless synthetic source from ledger 2 of `size`-byte ledgers at `ratio`, one per
+    /// `cadence_ms`, with the relay's defaults for the rest: emitted over 8 ms, zstd, 256 KiB
+    /// chunks, 200 ledgers kept. Callers change what their run sets.
+    pub fn endless(size: u64, ratio: f64, cadence_ms: f64) -> RelaySettings {
+        RelaySettings {
+            size,
+            ratio,
+            count: None,
+            start: 2,
+            cadence_ms,
+            emit_ms: 8.0,
+            codec: "zstd".into(),
+            chunk: 256 << 10,
+            retention: 200,
+        }
+    }
+}
+
+impl Workload {
+    /// The relay settings of an endless synthetic source of these ledgers from ledger 2, one
+    /// per `cadence_ms` emitted over `emit_ms`, `retention` ledgers kept.
+    pub fn relay(&self, cadence_ms: f64, emit_ms: f64, retention: u32) -> RelaySettings {
+        RelaySettings {
+            emit_ms,
+            codec: self.codec.codec.clone(),
+            chunk: self.chunk.chunk_bytes,
+            retention,
+            ..RelaySettings::endless(self.size.ledger_bytes, self.ratio.ratio, cadence_ms)
+        }
+    }
+
+    /// `every C ms, CODEC ratio R, chunk B B` (for the summaries).
+    pub fn pace(&self, cadence_ms: f64) -> String {
+        format!(
+            "every {cadence_ms} ms, {} ratio {}, chunk {} B",
+            self.codec.codec, self.ratio.ratio, self.chunk.chunk_bytes
+        )
+    }
+
+    /// The ledger size, KiB.
+    pub fn kib(&self) -> f64 {
+        self.size.ledger_bytes as f64 / 1024.0
+    }
+}
+
+/// A running `ledger-relay run` on loopback with `--metrics`.
+#[derive(Debug)]
+pub struct RelayProc {
+    pub(crate) child: Child,
+    /// Its process id.
+    pub pid: u32,
+    /// The QUIC address subscribers connect to.
+    pub addr: SocketAddr,
+    /// The metrics address.
+    pub metrics: SocketAddr,
+    /// Its log (stderr, `RUST_LOG=info`).
+    pub log: PathBuf,
+}
+
+impl RelayProc {
+    /// Fails if the relay has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(st) = self.child.try_wait()? {
+            bail!("the relay exited ({st}): {}", log_tail(&self.log, 5));
+        }
+        Ok(())
+    }
+
+    /// Scrapes `/metrics`.
+    pub fn scrape(&self) -> anyhow::Result<Scrape> {
+        Ok(parse_metrics(&http_get(self.metrics, "/metrics")?))
+    }
+
+    /// Stops the relay (SIGINT, then SIGKILL after 10 s); returns its exit status if it stopped
+    /// by itself.
+    pub fn stop(mut self) -> Option<ExitStatus> {
+        crate::proc::stop(&mut self.child, Duration::from_secs(10)).map(|(st, _)| st)
+    }
+}
+
+/// How a `ledger-subscribe` process is started.
+#[derive(Debug, Clone)]
+pub struct SubSpec {
+    /// Certificate name (`sub-N`).
+    pub name: String,
+    /// `--from`: a sequence or `tip`.
+    pub from: String,
+    /// `--count`.
+    pub count: Option<u32>,
+    /// `--lanes`.
+    pub lanes: u8,
+    /// `--stats` file.
+    pub stats: PathBuf,
+    /// Its stderr.
+    pub log: PathBuf,
+    /// `--consume-delay`, ms.
+    pub consume_delay_ms: Option<f64>,
+    /// `--sessions`: subscriptions this process holds, each verified and written nowhere, its
+    /// stats in `STATS.k` (see [`SubSpec::stats_files`]); 1 is one subscription written to
+    /// /dev/null with its stats in `stats`.
+    pub sessions: u16,
+    /// More flags for this subscriber, after the others.
+    pub extra: Vec<String>,
+}
+
+impl SubSpec {
+    /// Subscriber `name` (its client certificate) from `from` (a sequence or `tip`) for
+    /// `count` ledgers (`None`: endless) on `lanes` lanes, its stats in `dir/TAG.csv` and its
+    /// stderr in `dir/TAG.log`: one session written to /dev/null, no consume delay, no more
+    /// flags (set those with `SubSpec { .., ..SubSpec::new(..) }`).
+    pub fn new(
+        name: impl Into<String>,
+        from: impl ToString,
+        count: Option<u32>,
+        lanes: u8,
+        dir: &Path,
+        tag: &str,
+    ) -> SubSpec {
+        SubSpec {
+            name: name.into(),
+            from: from.to_string(),
+            count,
+            lanes,
+            stats: dir.join(format!("{tag}.csv")),
+            log: dir.join(format!("{tag}.log")),
+            consume_delay_ms: None,
+            sessions: 1,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The stats file of each subscription of this process, in session order.
+    pub fn stats_files(&self) -> Vec<PathBuf> {
+        if self.sessions <= 1 {
+            return vec![self.stats.clone()];
+        }
+        (0..self.sessions)
+            .map(|k| {
+                let mut name = self.stats.as_os_str().to_owned();
+                name.push(format!(".{k}"));
+                PathBuf::from(name)
+            })
+            .collect()
+    }
+}
+
+/// Waits for `child` (a subscriber) to exit, killing it and failing after `limit`.
+pub fn wait_child(child: &mut Child, limit: Duration) -> anyhow::Result<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            bail!("the subscriber did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A free UDP port on loopback (bound, read and released: another process could take it in
+/// between, which on a bench machine does not happen in practice).
+fn free_udp_port() -> anyhow::Result<u16> {
+    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A free TCP port on loopback (see [`free_udp_port`]).
+fn free_tcp_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 #[cfg(test)]

@@ -28,10 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::{Cluster, Output, Transport};
-use crate::harness::{
-    make_certs, read_stats_lenient, status_kib, RelayProc, RelaySettings, RssSampler, SubSpec,
-};
+use crate::cluster::{Cluster, Output, RelayProc, RelaySettings, SubSpec, Transport};
+use crate::harness::{all_have, make_certs, read_stats_lenient, status_kib, RssSampler};
 use crate::proc::{cpu_seconds, kill_all, stop};
 
 mod report;
@@ -52,6 +50,21 @@ impl Payload {
         match self {
             Payload::Compressed => "zstd",
             Payload::Raw => "none",
+        }
+    }
+
+    /// An endless source of `size`-byte ledgers of this payload (of `ratio` when compressed),
+    /// one per `cadence` ms emitted over `emit_ms` (at most the cadence), 40 ledgers kept.
+    pub(crate) fn relay(self, size: u64, ratio: f64, cadence: f64, emit_ms: f64) -> RelaySettings {
+        let ratio = match self {
+            Payload::Compressed => ratio,
+            Payload::Raw => 1.0,
+        };
+        RelaySettings {
+            emit_ms: emit_ms.min(cadence),
+            codec: self.codec().into(),
+            retention: 40,
+            ..RelaySettings::endless(size, ratio, cadence)
         }
     }
 }
@@ -283,16 +296,6 @@ pub fn spread(subs: &[Vec<crate::stats::Record>], seqs: std::ops::RangeInclusive
     }
 }
 
-/// Whether every stats file holds ledger `seq` (or a later one); the fanout and tiers benches
-/// wait on it.
-pub(crate) fn all_have(stats: &[PathBuf], seq: u32) -> bool {
-    stats.iter().all(|p| {
-        read_stats_lenient(p)
-            .map(|r| r.last().is_some_and(|r| r.seq >= seq))
-            .unwrap_or(false)
-    })
-}
-
 /// Polls `cond` (given the relay) every 20 ms until it holds; fails after `limit` or when the relay exits.
 fn wait_for(
     relay: &mut RelayProc,
@@ -316,36 +319,36 @@ fn wait_for(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Starts `n` sessions from `from` for `count` ledgers, `--sessions-per-process` of them per
+/// `ledger-subscribe` process; returns the processes and every session's stats file.
 fn spawn_all(
+    a: &FanoutArgs,
     cluster: &Cluster,
     relay: &RelayProc,
     dir: &Path,
     tag: &str,
     n: u16,
-    (per_process, receive_only): (u16, bool),
-    lanes: u8,
-    from: u32,
-    count: Option<u32>,
+    (from, count): (u32, Option<u32>),
 ) -> anyhow::Result<(Vec<Child>, Vec<PathBuf>)> {
     let mut children = Vec::new();
     let mut stats = Vec::new();
-    let per_process = per_process.max(1);
+    let per_process = a.sessions_per_process.max(1);
     for i in 0..n.div_ceil(per_process) {
         let spec = SubSpec {
-            name: format!("sub-{i}"),
             sessions: per_process.min(n - i * per_process),
-            from: from.to_string(),
-            count,
-            lanes,
-            stats: dir.join(format!("{tag}-{i}.csv")),
-            log: dir.join(format!("{tag}-{i}.log")),
-            consume_delay_ms: None,
-            extra: if receive_only {
+            extra: if a.receive_only {
                 vec!["--receive-only".into()]
             } else {
                 Vec::new()
             },
+            ..SubSpec::new(
+                format!("sub-{i}"),
+                from,
+                count,
+                a.lanes.lanes,
+                dir,
+                &format!("{tag}-{i}"),
+            )
         };
         match cluster.subscriber(relay.addr, &spec) {
             Ok(c) => children.push(c),
@@ -396,18 +399,10 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     let measured_from = first + a.series.warmup;
     let last = measured_from + a.series.count.ledgers - 1;
     let settings = RelaySettings {
-        size: a.size.ledger_bytes,
-        ratio: match payload {
-            Payload::Compressed => a.ratio.ratio,
-            Payload::Raw => 1.0,
-        },
         count: Some(last - start + 1),
         start,
-        cadence_ms: cadence,
-        emit_ms: a.emit.emit_ms.min(cadence),
-        codec: payload.codec().into(),
         chunk: a.chunk.chunk_bytes,
-        retention: 40,
+        ..payload.relay(a.size.ledger_bytes, a.ratio.ratio, cadence, a.emit.emit_ms)
     };
     let mut cluster = Cluster::local(&certs, a.transport)?;
     cluster.relay_extra = caps_for(n, a.sessions_per_process, a.lanes.lanes);
@@ -467,15 +462,13 @@ fn measure(
     // Active: N subscribers from `first`.
     let lagged0 = relay.scrape()?.get("lagged_total");
     let (kids, stats) = spawn_all(
+        a,
         cluster,
         relay,
         dir,
         "sub",
         n,
-        (a.sessions_per_process, a.receive_only),
-        a.lanes.lanes,
-        first,
-        Some(last - first + 1),
+        (first, Some(last - first + 1)),
     )?;
     children.extend(kids);
     let rounds = last - start + 2;
@@ -507,27 +500,14 @@ fn measure(
         );
     }
     for c in children.iter_mut() {
-        let st = crate::harness::wait_child(c, slack)?;
+        let st = crate::cluster::wait_child(c, slack)?;
         if !st.success() {
             bail!("a subscriber exited with {st}");
         }
     }
     children.clear();
     let lagged = relay.scrape()?.get("lagged_total") - lagged0;
-    let mut records = Vec::new();
-    for p in &stats {
-        let r = read_stats_lenient(p)?;
-        let seqs: Vec<u32> = r.iter().map(|r| r.seq).collect();
-        let want: Vec<u32> = (first..=last).collect();
-        if seqs != want {
-            bail!(
-                "{}: ledgers {:?}.. not {first}..={last}",
-                p.display(),
-                seqs.first()
-            );
-        }
-        records.push(r);
-    }
+    let records = crate::harness::read_exact(&stats, first..=last)?;
     let delivered = records
         .iter()
         .map(|r| r.iter().filter(|r| r.seq >= measured_from).count())
@@ -583,17 +563,7 @@ fn idle(
     let pid = relay.pid;
     std::thread::sleep(Duration::from_millis(500));
     let before = status_kib(pid, "VmRSS").context("relay RSS")?;
-    let (kids, stats) = spawn_all(
-        cluster,
-        relay,
-        dir,
-        "idle",
-        n,
-        (a.sessions_per_process, a.receive_only),
-        a.lanes.lanes,
-        last,
-        None,
-    )?;
+    let (kids, stats) = spawn_all(a, cluster, relay, dir, "idle", n, (last, None))?;
     children.extend(kids);
     let limit = Duration::from_secs(60) + Duration::from_secs_f64(f64::from(n) * 0.5);
     wait_for(relay, limit, "idle subscribers", |_| all_have(&stats, last))?;

@@ -2,14 +2,15 @@
 //! with its Prometheus endpoint, its resident memory sampled from `/proc/PID/status`, and
 //! `ledger-subscribe` processes with their stats files. Loopback only.
 //!
-//! Processes are started by [`crate::cluster::Cluster`]; what is here is reading the relay's
-//! metrics and memory while it runs.
+//! Processes are started and stopped by [`crate::cluster::Cluster`] ([`crate::cluster::RelayProc`],
+//! [`crate::cluster::SubSpec`]); what is here is reading the relay's metrics and memory while
+//! it runs, and the subscribers' stats files afterwards.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -28,107 +29,6 @@ pub fn make_certs(dir: &Path, n: usize) -> anyhow::Result<()> {
         certs.issue_client(&format!("sub-{i}"), 1)?;
     }
     Ok(())
-}
-
-/// A free UDP port on loopback (bound, read and released: another process could take it in
-/// between, which on a bench machine does not happen in practice).
-pub fn free_udp_port() -> anyhow::Result<u16> {
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// A free TCP port on loopback (see [`free_udp_port`]).
-pub fn free_tcp_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// The synthetic source and the relay settings of a run.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct RelaySettings {
-    /// Ledger size, bytes.
-    pub size: u64,
-    /// zstd-1 ratio of the synthetic filler at the relay's chunk size (1 = incompressible).
-    pub ratio: f64,
-    /// Ledgers the source emits (`None`: endless).
-    pub count: Option<u32>,
-    /// Sequence of the first ledger.
-    pub start: u32,
-    /// Time between ledgers, ms.
-    pub cadence_ms: f64,
-    /// Emit window, ms.
-    pub emit_ms: f64,
-    /// Chunk codec.
-    pub codec: String,
-    /// Raw bytes per chunk.
-    pub chunk: u64,
-    /// Ledgers kept in the ring (`--retention`).
-    pub retention: u32,
-}
-
-impl RelaySettings {
-    /// The `synthetic:` source of these settings.
-    pub fn synthetic_source(&self) -> String {
-        let mut source = format!("synthetic:size={},ratio={}", self.size, self.ratio);
-        if let Some(n) = self.count {
-            source.push_str(&format!(",count={n}"));
-        }
-        // chunk=: the ratio is calibrated for the relay's chunk size, as in the main bench.
-        source.push_str(&format!(",start={},chunk={}", self.start, self.chunk));
-        source
-    }
-
-    /// An endless synthetic source from ledger 2 of `size`-byte ledgers at `ratio`, one per
-    /// `cadence_ms`, with the relay's defaults for the rest: emitted over 8 ms, zstd, 256 KiB
-    /// chunks, 200 ledgers kept. Callers change what their run sets.
-    pub fn endless(size: u64, ratio: f64, cadence_ms: f64) -> RelaySettings {
-        RelaySettings {
-            size,
-            ratio,
-            count: None,
-            start: 2,
-            cadence_ms,
-            emit_ms: 8.0,
-            codec: "zstd".into(),
-            chunk: 256 << 10,
-            retention: 200,
-        }
-    }
-}
-
-/// A running `ledger-relay run` on loopback with `--metrics`.
-#[derive(Debug)]
-pub struct RelayProc {
-    pub(crate) child: Child,
-    /// Its process id.
-    pub pid: u32,
-    /// The QUIC address subscribers connect to.
-    pub addr: SocketAddr,
-    /// The metrics address.
-    pub metrics: SocketAddr,
-    /// Its log (stderr, `RUST_LOG=info`).
-    pub log: PathBuf,
-}
-
-impl RelayProc {
-    /// Fails if the relay has exited.
-    pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        if let Some(st) = self.child.try_wait()? {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(5).collect();
-            bail!("the relay exited ({st}): {}", tail.join(" | "));
-        }
-        Ok(())
-    }
-
-    /// Scrapes `/metrics`.
-    pub fn scrape(&self) -> anyhow::Result<Scrape> {
-        Ok(parse_metrics(&http_get(self.metrics, "/metrics")?))
-    }
-
-    /// Stops the relay (SIGINT, then SIGKILL after 10 s); returns its exit status if it stopped
-    /// by itself.
-    pub fn stop(mut self) -> Option<ExitStatus> {
-        crate::proc::stop(&mut self.child, Duration::from_secs(10)).map(|(st, _)| st)
-    }
 }
 
 /// One plain HTTP/1.1 GET on loopback, with 5 s timeouts; returns the body of a 200.
@@ -344,87 +244,6 @@ pub fn load_average() -> Option<[f64; 3]> {
     Some([*v.first()?, *v.get(1)?, *v.get(2)?])
 }
 
-/// How a `ledger-subscribe` process is started.
-#[derive(Debug, Clone)]
-pub struct SubSpec {
-    /// Certificate name (`sub-N`).
-    pub name: String,
-    /// `--from`: a sequence or `tip`.
-    pub from: String,
-    /// `--count`.
-    pub count: Option<u32>,
-    /// `--lanes`.
-    pub lanes: u8,
-    /// `--stats` file.
-    pub stats: PathBuf,
-    /// Its stderr.
-    pub log: PathBuf,
-    /// `--consume-delay`, ms.
-    pub consume_delay_ms: Option<f64>,
-    /// `--sessions`: subscriptions this process holds, each verified and written nowhere, its
-    /// stats in `STATS.k` (see [`SubSpec::stats_files`]); 1 is one subscription written to
-    /// /dev/null with its stats in `stats`.
-    pub sessions: u16,
-    /// More flags for this subscriber, after the others.
-    pub extra: Vec<String>,
-}
-
-impl SubSpec {
-    /// Subscriber `name` (its client certificate) from `from` (a sequence or `tip`) for
-    /// `count` ledgers (`None`: endless) on `lanes` lanes, its stats in `dir/TAG.csv` and its
-    /// stderr in `dir/TAG.log`: one session written to /dev/null, no consume delay, no more
-    /// flags (set those with `SubSpec { .., ..SubSpec::new(..) }`).
-    pub fn new(
-        name: impl Into<String>,
-        from: impl ToString,
-        count: Option<u32>,
-        lanes: u8,
-        dir: &Path,
-        tag: &str,
-    ) -> SubSpec {
-        SubSpec {
-            name: name.into(),
-            from: from.to_string(),
-            count,
-            lanes,
-            stats: dir.join(format!("{tag}.csv")),
-            log: dir.join(format!("{tag}.log")),
-            consume_delay_ms: None,
-            sessions: 1,
-            extra: Vec::new(),
-        }
-    }
-
-    /// The stats file of each subscription of this process, in session order.
-    pub fn stats_files(&self) -> Vec<PathBuf> {
-        if self.sessions <= 1 {
-            return vec![self.stats.clone()];
-        }
-        (0..self.sessions)
-            .map(|k| {
-                let mut name = self.stats.as_os_str().to_owned();
-                name.push(format!(".{k}"));
-                PathBuf::from(name)
-            })
-            .collect()
-    }
-}
-
-/// Waits for `child` (a subscriber) to exit, killing it and failing after `limit`.
-pub fn wait_child(child: &mut Child, limit: Duration) -> anyhow::Result<ExitStatus> {
-    let start = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait()? {
-            return Ok(st);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            bail!("the subscriber did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// What one subscriber process wrote, from its stats records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Written {
@@ -462,6 +281,41 @@ pub fn read_stats_lenient(path: &Path) -> anyhow::Result<Vec<Record>> {
     parse_csv(whole).with_context(|| format!("parsing {}", path.display()))
 }
 
+/// Whether every stats file holds ledger `seq` (or a later one); the fanout and tiers benches
+/// wait on it.
+pub fn all_have(stats: &[PathBuf], seq: u32) -> bool {
+    stats.iter().all(|p| {
+        read_stats_lenient(p)
+            .map(|r| r.last().is_some_and(|r| r.seq >= seq))
+            .unwrap_or(false)
+    })
+}
+
+/// Reads each stats file (see [`read_stats_lenient`]) and checks it holds exactly the ledgers
+/// `want`, in order.
+pub fn read_exact(
+    stats: &[PathBuf],
+    want: RangeInclusive<u32>,
+) -> anyhow::Result<Vec<Vec<Record>>> {
+    let (first, last) = (*want.start(), *want.end());
+    let want: Vec<u32> = want.collect();
+    let read = |p: &PathBuf| {
+        let r = read_stats_lenient(p)?;
+        let seqs: Vec<u32> = r.iter().map(|r| r.seq).collect();
+        if seqs != want {
+            bail!(
+                "{}: wrote ledgers {:?}..{:?} ({}), not {first}..={last}",
+                p.display(),
+                seqs.first(),
+                seqs.last(),
+                seqs.len(),
+            );
+        }
+        Ok(r)
+    };
+    stats.iter().map(read).collect()
+}
+
 /// Checks that `segments` (the sequences of one subscriber's successive processes) join into
 /// one run with every step +1: no gap, no duplicate, no reordering, across restarts too.
 pub fn check_contiguous(segments: &[Vec<u32>]) -> Result<(), String> {
@@ -481,6 +335,12 @@ pub fn check_contiguous(segments: &[Vec<u32>]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The last `n` lines of a log, newest first, joined by ` | ` (for error messages).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().rev().take(n).collect::<Vec<_>>().join(" | ")
 }
 
 /// The last line of a log (for error messages).

@@ -43,7 +43,8 @@ use ledger_relay_lake::{
 use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::header::peek_header;
 
-use crate::harness::{make_certs, RelaySettings, SubSpec};
+use crate::cluster::{RelaySettings, SubSpec};
+use crate::harness::make_certs;
 use crate::stats::{read_csv, summarize, Summary};
 
 /// `ledger-bench lake` arguments.
@@ -193,7 +194,7 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
             let limit = Duration::from_secs_f64(
                 30.0 + f64::from(ledgers) * a.cadence.cadence_ms / 1e3 * 3.0,
             );
-            let status = crate::harness::wait_child(&mut sub, limit)?;
+            let status = crate::cluster::wait_child(&mut sub, limit)?;
             if !status.success() {
                 bail!(
                     "the subscriber failed ({status}): {}",

@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::Cluster;
-use crate::harness::{RelaySettings, SubSpec};
+use crate::cluster::{Cluster, RelaySettings, SubSpec};
+use crate::harness::log_tail;
 use crate::netem::{Netem, Shape, RELAY_ADDR};
 use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
+use crate::report::{csv_of, table_of, Col, CsvCol};
 use crate::stats::read_csv;
 
 /// How the subscriber meets the source.
@@ -359,15 +360,12 @@ fn measure(
         LaneMode::CatchUp => (1.0, 0.0),
     };
     let settings = RelaySettings {
-        size,
-        ratio: 1.0,
         count: Some(args.count.ledgers),
-        start: 2,
-        cadence_ms,
         emit_ms,
         codec: "none".into(),
         chunk,
         retention: 5000,
+        ..RelaySettings::endless(size, 1.0, cadence_ms)
     };
     let cluster = Cluster::local(certs, args.transport)?;
     let ns = Some((netem.relay_ns.as_str(), RELAY_ADDR));
@@ -387,15 +385,16 @@ fn measure(
             extra: vec!["--lane-ports".into(), lane_base.to_string()],
             ..SubSpec::new("sub-0", 2, Some(args.count.ledgers), row.lanes, &dir, "sub")
         };
-        let sub = cluster.subscriber_in(Some(&netem.sub_ns), relay.addr, &spec)?;
+        let sub = cluster.subscriber_to(Some(&netem.sub_ns), &relay.addr.to_string(), &spec)?;
         subs.push(sub);
         let deadline = Instant::now() + within;
         let sub_cpu = match wait_with_cpu(&mut subs[0], deadline)? {
             Some((st, cpu)) if st.success() => cpu,
             Some((st, _)) => {
-                let log = std::fs::read_to_string(dir.join("sub.log")).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                bail!("subscriber failed ({st}): {}", tail.join(" | "));
+                bail!(
+                    "subscriber failed ({st}): {}",
+                    log_tail(&dir.join("sub.log"), 3)
+                );
             }
             None => bail!("timed out after {within:?}; logs in {}", dir.display()),
         };
@@ -460,56 +459,46 @@ fn scrape(ns: &str, metrics: SocketAddr) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The rows as a table.
+/// The rows as a fixed-width table (x1: goodput over the 1-lane row of the same mode and
+/// run).
 pub fn table(rows: &[LaneRow]) -> String {
-    let mut s = format!(
-        "{:<18} {:>3} {:>7} {:>9} {:>9} {:>6} {:>7} {:>8} {:>8}  {}\n",
-        "row",
-        "run",
-        "MiB",
-        "xfer s",
-        "MiB/s",
-        "x1",
-        "%caps",
-        "imbal%",
-        "cpu s",
-        "per lane: MB carried / busy% / lost pkts"
-    );
-    for r in rows {
-        if let Some(e) = &r.error {
-            s.push_str(&format!("{:<18} {:>3} failed: {e}\n", r.label(), r.run));
-            continue;
-        }
-        let x1 = one_lane(rows, r.mode, r.run)
-            .map(|one| format!("{:.2}", r.goodput_mib_s / one))
-            .unwrap_or_else(|| "-".into());
-        let lanes: Vec<String> = r
-            .per_lane
-            .iter()
-            .map(|l| {
+    let rows: Vec<(&LaneRow, Option<f64>)> = rows
+        .iter()
+        .map(|r| (r, one_lane(rows, r.mode, r.run)))
+        .collect();
+    let cols: [Col<(&LaneRow, Option<f64>)>; 10] = [
+        Col::l("row", 18, |x| x.0.label()),
+        Col::r("run", 3, |x| x.0.run.to_string()),
+        Col::r("MiB", 7, |x| format!("{:.1}", x.0.raw_bytes as f64 / MIB)),
+        Col::r("xfer s", 9, |x| format!("{:.2}", x.0.transfer_s)),
+        Col::r("MiB/s", 9, |x| format!("{:.2}", x.0.goodput_mib_s)),
+        Col::r("x1", 6, |x| {
+            x.1.map_or("-".into(), |one| format!("{:.2}", x.0.goodput_mib_s / one))
+        }),
+        Col::r("%caps", 7, |x| {
+            format!("{:.1}", 100.0 * x.0.goodput_mib_s / x.0.caps_mib_s)
+        }),
+        Col::r("imbal%", 8, |x| format!("{:.1}", 100.0 * x.0.imbalance)),
+        Col::r("cpu s", 8, |x| {
+            format!("{:.2}", x.0.sub_cpu_s + x.0.relay_cpu_s)
+        }),
+        // Two spaces before the per-lane figures.
+        Col::l(" per lane: MB carried / busy% / lost pkts", 0, |(r, _)| {
+            let lane = |l: &LaneStat| {
+                let busy = 100.0 * l.busy_s / r.transfer_s;
                 format!(
-                    "{:.1}/{:.0}/{:.0}",
+                    "{:.1}/{busy:.0}/{:.0}",
                     l.delivered_bytes / 1e6,
-                    100.0 * l.busy_s / r.transfer_s,
                     l.lost_packets
                 )
-            })
-            .collect();
-        s.push_str(&format!(
-            "{:<18} {:>3} {:>7.1} {:>9.2} {:>9.2} {:>6} {:>7.1} {:>8.1} {:>8.2}  {}\n",
-            r.label(),
-            r.run,
-            r.raw_bytes as f64 / MIB,
-            r.transfer_s,
-            r.goodput_mib_s,
-            x1,
-            100.0 * r.goodput_mib_s / r.caps_mib_s,
-            100.0 * r.imbalance,
-            r.sub_cpu_s + r.relay_cpu_s,
-            lanes.join("  ")
-        ));
-    }
-    s
+            };
+            format!(
+                " {}",
+                r.per_lane.iter().map(lane).collect::<Vec<_>>().join("  ")
+            )
+        }),
+    ];
+    table_of(&cols, &rows, (2, "failed"), |x| x.0.error.as_deref())
 }
 
 /// The one-lane goodput of `mode` in run `run`.
@@ -571,39 +560,37 @@ pub fn targets(rows: &[LaneRow]) -> String {
     s
 }
 
-/// CSV: one line per lane of every row.
+/// The rows as CSV, one line per lane.
 pub fn csv(rows: &[LaneRow]) -> String {
-    let mut s = String::from(
-        "row,run,mode,lanes,ledgers,raw_bytes,transfer_s,goodput_mib_s,caps_mib_s,imbalance,lane,cap_mbit,delivered_bytes,sent_bytes,lost_packets,busy_s,rtt_ms,cwnd_bytes,mtu_bytes,error\n",
-    );
-    for r in rows {
-        for l in &r.per_lane {
-            s.push_str(&format!(
-                "{},{},{},{},{},{},{:.4},{:.3},{:.3},{:.4},{},{},{},{},{},{:.4},{:.3},{},{},{}\n",
-                r.label(),
-                r.run,
-                r.mode.name(),
-                r.lanes,
-                r.ledgers,
-                r.raw_bytes,
-                r.transfer_s,
-                r.goodput_mib_s,
-                r.caps_mib_s,
-                r.imbalance,
-                l.lane,
-                l.cap_mbit,
-                l.delivered_bytes,
-                l.sent_bytes,
-                l.lost_packets,
-                l.busy_s,
-                l.rtt_ms,
-                l.cwnd_bytes,
-                l.mtu_bytes,
-                r.error.as_deref().unwrap_or("").replace(',', ";")
-            ));
-        }
-    }
-    s
+    let lanes: Vec<(&LaneRow, &LaneStat)> = rows
+        .iter()
+        .flat_map(|r| r.per_lane.iter().map(move |l| (r, l)))
+        .collect();
+    let cols: [CsvCol<(&LaneRow, &LaneStat)>; 20] = [
+        ("row", |x| x.0.label()),
+        ("run", |x| x.0.run.to_string()),
+        ("mode", |x| x.0.mode.name().into()),
+        ("lanes", |x| x.0.lanes.to_string()),
+        ("ledgers", |x| x.0.ledgers.to_string()),
+        ("raw_bytes", |x| x.0.raw_bytes.to_string()),
+        ("transfer_s", |x| format!("{:.4}", x.0.transfer_s)),
+        ("goodput_mib_s", |x| format!("{:.3}", x.0.goodput_mib_s)),
+        ("caps_mib_s", |x| format!("{:.3}", x.0.caps_mib_s)),
+        ("imbalance", |x| format!("{:.4}", x.0.imbalance)),
+        ("lane", |x| x.1.lane.to_string()),
+        ("cap_mbit", |x| x.1.cap_mbit.to_string()),
+        ("delivered_bytes", |x| x.1.delivered_bytes.to_string()),
+        ("sent_bytes", |x| x.1.sent_bytes.to_string()),
+        ("lost_packets", |x| x.1.lost_packets.to_string()),
+        ("busy_s", |x| format!("{:.4}", x.1.busy_s)),
+        ("rtt_ms", |x| format!("{:.3}", x.1.rtt_ms)),
+        ("cwnd_bytes", |x| x.1.cwnd_bytes.to_string()),
+        ("mtu_bytes", |x| x.1.mtu_bytes.to_string()),
+        ("error", |x| {
+            x.0.error.as_deref().unwrap_or("").replace(',', ";")
+        }),
+    ];
+    csv_of(&cols, &lanes)
 }
 
 /// `ledger-bench lanes`: runs, prints the table and the targets, writes CSV/JSON/plots.

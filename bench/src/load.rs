@@ -24,9 +24,8 @@ use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::harness::{
-    self, mib, status_kib, RelayProc, RelaySettings, RssSample, RssSampler, Written,
-};
+use crate::cluster::{RelayProc, SubSpec};
+use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
 
 mod verdict;
 
@@ -236,7 +235,7 @@ fn start(
 ) -> anyhow::Result<()> {
     let k = slot.report.segments.len();
     let from = next_from(slot, scrape);
-    let spec = harness::SubSpec::new(
+    let spec = SubSpec::new(
         &slot.report.name,
         &from,
         None,
@@ -298,17 +297,9 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         t0: Instant::now(),
     };
     std::fs::create_dir_all(&ctx.dir)?;
-    let settings = RelaySettings {
-        emit_ms: a.emit.emit_ms,
-        codec: a.workload.codec.codec.clone(),
-        chunk: a.workload.chunk.chunk_bytes,
-        retention: s.retention,
-        ..RelaySettings::endless(
-            a.workload.size.ledger_bytes,
-            a.workload.ratio.ratio,
-            a.cadence.cadence_ms,
-        )
-    };
+    let settings = a
+        .workload
+        .relay(a.cadence.cadence_ms, a.emit.emit_ms, s.retention);
     let mut relay = ctx
         .cluster
         .relay(&tmp.path().join("relay"), &settings, &[])?;

@@ -281,8 +281,11 @@ impl Netem {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// A command prefix that runs a program inside namespace `ns`.
-    pub fn exec_in(ns: &str, program: &std::path::Path) -> Command {
+    /// A command that runs `program` inside namespace `ns` when given, else on the host.
+    pub fn exec_in(ns: Option<&str>, program: &std::path::Path) -> Command {
+        let Some(ns) = ns else {
+            return Command::new(program);
+        };
         let mut c = Command::new("ip");
         c.args(["netns", "exec", ns]).arg(program);
         c

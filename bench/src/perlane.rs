@@ -2,11 +2,11 @@
 //! each lane's bytes and packets received, round trip, congestion window, path MTU and losses,
 //! as the file's last rows give them (counters cumulative over the run).
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context};
 
+use crate::report::Col;
 use crate::scenario::Row;
 
 /// One lane at the end of a run.
@@ -107,43 +107,32 @@ pub fn shares(lanes: &[LaneFig]) -> Vec<f64> {
 
 /// The per-lane table: one line per lane of each row's first subscriber.
 pub fn table(rows: &[Row]) -> String {
-    let mut s = String::new();
-    for r in rows.iter().filter(|r| !r.per_lane.is_empty()) {
-        for (l, share) in r.per_lane.iter().zip(shares(&r.per_lane)) {
-            let _ = writeln!(
-                s,
-                "{:<22} {:>6} {:>4} {:>10.2} {:>6.1} {:>9} {:>8.3} {:>9.1} {:>5} {:>6} {:>5}",
-                r.scenario.name,
-                r.scenario.network(),
-                l.lane,
-                l.rx_bytes as f64 / 1e6,
-                share,
-                l.rx_packets,
-                l.rtt_ms,
-                l.cwnd_bytes as f64 / 1024.0,
-                l.mtu_bytes,
-                l.lost_packets,
-                l.connections,
-            );
-        }
+    let lanes: Vec<(&Row, &LaneFig, f64)> = rows
+        .iter()
+        .flat_map(|r| {
+            let shares = shares(&r.per_lane);
+            r.per_lane.iter().zip(shares).map(move |(l, sh)| (r, l, sh))
+        })
+        .collect();
+    if lanes.is_empty() {
+        return String::new();
     }
-    if s.is_empty() {
-        return s;
-    }
-    format!(
-        "{:<22} {:>6} {:>4} {:>10} {:>6} {:>9} {:>8} {:>9} {:>5} {:>6} {:>5}\n{s}",
-        "per lane (sub 0)",
-        "net",
-        "lane",
-        "rx MB",
-        "share",
-        "rx pkts",
-        "rtt ms",
-        "cwnd KiB",
-        "mtu",
-        "lost*",
-        "conns"
-    )
+    let cols: [Col<(&Row, &LaneFig, f64)>; 11] = [
+        Col::l("per lane (sub 0)", 22, |x| x.0.scenario.name.clone()),
+        Col::r("net", 6, |x| x.0.scenario.network().into()),
+        Col::r("lane", 4, |x| x.1.lane.to_string()),
+        Col::r("rx MB", 10, |x| format!("{:.2}", x.1.rx_bytes as f64 / 1e6)),
+        Col::r("share", 6, |x| format!("{:.1}", x.2)),
+        Col::r("rx pkts", 9, |x| x.1.rx_packets.to_string()),
+        Col::r("rtt ms", 8, |x| format!("{:.3}", x.1.rtt_ms)),
+        Col::r("cwnd KiB", 9, |x| {
+            format!("{:.1}", x.1.cwnd_bytes as f64 / 1024.0)
+        }),
+        Col::r("mtu", 5, |x| x.1.mtu_bytes.to_string()),
+        Col::r("lost*", 6, |x| x.1.lost_packets.to_string()),
+        Col::r("conns", 5, |x| x.1.connections.to_string()),
+    ];
+    crate::report::table_of(&cols, &lanes, (0, ""), |_| None)
 }
 
 #[cfg(test)]

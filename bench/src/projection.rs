@@ -21,9 +21,7 @@
 //! the delivery path and serial between the two ends (they overlap while chunks stream), and
 //! CPU is taken as linear in bytes (a fixed per-ledger cost is scaled too).
 
-use std::fmt::Write as _;
-
-use crate::report::opt;
+use crate::report::{opt, table_of, Col};
 use crate::scenario::{model_bound_ms, Kind, Row, Settings};
 
 /// The moonshot for raw ledgers: delivery p99 at most this, ms.
@@ -119,47 +117,32 @@ pub fn project(
 
 /// The projection table: one line per row that has one.
 pub fn table(rows: &[Row]) -> String {
-    let mut s = String::new();
-    for r in rows {
-        let Some(p) = &r.projection else { continue };
-        let _ = writeln!(
-            s,
-            "{:<22} {:>6} {:>3} {:>8.2} {:>8.2} {:>9.1} {:>5.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>6} {}",
-            r.scenario.name,
-            r.scenario.network(),
-            r.lanes,
-            r.summary.p50_ms,
-            r.summary.p99_ms,
-            p.cpu_real_ms,
-            p.cores,
-            p.cpu_add_ms,
-            p.wire_add_ms,
-            p.cpu_row_ms,
-            p.p50_ms,
-            p.p99_ms,
-            format!("<={}", p.target_ms),
-            if p.met { "met" } else { "MISSED" },
-        );
+    let rows: Vec<(&Row, &Projection)> = rows
+        .iter()
+        .filter_map(|r| Some((r, r.projection.as_ref()?)))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
     }
-    if s.is_empty() {
-        return s;
-    }
-    format!(
-        "{:<22} {:>6} {:>3} {:>8} {:>8} {:>9} {:>5} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} verdict\n{s}",
-        "projection (real size)",
-        "net",
-        "ln",
-        "p50 ms",
-        "p99 ms",
-        "cpu@real",
-        "cores",
-        "+cpu",
-        "+wire",
-        "cpu@row",
-        "proj p50",
-        "proj p99",
-        "moon"
-    )
+    let cols: [Col<(&Row, &Projection)>; 14] = [
+        Col::l("projection (real size)", 22, |x| x.0.scenario.name.clone()),
+        Col::r("net", 6, |x| x.0.scenario.network().into()),
+        Col::r("ln", 3, |x| x.0.lanes.to_string()),
+        Col::r("p50 ms", 8, |x| format!("{:.2}", x.0.summary.p50_ms)),
+        Col::r("p99 ms", 8, |x| format!("{:.2}", x.0.summary.p99_ms)),
+        Col::r("cpu@real", 9, |x| format!("{:.1}", x.1.cpu_real_ms)),
+        Col::r("cores", 5, |x| format!("{:.0}", x.1.cores)),
+        Col::r("+cpu", 8, |x| format!("{:.2}", x.1.cpu_add_ms)),
+        Col::r("+wire", 8, |x| format!("{:.2}", x.1.wire_add_ms)),
+        Col::r("cpu@row", 8, |x| format!("{:.2}", x.1.cpu_row_ms)),
+        Col::r("proj p50", 9, |x| format!("{:.2}", x.1.p50_ms)),
+        Col::r("proj p99", 9, |x| format!("{:.2}", x.1.p99_ms)),
+        Col::r("moon", 6, |x| format!("<={}", x.1.target_ms)),
+        Col::l("verdict", 0, |x| {
+            if x.1.met { "met" } else { "MISSED" }.into()
+        }),
+    ];
+    table_of(&cols, &rows, (0, ""), |_| None)
 }
 
 /// CSV fields for a row: cpu_real_ms, cores, cpu_add_ms, wire_add_ms, projected p50 and p99,

@@ -28,8 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::Cluster;
-use crate::harness::SubSpec;
+use crate::cluster::{Cluster, SubSpec};
 use crate::netem::Shape;
 use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
 use crate::scenario::{finish, Kind, Row, Scenario, Settings};
@@ -331,11 +330,7 @@ fn subscribe(
     let cluster = Cluster::local(&args.certs, args.transport)?;
     let mut child = cluster.subscriber_to(None, &args.relay, &spec)?;
     let done = wait_with_cpu(&mut child, Instant::now() + within)?;
-    let tail = || {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().rev().take(3).collect();
-        lines.join(" | ")
-    };
+    let tail = || crate::harness::log_tail(log, 3);
     match done {
         Some((st, cpu)) if st.success() => Ok((read_csv(stats)?, cpu)),
         Some((st, _)) => bail!("ledger-subscribe failed ({st}): {}", tail()),

@@ -25,6 +25,64 @@ pub(crate) fn opt(v: Option<f64>, prec: usize) -> String {
     }
 }
 
+/// A column of a fixed-width table: its header, width, whether it is left-aligned, and its
+/// cell of a row (a cell may carry its own padding, as `  20/80  `; it is padded to the width
+/// only when shorter).
+pub(crate) struct Col<R>(&'static str, usize, bool, fn(&R) -> String);
+
+impl<R> Col<R> {
+    /// Right-aligned.
+    pub(crate) const fn r(head: &'static str, width: usize, cell: fn(&R) -> String) -> Col<R> {
+        Col(head, width, false, cell)
+    }
+
+    /// Left-aligned.
+    pub(crate) const fn l(head: &'static str, width: usize, cell: fn(&R) -> String) -> Col<R> {
+        Col(head, width, true, cell)
+    }
+
+    fn pad(&self, text: &str) -> String {
+        if self.2 {
+            format!("{text:<w$}", w = self.1)
+        } else {
+            format!("{text:>w$}", w = self.1)
+        }
+    }
+}
+
+/// The table of `rows` under `cols`' headers, a space between columns. A row whose `error`
+/// is set shows its first `lead` cells, then `FAILED: ERROR` (`failed` is the word).
+pub(crate) fn table_of<R>(
+    cols: &[Col<R>],
+    rows: &[R],
+    (lead, failed): (usize, &str),
+    error: impl Fn(&R) -> Option<&str>,
+) -> String {
+    let line = |cells: Vec<String>| cells.join(" ") + "\n";
+    let mut s = line(cols.iter().map(|c| c.pad(c.0)).collect());
+    for r in rows {
+        let shown = if error(r).is_some() { lead } else { cols.len() };
+        let mut cells: Vec<String> = cols[..shown].iter().map(|c| c.pad(&(c.3)(r))).collect();
+        if let Some(e) = error(r) {
+            cells.push(format!("{failed}: {e}"));
+        }
+        s.push_str(&line(cells));
+    }
+    s
+}
+
+/// A CSV column: its name and its field of a row.
+pub(crate) type CsvCol<R> = (&'static str, fn(&R) -> String);
+
+/// CSV of `rows`: a header line of the column names, then one line per row.
+pub(crate) fn csv_of<R>(cols: &[CsvCol<R>], rows: &[R]) -> String {
+    let mut s = cols.iter().map(|c| c.0).collect::<Vec<_>>().join(",") + "\n";
+    for r in rows {
+        s.push_str(&(cols.iter().map(|c| (c.1)(r)).collect::<Vec<_>>().join(",") + "\n"));
+    }
+    s
+}
+
 /// `codec` of a row ("-" for the baselines).
 fn codec(r: &Row) -> &str {
     match &r.scenario.kind {
@@ -37,44 +95,27 @@ fn codec(r: &Row) -> &str {
 
 /// The table printed on stdout.
 pub fn table(rows: &[Row]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{:<22} {:>6} {:>3} {:>5} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8} {:>6}",
-        "scenario", "net", "ln", "codec", "subs", "p50 ms", "p90 ms", "p99 ms", "max ms",
-        "ia ms", "gput", "tput", "xfer", "ratio", "rly cpu", "sub cpu", "bound", "p99/b"
-    );
-    for r in rows {
-        let net = r.scenario.network();
-        if let Some(e) = &r.error {
-            let _ = writeln!(s, "{:<22} {:>6} ERROR: {e}", r.scenario.name, net);
-            continue;
-        }
-        let m = &r.summary;
-        let _ = writeln!(
-            s,
-            "{:<22} {:>6} {:>3} {:>5} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>8} {:>8} {:>8} {:>6}",
-            r.scenario.name,
-            net,
-            r.lanes,
-            codec(r),
-            r.subscribers,
-            m.p50_ms,
-            m.p90_ms,
-            m.p99_ms,
-            m.max_ms,
-            m.inter_p50_ms,
-            m.goodput_mib_s,
-            m.throughput_mib_s,
-            m.transfer_mib_s,
-            m.ratio,
-            opt(r.relay_cpu_ms, 2),
-            opt(r.sub_cpu_ms, 2),
-            opt(r.bound_ms, 2),
-            opt(r.p99_over_bound, 2),
-        );
-    }
-    s
+    let cols: [Col<Row>; 18] = [
+        Col::l("scenario", 22, |r| r.scenario.name.clone()),
+        Col::r("net", 6, |r| r.scenario.network().into()),
+        Col::r("ln", 3, |r| r.lanes.to_string()),
+        Col::r("codec", 5, |r| codec(r).into()),
+        Col::r("subs", 4, |r| r.subscribers.to_string()),
+        Col::r("p50 ms", 8, |r| format!("{:.2}", r.summary.p50_ms)),
+        Col::r("p90 ms", 8, |r| format!("{:.2}", r.summary.p90_ms)),
+        Col::r("p99 ms", 8, |r| format!("{:.2}", r.summary.p99_ms)),
+        Col::r("max ms", 8, |r| format!("{:.2}", r.summary.max_ms)),
+        Col::r("ia ms", 7, |r| format!("{:.1}", r.summary.inter_p50_ms)),
+        Col::r("gput", 8, |r| format!("{:.1}", r.summary.goodput_mib_s)),
+        Col::r("tput", 8, |r| format!("{:.1}", r.summary.throughput_mib_s)),
+        Col::r("xfer", 8, |r| format!("{:.1}", r.summary.transfer_mib_s)),
+        Col::r("ratio", 6, |r| format!("{:.2}", r.summary.ratio)),
+        Col::r("rly cpu", 8, |r| opt(r.relay_cpu_ms, 2)),
+        Col::r("sub cpu", 8, |r| opt(r.sub_cpu_ms, 2)),
+        Col::r("bound", 8, |r| opt(r.bound_ms, 2)),
+        Col::r("p99/b", 6, |r| opt(r.p99_over_bound, 2)),
+    ];
+    table_of(&cols, rows, (2, "ERROR"), |r| r.error.as_deref())
 }
 
 /// CSV, one line per row.
@@ -736,6 +777,21 @@ mod tests {
             p99_over_bound: bound.map(|b| p99 / b),
             ..Row::empty(&sc, lanes, 1)
         }
+    }
+
+    #[test]
+    fn columns_pad_their_cells_and_a_failed_row_keeps_its_lead() {
+        let cols: [Col<(u32, Option<&str>)>; 3] = [
+            Col::l("name", 6, |r| format!("r{}", r.0)),
+            Col::r("n", 4, |r| r.0.to_string()),
+            Col::r("x", 3, |r| format!("{:>2}/", r.0)),
+        ];
+        let t = table_of(&cols, &[(7, None), (8, Some("boom"))], (1, "FAILED"), |r| {
+            r.1
+        });
+        assert_eq!(t, "name      n   x\nr7        7  7/\nr8     FAILED: boom\n");
+        let c: [CsvCol<u32>; 2] = [("a", |r| r.to_string()), ("b", |r| (r * 2).to_string())];
+        assert_eq!(csv_of(&c, &[1, 2]), "a,b\n1,2\n2,4\n");
     }
 
     #[test]

@@ -28,8 +28,9 @@ use anyhow::{bail, Context};
 
 use ledger_relay::ring::SLED_TUNING_ENV;
 
-use crate::cluster::{Cluster, Transport};
-use crate::harness::{make_certs, RelaySettings};
+use crate::cluster::{Cluster, RelaySettings, Transport};
+use crate::harness::make_certs;
+use crate::report::Col;
 
 /// `ledger-bench ring-disk` arguments.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
@@ -238,15 +239,10 @@ fn run_one(
     let start = 2u32;
     let last = u64::from(start + ledgers - 1);
     let settings = RelaySettings {
-        size: a.workload.size.ledger_bytes,
-        ratio: a.workload.ratio.ratio,
         count: Some(ledgers),
         start,
-        cadence_ms,
-        emit_ms: cadence_ms.min(8.0),
-        codec: a.workload.codec.codec.clone(),
-        chunk: a.workload.chunk.chunk_bytes,
-        retention: a.retention.retention,
+        ..a.workload
+            .relay(cadence_ms, cadence_ms.min(8.0), a.retention.retention)
     };
     let data = dir.join("data");
     let mut tuning = Vec::new();
@@ -359,40 +355,33 @@ fn opt(x: Option<f64>) -> String {
 
 /// The runs' table.
 pub fn table(runs: &[RunReport]) -> String {
-    let mut s = format!(
-        "{:<6} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-        "run",
-        "ledgers",
-        "cadence",
-        "write_s",
-        "mean",
-        "steady",
-        "peak",
-        "after",
-        "live_MB",
-        "disk_MB",
-        "wrote/st",
-        "cpu_ms",
-        "ring_ms"
-    );
-    for r in runs {
-        s.push_str(&format!(
-            "{:<6} {:>7} {:>6}ms {:>7.1} {:>7} {:>7} {:>7} {:>7} {:>9.1} {:>9.1} {:>9.2} {:>9.1} {:>9.1}\n",
-            r.run,
-            r.ledgers,
-            r.cadence_ms,
-            r.write_s,
-            opt(r.steady_mean),
-            opt(r.steady_peak),
-            opt(r.peak),
-            opt(r.after),
-            r.live_bytes as f64 / 1e6,
-            r.disk_bytes as f64 / 1e6,
-            r.written_mb_per_ledger / r.stored_mb_per_ledger.max(1e-9),
-            r.process_cpu_ms_per_ledger,
-            r.ring_cpu_ms_per_ledger,
-        ));
-    }
+    let cols: [Col<RunReport>; 13] = [
+        Col::l("run", 6, |r| r.run.clone()),
+        Col::r("ledgers", 7, |r| r.ledgers.to_string()),
+        Col::r("cadence", 8, |r| format!("{}ms", r.cadence_ms)),
+        Col::r("write_s", 7, |r| format!("{:.1}", r.write_s)),
+        Col::r("mean", 7, |r| opt(r.steady_mean)),
+        Col::r("steady", 7, |r| opt(r.steady_peak)),
+        Col::r("peak", 7, |r| opt(r.peak)),
+        Col::r("after", 7, |r| opt(r.after)),
+        Col::r("live_MB", 9, |r| {
+            format!("{:.1}", r.live_bytes as f64 / 1e6)
+        }),
+        Col::r("disk_MB", 9, |r| {
+            format!("{:.1}", r.disk_bytes as f64 / 1e6)
+        }),
+        Col::r("wrote/st", 9, |r| {
+            format!(
+                "{:.2}",
+                r.written_mb_per_ledger / r.stored_mb_per_ledger.max(1e-9)
+            )
+        }),
+        Col::r("cpu_ms", 9, |r| {
+            format!("{:.1}", r.process_cpu_ms_per_ledger)
+        }),
+        Col::r("ring_ms", 9, |r| format!("{:.1}", r.ring_cpu_ms_per_ledger)),
+    ];
+    let mut s = crate::report::table_of(&cols, runs, (0, ""), |_| None);
     s.push_str(
         "mean/steady: disk/live once the ring is full, source running (mean, peak); peak: over \
          the whole run after the ring filled; after: idle, source stopped; wrote/st: bytes \

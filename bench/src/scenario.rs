@@ -2,15 +2,14 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
 use crate::baseline::Pacing;
-use crate::cluster::Cluster;
-use crate::cluster::{Cadence, Count, Emit, Size};
-use crate::harness::{RelaySettings, SubSpec};
+use crate::cluster::{Cadence, Cluster, Count, Emit, RelaySettings, Size, SubSpec};
+use crate::harness::log_tail;
 use crate::netem::{Netem, Shape, RELAY_ADDR, SUB_ADDR};
 use crate::proc::{cpu_seconds, kill_all, thread_cpu_seconds, wait_with_cpu};
 use crate::stats::{read_csv, summarize, Record, Summary};
@@ -232,13 +231,6 @@ pub fn make_certs(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn command(ns: Option<&str>, program: &Path) -> Command {
-    match ns {
-        Some(ns) => Netem::exec_in(ns, program),
-        None => Command::new(program),
-    }
-}
-
 /// Model bound in ms for `wire` bytes per ledger (mean) at `capacity_bps` per subscriber; the
 /// last chunk travels on one lane, at most `flow_bps`.
 pub fn model_bound_ms(
@@ -350,7 +342,7 @@ fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow:
     let stats = dir.join("stats-0.csv");
     let p = pacing(s);
     let mut children: Vec<Child> = Vec::new();
-    let recv = command(recv_ns.as_deref(), &env.bench_bin)
+    let recv = Netem::exec_in(recv_ns.as_deref(), &env.bench_bin)
         .args(["tcp-recv", "--listen", &format!("{addr}:{port}")])
         .args(["--count", &s.ledgers.to_string(), "--stats"])
         .arg(&stats)
@@ -360,7 +352,7 @@ fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow:
         .context("starting tcp-recv")?;
     crate::proc::track(&recv);
     children.push(recv);
-    let send = command(send_ns.as_deref(), &env.bench_bin)
+    let send = Netem::exec_in(send_ns.as_deref(), &env.bench_bin)
         .args(["tcp-send", "--connect", &format!("{addr}:{port}")])
         .args([
             "--size",
@@ -429,9 +421,7 @@ pub(crate) fn wait_log(
             return Ok(());
         }
         if let Ok(Some(st)) = relay.try_wait() {
-            let tail = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-            bail!("the relay exited ({st}): {}", tail.join(" | "));
+            bail!("the relay exited ({st}): {}", log_tail(log, 5));
         }
         if Instant::now() > deadline {
             bail!("the relay's log did not show {what:?} within {within:?}");
@@ -544,15 +534,13 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         extra.extend(["--window".into(), "1".into()]);
     }
     let settings = RelaySettings {
-        size: s.size,
-        ratio: 1.0,
         count: Some(count),
         start,
-        cadence_ms,
         emit_ms: s.emit_ms,
         codec: codec.to_string(),
         chunk: s.chunk,
         retention: 5000,
+        ..RelaySettings::endless(s.size, 1.0, cadence_ms)
     };
     let ns = relay_ns.as_deref().map(|n| (n, RELAY_ADDR));
     let mut relay = env.cluster.relay_in(ns, &dir, &settings, &source, &extra)?;
@@ -583,10 +571,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
                     &format!("sub-{i}"),
                 )
             };
-            subs.push(
-                env.cluster
-                    .subscriber_in(sub_ns.as_deref(), relay.addr, &spec)?,
-            );
+            subs.push(env.cluster.subscriber_to(
+                sub_ns.as_deref(),
+                &relay.addr.to_string(),
+                &spec,
+            )?);
         }
         // Relay CPU is counted from the first delivered ledger after warm-up: calibration,
         // generation ahead of time and handshakes are left out.
@@ -610,10 +599,8 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
                 }
                 if let Some((st, cpu)) = wait_with_cpu(c, Instant::now())? {
                     if !st.success() {
-                        let log = std::fs::read_to_string(dir.join(format!("sub-{i}.log")))
-                            .unwrap_or_default();
-                        let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                        bail!("subscriber {i} failed ({st}): {}", tail.join(" | "));
+                        let tail = log_tail(&dir.join(format!("sub-{i}.log")), 3);
+                        bail!("subscriber {i} failed ({st}): {tail}");
                     }
                     done[i] = Some(cpu);
                 }

@@ -29,9 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::harness::{
-    self, mib, status_kib, RelaySettings, RssSample, RssSampler, SubSpec, Written,
-};
+use crate::cluster::{RelaySettings, SubSpec};
+use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
 use crate::stats::{quantile, summarize, Record, Summary};
 
 mod bound;
@@ -122,15 +121,9 @@ impl SlowArgs {
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
             count: Some(self.series.count.ledgers),
-            emit_ms: self.emit.emit_ms,
-            codec: self.workload.codec.codec.clone(),
-            chunk: self.workload.chunk.chunk_bytes,
-            retention,
-            ..RelaySettings::endless(
-                self.workload.size.ledger_bytes,
-                self.workload.ratio.ratio,
-                self.cadence.cadence_ms,
-            )
+            ..self
+                .workload
+                .relay(self.cadence.cadence_ms, self.emit.emit_ms, retention)
         }
     }
 }
@@ -143,15 +136,11 @@ struct Env {
 /// Measures an idle relay: 1 KiB ledgers, one per 100 ms, no subscriber, after 2 s.
 fn idle_rss(env: &Env) -> anyhow::Result<u64> {
     let s = RelaySettings {
-        size: 1024,
-        ratio: 1.0,
         count: Some(20),
-        start: 2,
-        cadence_ms: 100.0,
         emit_ms: 1.0,
-        codec: "zstd".into(),
         chunk: 4096,
         retention: 100,
+        ..RelaySettings::endless(1024, 1.0, 100.0)
     };
     let relay = env.cluster.relay(&env.tmp.join("idle"), &s, &[])?;
     std::thread::sleep(Duration::from_secs(2));

@@ -206,6 +206,11 @@ pub fn fmt_load(l: &Option<[f64; 3]>) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// `load average BEFORE -> AFTER` (see [`fmt_load`]).
+pub fn fmt_loads(l: &[Option<[f64; 3]>; 2]) -> String {
+    format!("load average {} -> {}", fmt_load(&l[0]), fmt_load(&l[1]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

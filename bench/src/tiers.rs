@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, RelayProc, RelaySettings};
 use crate::fanout::Payload;
-use crate::harness::{make_certs, read_stats_lenient, RelayProc, RelaySettings};
+use crate::harness::{all_have, make_certs, read_exact};
 use crate::netem::{Netem, Shape};
 use crate::proc::{cpu_seconds, kill_all};
 use crate::stats::{quantile, Record};
@@ -236,18 +236,9 @@ impl Drop for Procs {
 }
 
 fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySettings {
-    let mut s = RelaySettings::endless(
-        a.size.ledger_bytes,
-        match payload {
-            Payload::Compressed => a.ratio.ratio,
-            Payload::Raw => 1.0,
-        },
-        cadence,
-    );
+    // The relay's 8 ms emit window.
+    let mut s = payload.relay(a.size.ledger_bytes, a.ratio.ratio, cadence, 8.0);
     s.count = Some(last - s.start + 1);
-    s.codec = payload.codec().into();
-    s.emit_ms = s.emit_ms.min(cadence);
-    s.retention = 40;
     s
 }
 
@@ -321,8 +312,11 @@ fn subscriber(
     lanes: u8,
     span: Span,
 ) -> anyhow::Result<(Child, PathBuf)> {
-    let spec = crate::harness::SubSpec::new(name, span.first, Some(span.count()), lanes, dir, name);
-    Ok((c.subscriber_in(ns, relay.addr, &spec)?, spec.stats))
+    let spec = crate::cluster::SubSpec::new(name, span.first, Some(span.count()), lanes, dir, name);
+    Ok((
+        c.subscriber_to(ns, &relay.addr.to_string(), &spec)?,
+        spec.stats,
+    ))
 }
 
 /// Waits until every stats file holds ledger `seq`; fails after `limit`, or when a subscriber
@@ -335,7 +329,7 @@ fn wait_all(
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
-        if crate::fanout::all_have(stats, seq) {
+        if all_have(stats, seq) {
             return Ok(());
         }
         for (i, c) in subs.iter_mut().enumerate() {
@@ -354,25 +348,9 @@ fn wait_all(
 
 /// Reads each stats file, checks it holds exactly `span`, and returns the measured records.
 fn collect(stats: &[PathBuf], span: Span) -> anyhow::Result<Vec<Vec<Record>>> {
-    let want: Vec<u32> = (span.first..=span.last).collect();
-    let mut out = Vec::new();
-    for p in stats {
-        let r = read_stats_lenient(p)?;
-        let seqs: Vec<u32> = r.iter().map(|r| r.seq).collect();
-        if seqs != want {
-            bail!(
-                "{}: wrote ledgers {:?}..{:?} ({}), not {}..={}",
-                p.display(),
-                seqs.first(),
-                seqs.last(),
-                seqs.len(),
-                span.first,
-                span.last
-            );
-        }
-        out.push(r.into_iter().filter(|r| r.seq >= span.measured).collect());
-    }
-    Ok(out)
+    let all = read_exact(stats, span.first..=span.last)?;
+    let measured = |r: Vec<Record>| r.into_iter().filter(|r| r.seq >= span.measured).collect();
+    Ok(all.into_iter().map(measured).collect())
 }
 
 /// Per ledger, the largest delivery over the subscribers (the last to finish it).
@@ -510,28 +488,23 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
     let mut rows = Vec::new();
     let mut hedge_skipped = None;
     let first = a.payload.payload[0];
-    let fail = |part, name: &str, p, n, cadence, e: anyhow::Error| {
-        eprintln!("tiers: {part:?} {name} failed: {e:#}");
-        let mut r = row(part, name, p, n, cadence);
-        r.error = Some(format!("{e:#}"));
-        r
+    // The rows of a part, or one failed row standing for them.
+    let mut add = |got: anyhow::Result<Vec<TierRow>>, part, name: &str, p, n, cadence| match got {
+        Ok(r) => rows.extend(r),
+        Err(e) => {
+            eprintln!("tiers: {part:?} {name} failed: {e:#}");
+            let mut r = row(part, name, p, n, cadence);
+            r.error = Some(format!("{e:#}"));
+            rows.push(r);
+        }
     };
     for part in &a.parts {
         match part {
             Part::Tier => {
                 for &p in &a.payload.payload {
                     eprintln!("tiers: tier, {p:?}");
-                    match tier::tier(a, tmp.path(), p, None) {
-                        Ok(r) => rows.extend(r),
-                        Err(e) => rows.push(fail(
-                            Part::Tier,
-                            "direct+edge",
-                            p,
-                            1,
-                            a.cadence.cadence_ms,
-                            e,
-                        )),
-                    }
+                    let got = tier::tier(a, tmp.path(), p, None);
+                    add(got, Part::Tier, "direct+edge", p, 1, a.cadence.cadence_ms);
                 }
             }
             Part::TierZone => match crate::netem::unavailable_reason() {
@@ -556,17 +529,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                         .and_then(|mut netem| {
                             tier::tier(a, tmp.path(), p, Some((&mut netem, link)))
                         });
-                        match r {
-                            Ok(r) => rows.extend(r),
-                            Err(e) => rows.push(fail(
-                                Part::TierZone,
-                                "direct+edge",
-                                p,
-                                1,
-                                a.cadence.cadence_ms,
-                                e,
-                            )),
-                        }
+                        add(r, Part::TierZone, "direct+edge", p, 1, a.cadence.cadence_ms);
                     }
                 }
             },
@@ -576,17 +539,14 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                         "tiers: tree, {edges} edges, {} subscribers",
                         a.tree_subscribers
                     );
-                    match tree_row(a, tmp.path(), first, edges) {
-                        Ok(r) => rows.push(r),
-                        Err(e) => rows.push(fail(
-                            Part::Tree,
-                            &format!("edges-{edges}"),
-                            first,
-                            a.tree_subscribers,
-                            a.tree_cadence_ms,
-                            e,
-                        )),
-                    }
+                    add(
+                        tree_row(a, tmp.path(), first, edges).map(|r| vec![r]),
+                        Part::Tree,
+                        &format!("edges-{edges}"),
+                        first,
+                        a.tree_subscribers,
+                        a.tree_cadence_ms,
+                    );
                 }
             }
             Part::Hedge => match crate::netem::unavailable_reason() {
@@ -596,12 +556,8 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                 }
                 None => {
                     eprintln!("tiers: hedge, {first:?}");
-                    match hedge::hedge(a, tmp.path(), first) {
-                        Ok(r) => rows.extend(r),
-                        Err(e) => {
-                            rows.push(fail(Part::Hedge, "A+B", first, 1, a.cadence.cadence_ms, e))
-                        }
-                    }
+                    let got = hedge::hedge(a, tmp.path(), first);
+                    add(got, Part::Hedge, "A+B", first, 1, a.cadence.cadence_ms);
                 }
             },
         }

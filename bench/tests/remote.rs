@@ -224,11 +224,11 @@ fn remote_rows_across_two_network_namespaces() {
     )
     .unwrap();
     let (quic, tcp) = (format!("{RELAY_ADDR}:7400"), format!("{RELAY_ADDR}:7401"));
-    let mut cmd = Netem::exec_in(&net.relay_ns, &relay_bin);
+    let mut cmd = Netem::exec_in(Some(&net.relay_ns), &relay_bin);
     relay_args(&mut cmd, &certs, &tmp.path().join("data"), &quic, &tcp);
     let (relay, _, _) = start(cmd);
     let json = tmp.path().join("r.json");
-    let out = Netem::exec_in(&net.sub_ns, &bench_bin)
+    let out = Netem::exec_in(Some(&net.sub_ns), &bench_bin)
         .args(["remote", "--relay", &quic, "--tcp", &tcp, "--certs"])
         .arg(&certs)
         .args([

@@ -27,10 +27,12 @@ fn bench() -> Option<PathBuf> {
     Some(exe)
 }
 
-/// Runs `ledger-bench ARGS` (within `limit`), asserts it succeeded and returns its stdout.
-fn run(exe: &Path, args: &[&str], limit: Duration) -> String {
+/// Runs `ledger-bench ARGS` (split on whitespace; within `limit_s` seconds), asserts it
+/// succeeded and returns its stdout.
+fn run(exe: &Path, args: &str, limit_s: u64) -> String {
+    let args: Vec<&str> = args.split_whitespace().collect();
     let started = Instant::now();
-    let out = Command::new(exe).args(args).output().unwrap();
+    let out = Command::new(exe).args(&args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -38,7 +40,8 @@ fn run(exe: &Path, args: &[&str], limit: Duration) -> String {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(started.elapsed() < limit, "took {:?}", started.elapsed());
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(limit_s), "took {took:?}");
     stdout
 }
 
@@ -70,20 +73,8 @@ fn cpu_prints_a_row_per_transport_with_its_cpu() {
     let Some(exe) = bench() else { return };
     let out = run(
         &exe,
-        &[
-            "cpu",
-            "--ledgers",
-            "3",
-            "--warmup",
-            "1",
-            "--size",
-            "1MiB",
-            "--cadence",
-            "50ms",
-            "--lanes",
-            "2",
-        ],
-        Duration::from_secs(120),
+        "cpu --ledgers 3 --warmup 1 --size 1MiB --cadence 50ms --lanes 2",
+        120,
     );
     has_header(
         &out,
@@ -112,24 +103,9 @@ fn ring_disk_prints_the_burst_run() {
     let Some(exe) = bench() else { return };
     let out = run(
         &exe,
-        &[
-            "ring-disk",
-            "--only",
-            "burst",
-            "--burst-ledgers",
-            "8",
-            "--retention",
-            "4",
-            "--ledger-bytes",
-            "262144",
-            "--chunk-bytes",
-            "65536",
-            "--idle-s",
-            "1",
-            "--sample-ms",
-            "100",
-        ],
-        Duration::from_secs(120),
+        "ring-disk --only burst --burst-ledgers 8 --retention 4 --ledger-bytes 262144 \
+         --chunk-bytes 65536 --idle-s 1 --sample-ms 100",
+        120,
     );
     has_header(
         &out,
@@ -148,21 +124,9 @@ fn lake_prints_delivery_with_and_without_export() {
     let Some(exe) = bench() else { return };
     let out = run(
         &exe,
-        &[
-            "lake",
-            "--delivery-only",
-            "--ledgers",
-            "5",
-            "--warmup",
-            "1",
-            "--rounds",
-            "1",
-            "--cadence",
-            "100ms",
-            "--ledger-bytes",
-            "262144",
-        ],
-        Duration::from_secs(150),
+        "lake --delivery-only --ledgers 5 --warmup 1 --rounds 1 --cadence 100ms --ledger-bytes \
+         262144",
+        150,
     );
     has_header(
         &out,
@@ -192,17 +156,8 @@ fn lake_prints_backfill_reads_and_sessions() {
     let Some(exe) = bench() else { return };
     let out = run(
         &exe,
-        &[
-            "lake",
-            "--backfill-only",
-            "--backfill-ledgers",
-            "4",
-            "--depths",
-            "1",
-            "--size",
-            "256KiB",
-        ],
-        Duration::from_secs(150),
+        "lake --backfill-only --backfill-ledgers 4 --depths 1 --size 256KiB",
+        150,
     );
     has_header(
         &out,
@@ -261,22 +216,9 @@ fn lanes_prints_live_and_catch_up_rows_with_each_lane() {
     let Some(exe) = bench() else { return };
     let out = run(
         &exe,
-        &[
-            "lanes",
-            "--lanes",
-            "1,2",
-            "--ledgers",
-            "4",
-            "--size",
-            "512KiB",
-            "--chunk",
-            "64KiB",
-            "--flow-mbit",
-            "100",
-            "--half-cap",
-            "false",
-        ],
-        Duration::from_secs(120),
+        "lanes --lanes 1,2 --ledgers 4 --size 512KiB --chunk 64KiB --flow-mbit 100 --half-cap \
+         false",
+        120,
     );
     has_header(
         &out,
@@ -307,21 +249,9 @@ fn the_scenario_table_prints_a_loopback_row() {
     let Some(exe) = bench() else { return };
     let out = run(
         &exe,
-        &[
-            "--quick",
-            "--network",
-            "loopback",
-            "--ledgers",
-            "6",
-            "--warmup",
-            "1",
-            "--cadence",
-            "100ms",
-            "--ledger-bytes",
-            "1048576",
-            "--no-progress",
-        ],
-        Duration::from_secs(120),
+        "--quick --network loopback --ledgers 6 --warmup 1 --cadence 100ms --ledger-bytes \
+         1048576 --no-progress",
+        120,
     );
     has_header(
         &out,

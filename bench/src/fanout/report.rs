@@ -6,7 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::{FanoutRow, Payload};
-use crate::report::{err, opt};
+use crate::report::{csv_of, err, opt, table_of, Col, CsvCol};
 
 fn name(p: Payload) -> &'static str {
     match p {
@@ -17,67 +17,33 @@ fn name(p: Payload) -> &'static str {
 
 /// The table printed on stdout.
 pub fn table(rows: &[FanoutRow]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{:<10} {:>4} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>9}",
-        "payload",
-        "subs",
-        "cadence",
-        "wire_MB",
-        "cpu0_ms",
-        "cpu_ms",
-        "/sub_ms",
-        "extra_ms",
-        "marg_ms",
-        "rssA_MiB",
-        "rssI_MiB",
-        "idle_ms/s",
-        "first50",
-        "first99",
-        "last50",
-        "last99",
-        "spread",
-        "lastsh",
-        "delivered"
-    );
-    for r in rows {
-        if let Some(e) = &r.error {
-            let _ = writeln!(
-                s,
-                "{:<10} {:>4} {:>5.0}ms FAILED: {e}",
-                name(r.payload),
-                r.subscribers,
-                r.cadence_ms
-            );
-            continue;
-        }
-        let sp = &r.spread;
-        let _ = writeln!(
-            s,
-            "{:<10} {:>4} {:>5.0}ms {:>7.2} {:>8.1} {:>8.1} {:>8.2} {:>8.2} {:>8} {:>8.3} {:>8} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>6} {:>6.2} {:>4}/{:<4}",
-            name(r.payload),
-            r.subscribers,
-            r.cadence_ms,
-            r.wire_mb,
-            r.zero_cpu_ms,
-            r.relay_cpu_ms,
-            r.cpu_per_sub_ms,
-            r.extra_per_sub_ms,
-            opt(r.marginal_ms, 2),
-            r.active_rss_per_session_mib,
-            opt(r.idle_rss_per_session_mib, 3),
-            opt(r.idle_cpu_ms_per_session_s, 3),
-            sp.first_p50_ms,
-            sp.first_p99_ms,
-            sp.last_p50_ms,
-            sp.last_p99_ms,
-            opt(r.spread_ratio, 2),
-            sp.last_share,
-            r.delivered,
-            u32::from(r.subscribers) * r.ledgers,
-        );
-    }
+    let cols: [Col<FanoutRow>; 19] = [
+        Col::l("payload", 10, |r| name(r.payload).into()),
+        Col::r("subs", 4, |r| r.subscribers.to_string()),
+        Col::r("cadence", 7, |r| format!("{:.0}ms", r.cadence_ms)),
+        Col::r("wire_MB", 7, |r| format!("{:.2}", r.wire_mb)),
+        Col::r("cpu0_ms", 8, |r| format!("{:.1}", r.zero_cpu_ms)),
+        Col::r("cpu_ms", 8, |r| format!("{:.1}", r.relay_cpu_ms)),
+        Col::r("/sub_ms", 8, |r| format!("{:.2}", r.cpu_per_sub_ms)),
+        Col::r("extra_ms", 8, |r| format!("{:.2}", r.extra_per_sub_ms)),
+        Col::r("marg_ms", 8, |r| opt(r.marginal_ms, 2)),
+        Col::r("rssA_MiB", 8, |r| {
+            format!("{:.3}", r.active_rss_per_session_mib)
+        }),
+        Col::r("rssI_MiB", 8, |r| opt(r.idle_rss_per_session_mib, 3)),
+        Col::r("idle_ms/s", 8, |r| opt(r.idle_cpu_ms_per_session_s, 3)),
+        Col::r("first50", 8, |r| format!("{:.1}", r.spread.first_p50_ms)),
+        Col::r("first99", 8, |r| format!("{:.1}", r.spread.first_p99_ms)),
+        Col::r("last50", 8, |r| format!("{:.1}", r.spread.last_p50_ms)),
+        Col::r("last99", 8, |r| format!("{:.1}", r.spread.last_p99_ms)),
+        Col::r("spread", 6, |r| opt(r.spread_ratio, 2)),
+        Col::r("lastsh", 6, |r| format!("{:.2}", r.spread.last_share)),
+        Col::r("delivered", 9, |r| {
+            let all = u32::from(r.subscribers) * r.ledgers;
+            format!("{:>4}/{all:<4}", r.delivered)
+        }),
+    ];
+    let mut s = table_of(&cols, rows, (3, "FAILED"), |r| r.error.as_deref());
     s.push_str(
         "cpu0_ms: relay CPU per ledger with no subscriber; cpu_ms: with them; /sub_ms: cpu_ms/N; \
          extra_ms: (cpu_ms-cpu0_ms)/N; marg_ms: slope from the previous row (the first row: \
@@ -91,44 +57,41 @@ pub fn table(rows: &[FanoutRow]) -> String {
 
 /// The rows as CSV.
 pub fn csv(rows: &[FanoutRow]) -> String {
-    let mut s = String::from(
-        "payload,subscribers,cadence_ms,ledgers,wire_mb,zero_cpu_ms,relay_cpu_ms,cpu_per_sub_ms,\
-         extra_per_sub_ms,marginal_ms,baseline_rss_mib,active_rss_per_session_mib,\
-         idle_rss_per_session_mib,idle_cpu_ms_per_session_s,first_p50_ms,first_p99_ms,\
-         last_p50_ms,last_p99_ms,spread_ratio,last_share,delivered,lagged,wall_s,error\n",
-    );
-    for r in rows {
-        let sp = &r.spread;
-        let _ = writeln!(
-            s,
-            "{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{},{:.2},{:.4},{},{},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.1},{}",
-            name(r.payload),
-            r.subscribers,
-            r.cadence_ms,
-            r.ledgers,
-            r.wire_mb,
-            r.zero_cpu_ms,
-            r.relay_cpu_ms,
-            r.cpu_per_sub_ms,
-            r.extra_per_sub_ms,
-            opt(r.marginal_ms, 4).replace('-', ""),
-            r.baseline_rss_mib,
-            r.active_rss_per_session_mib,
-            opt(r.idle_rss_per_session_mib, 4).replace('-', ""),
-            opt(r.idle_cpu_ms_per_session_s, 4).replace('-', ""),
-            sp.first_p50_ms,
-            sp.first_p99_ms,
-            sp.last_p50_ms,
-            sp.last_p99_ms,
-            opt(r.spread_ratio, 3).replace('-', ""),
-            sp.last_share,
-            r.delivered,
-            r.lagged,
-            r.wall_s,
-            r.error.as_deref().unwrap_or("").replace([',', '\n'], ";"),
-        );
-    }
-    s
+    let cols: [CsvCol<FanoutRow>; 24] = [
+        ("payload", |r| name(r.payload).into()),
+        ("subscribers", |r| r.subscribers.to_string()),
+        ("cadence_ms", |r| r.cadence_ms.to_string()),
+        ("ledgers", |r| r.ledgers.to_string()),
+        ("wire_mb", |r| format!("{:.3}", r.wire_mb)),
+        ("zero_cpu_ms", |r| format!("{:.3}", r.zero_cpu_ms)),
+        ("relay_cpu_ms", |r| format!("{:.3}", r.relay_cpu_ms)),
+        ("cpu_per_sub_ms", |r| format!("{:.4}", r.cpu_per_sub_ms)),
+        ("extra_per_sub_ms", |r| format!("{:.4}", r.extra_per_sub_ms)),
+        ("marginal_ms", |r| opt(r.marginal_ms, 4).replace('-', "")),
+        ("baseline_rss_mib", |r| format!("{:.2}", r.baseline_rss_mib)),
+        ("active_rss_per_session_mib", |r| {
+            format!("{:.4}", r.active_rss_per_session_mib)
+        }),
+        ("idle_rss_per_session_mib", |r| {
+            opt(r.idle_rss_per_session_mib, 4).replace('-', "")
+        }),
+        ("idle_cpu_ms_per_session_s", |r| {
+            opt(r.idle_cpu_ms_per_session_s, 4).replace('-', "")
+        }),
+        ("first_p50_ms", |r| format!("{:.3}", r.spread.first_p50_ms)),
+        ("first_p99_ms", |r| format!("{:.3}", r.spread.first_p99_ms)),
+        ("last_p50_ms", |r| format!("{:.3}", r.spread.last_p50_ms)),
+        ("last_p99_ms", |r| format!("{:.3}", r.spread.last_p99_ms)),
+        ("spread_ratio", |r| opt(r.spread_ratio, 3).replace('-', "")),
+        ("last_share", |r| format!("{:.3}", r.spread.last_share)),
+        ("delivered", |r| r.delivered.to_string()),
+        ("lagged", |r| r.lagged.to_string()),
+        ("wall_s", |r| format!("{:.1}", r.wall_s)),
+        ("error", |r| {
+            r.error.as_deref().unwrap_or("").replace([',', '\n'], ";")
+        }),
+    ];
+    csv_of(&cols, rows)
 }
 
 fn ok_rows(rows: &[FanoutRow], p: Payload) -> Vec<&FanoutRow> {

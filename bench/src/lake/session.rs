@@ -19,7 +19,8 @@ use ledger_relay_lake::testing::S3Server;
 use ledger_relay_lake::LakeUrl;
 
 use super::{read_run, ReadRun};
-use crate::harness::{http_get, mib, RelaySettings, RssSampler, SubSpec};
+use crate::cluster::{RelaySettings, SubSpec};
+use crate::harness::{http_get, mib, RssSampler};
 use crate::stats::read_csv;
 
 /// Ledgers the relay reads beyond the lake, and the ring of a backfill run.
@@ -127,7 +128,7 @@ pub fn run(
         relay.addr,
         &SubSpec::new("sub-0", set.first, Some(total), 4, &dir, "sub"),
     )?;
-    let status = crate::harness::wait_child(&mut sub, Duration::from_secs(600))?;
+    let status = crate::cluster::wait_child(&mut sub, Duration::from_secs(600))?;
     let samples = rss.finish();
     if !status.success() {
         bail!(

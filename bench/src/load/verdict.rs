@@ -153,23 +153,19 @@ pub fn summary(r: &LoadReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "load: {} subscribers ({} reconnecting every {}-{} s), {} lanes; {:.0} KiB ledgers every {} ms, {} ratio {}, chunk {} B, ring {} ledgers; {:.0} s (+{:.0} s pre-roll), wall {:.0} s; load average {} -> {}",
+        "load: {} subscribers ({} reconnecting every {}-{} s), {} lanes; {:.0} KiB ledgers {}, ring {} ledgers; {:.0} s (+{:.0} s pre-roll), wall {:.0} s; {}",
         a.subscribers.subscribers,
         a.reconnecting,
         a.min_life,
         a.max_life,
         a.lanes.lanes,
-        a.workload.size.ledger_bytes as f64 / 1024.0,
-        a.cadence.cadence_ms,
-        a.workload.codec.codec,
-        a.workload.ratio.ratio,
-        a.workload.chunk.chunk_bytes,
+        a.workload.kib(),
+        a.workload.pace(a.cadence.cadence_ms),
         s.retention,
         s.duration_s,
         s.preroll_s,
         r.wall_s,
-        crate::stats::fmt_load(&r.load_average[0]),
-        crate::stats::fmt_load(&r.load_average[1]),
+        crate::stats::fmt_loads(&r.load_average),
     );
     let by_kind = |k: StartKind| r.slots.iter().filter(|x| x.kind == k).count();
     let _ = writeln!(

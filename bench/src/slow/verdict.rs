@@ -3,6 +3,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use crate::report::Col;
 
 /// The slow subscriber's outcome in one run.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -176,54 +177,31 @@ pub fn summary(r: &SlowReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "slow subscriber: {} normal subscribers, 1 slow (--consume-delay {} ms = {}x the cadence); {} ledgers of {:.0} KiB every {} ms, {} ratio {}, chunk {} B, {} lanes; load average {} -> {}",
+        "slow subscriber: {} normal subscribers, 1 slow (--consume-delay {} ms = {}x the cadence); {} ledgers of {:.0} KiB {}, {} lanes; {}",
         a.subscribers.subscribers,
         a.delay_ms(),
         a.slow_factor,
         a.series.count.ledgers,
-        a.workload.size.ledger_bytes as f64 / 1024.0,
-        a.cadence.cadence_ms,
-        a.workload.codec.codec,
-        a.workload.ratio.ratio,
-        a.workload.chunk.chunk_bytes,
+        a.workload.kib(),
+        a.workload.pace(a.cadence.cadence_ms),
         a.lanes.lanes,
-        crate::stats::fmt_load(&r.load_average[0]),
-        crate::stats::fmt_load(&r.load_average[1]),
+        crate::stats::fmt_loads(&r.load_average),
     );
-    let _ = writeln!(
-        out,
-        "{:<3} {:<32} {:>6} {:>8} {:>8} {:>8} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8}",
-        "run",
-        "subscribers",
-        "ring",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "lagged",
-        "ringrd",
-        "RSS max",
-        "VmHWM",
-        "bound",
-        "wall s"
-    );
-    for run in &r.runs {
-        let _ = writeln!(
-            out,
-            "{:<3} {:<32} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>6} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
-            run.name,
-            run.label,
-            run.retention,
-            run.normal.p50_ms,
-            run.normal.p99_ms,
-            run.normal.max_ms,
-            run.lagged_total,
-            run.ring_reads_total,
-            run.rss.max_mib,
-            run.rss.hwm_mib,
-            run.bound.total_mib,
-            run.wall_s
-        );
-    }
+    let cols: [Col<SlowRun>; 12] = [
+        Col::l("run", 3, |r| r.name.clone()),
+        Col::l("subscribers", 32, |r| r.label.clone()),
+        Col::r("ring", 6, |r| r.retention.to_string()),
+        Col::r("p50 ms", 8, |r| format!("{:.2}", r.normal.p50_ms)),
+        Col::r("p99 ms", 8, |r| format!("{:.2}", r.normal.p99_ms)),
+        Col::r("max ms", 8, |r| format!("{:.2}", r.normal.max_ms)),
+        Col::r("lagged", 6, |r| r.lagged_total.to_string()),
+        Col::r("ringrd", 6, |r| r.ring_reads_total.to_string()),
+        Col::r("RSS max", 8, |r| format!("{:.1}", r.rss.max_mib)),
+        Col::r("VmHWM", 8, |r| format!("{:.1}", r.rss.hwm_mib)),
+        Col::r("bound", 8, |r| format!("{:.1}", r.bound.total_mib)),
+        Col::r("wall s", 8, |r| format!("{:.1}", r.wall_s)),
+    ];
+    out.push_str(&crate::report::table_of(&cols, &r.runs, (0, ""), |_| None));
     for run in &r.runs {
         if let Some(s) = &run.slow {
             let _ = writeln!(

@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::bail;
 
 use super::{row, settings, wire_mb, Delivery, Part, TierRow, TiersArgs};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, RelayProc, SubSpec};
 use crate::fanout::Payload;
-use crate::harness::{read_stats_lenient, RelayProc, SubSpec};
+use crate::harness::read_stats_lenient;
 use crate::netem::{Netem, Shape, RELAY_ADDR};
 use crate::stats::Record;
 
@@ -56,7 +56,7 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             let mut child = c.subscriber_to(Some(&netem.sub_ns), &addrs, &spec)?;
             let limit =
                 Duration::from_secs_f64(a.cadence.cadence_ms / 1e3 * f64::from(total) * 3.0 + 60.0);
-            let st = crate::harness::wait_child(&mut child, limit)?;
+            let st = crate::cluster::wait_child(&mut child, limit)?;
             if !st.success() {
                 bail!("the {name} subscriber exited with {st}");
             }

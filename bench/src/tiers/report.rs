@@ -3,52 +3,31 @@
 use std::fmt::Write;
 
 use super::{Part, TierRow};
-use crate::report::opt;
+use crate::report::{csv_of, opt, table_of, Col, CsvCol};
+
+/// `part` or `payload` as the table and the CSV spell it.
+fn lower(v: impl std::fmt::Debug) -> String {
+    format!("{v:?}").to_lowercase()
+}
 
 /// The rows as a fixed-width table.
 pub fn table(rows: &[TierRow]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<6} {:<10} {:<10} {:>4} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8}",
-        "part",
-        "row",
-        "payload",
-        "subs",
-        "cadence",
-        "wire_MB",
-        "p50_ms",
-        "p99_ms",
-        "max_ms",
-        "added50",
-        "added99",
-        "root_ms",
-        "edge_ms"
-    );
-    for r in rows {
-        let part = format!("{:?}", r.part).to_lowercase();
-        let payload = format!("{:?}", r.payload).to_lowercase();
-        if let Some(e) = &r.error {
-            let _ = writeln!(out, "{part:<6} {:<10} {payload:<10} FAILED: {e}", r.row);
-            continue;
-        }
-        let _ = writeln!(
-            out,
-            "{part:<6} {:<10} {payload:<10} {:>4} {:>5.0}ms {:>7.2} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>8} {:>8}",
-            r.row,
-            r.subscribers,
-            r.cadence_ms,
-            r.wire_mb,
-            r.delivery.p50_ms,
-            r.delivery.p99_ms,
-            r.delivery.max_ms,
-            opt(r.added.as_ref().map(|a| a.p50_ms), 1),
-            opt(r.added.as_ref().map(|a| a.p99_ms), 1),
-            opt(r.root_cpu_ms, 1),
-            opt(r.edge_cpu_ms, 1),
-        );
-    }
-    out
+    let cols: [Col<TierRow>; 13] = [
+        Col::l("part", 6, |r| lower(r.part)),
+        Col::l("row", 10, |r| r.row.clone()),
+        Col::l("payload", 10, |r| lower(r.payload)),
+        Col::r("subs", 4, |r| r.subscribers.to_string()),
+        Col::r("cadence", 7, |r| format!("{:.0}ms", r.cadence_ms)),
+        Col::r("wire_MB", 7, |r| format!("{:.2}", r.wire_mb)),
+        Col::r("p50_ms", 8, |r| format!("{:.1}", r.delivery.p50_ms)),
+        Col::r("p99_ms", 8, |r| format!("{:.1}", r.delivery.p99_ms)),
+        Col::r("max_ms", 8, |r| format!("{:.1}", r.delivery.max_ms)),
+        Col::r("added50", 9, |r| opt(r.added.as_ref().map(|a| a.p50_ms), 1)),
+        Col::r("added99", 9, |r| opt(r.added.as_ref().map(|a| a.p99_ms), 1)),
+        Col::r("root_ms", 8, |r| opt(r.root_cpu_ms, 1)),
+        Col::r("edge_ms", 8, |r| opt(r.edge_cpu_ms, 1)),
+    ];
+    table_of(&cols, rows, (3, "FAILED"), |r| r.error.as_deref())
 }
 
 /// The comparisons the issue asks for, from the rows that ran.
@@ -125,34 +104,31 @@ pub fn compare(rows: &[TierRow]) -> String {
     out
 }
 
-/// The rows as CSV.
+/// The rows as CSV (absent figures empty).
 pub fn csv(rows: &[TierRow]) -> String {
-    let mut out = String::from(
-        "part,row,payload,subscribers,cadence_ms,ledgers,wire_mb,p50_ms,p99_ms,max_ms,added_p50_ms,added_p99_ms,root_cpu_ms,edge_cpu_ms,error\n",
-    );
-    let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{}",
-            format!("{:?}", r.part).to_lowercase(),
-            r.row,
-            format!("{:?}", r.payload).to_lowercase(),
-            r.subscribers,
-            r.cadence_ms,
-            r.ledgers,
-            r.wire_mb,
-            r.delivery.p50_ms,
-            r.delivery.p99_ms,
-            r.delivery.max_ms,
-            o(r.added.as_ref().map(|a| a.p50_ms)),
-            o(r.added.as_ref().map(|a| a.p99_ms)),
-            o(r.root_cpu_ms),
-            o(r.edge_cpu_ms),
-            r.error.as_deref().unwrap_or("").replace(',', ";"),
-        );
+    fn o(v: Option<f64>) -> String {
+        v.map_or(String::new(), |v| format!("{v:.3}"))
     }
-    out
+    let cols: [CsvCol<TierRow>; 15] = [
+        ("part", |r| lower(r.part)),
+        ("row", |r| r.row.clone()),
+        ("payload", |r| lower(r.payload)),
+        ("subscribers", |r| r.subscribers.to_string()),
+        ("cadence_ms", |r| r.cadence_ms.to_string()),
+        ("ledgers", |r| r.ledgers.to_string()),
+        ("wire_mb", |r| format!("{:.3}", r.wire_mb)),
+        ("p50_ms", |r| format!("{:.3}", r.delivery.p50_ms)),
+        ("p99_ms", |r| format!("{:.3}", r.delivery.p99_ms)),
+        ("max_ms", |r| format!("{:.3}", r.delivery.max_ms)),
+        ("added_p50_ms", |r| o(r.added.as_ref().map(|a| a.p50_ms))),
+        ("added_p99_ms", |r| o(r.added.as_ref().map(|a| a.p99_ms))),
+        ("root_cpu_ms", |r| o(r.root_cpu_ms)),
+        ("edge_cpu_ms", |r| o(r.edge_cpu_ms)),
+        ("error", |r| {
+            r.error.as_deref().unwrap_or("").replace(',', ";")
+        }),
+    ];
+    csv_of(&cols, rows)
 }
 
 #[cfg(test)]
