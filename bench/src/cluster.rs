@@ -312,10 +312,12 @@ pub fn work_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
         .context("creating a temporary directory")
 }
 
-/// Keeps `tmp` (logs and all) when `LEDGER_BENCH_KEEP` is set; otherwise it goes when dropped.
-pub fn keep_if_asked(tmp: tempfile::TempDir) {
+/// Keeps `tmp` (logs and all) when `LEDGER_BENCH_KEEP` is set; otherwise it goes when dropped,
+/// after the caller's last read of it.
+pub fn keep_if_asked(tmp: &mut tempfile::TempDir) {
     if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
-        eprintln!("ledger-bench: logs kept in {}", tmp.keep().display());
+        tmp.disable_cleanup(true);
+        eprintln!("ledger-bench: logs kept in {}", tmp.path().display());
     }
 }
 

@@ -603,7 +603,7 @@ pub fn run(a: &FanoutArgs) -> anyhow::Result<FanoutReport> {
         bail!("--subscribers takes counts of at least 1");
     }
     let n_max = a.subscriber_counts.iter().copied().max().unwrap_or(1);
-    let tmp = crate::cluster::work_dir("ledger-bench-fanout")?;
+    let mut tmp = crate::cluster::work_dir("ledger-bench-fanout")?;
     make_certs(&tmp.path().join("certs"), usize::from(n_max))?;
     let load_before = crate::harness::load_average();
     let mut rows = Vec::new();
@@ -622,7 +622,7 @@ pub fn run(a: &FanoutArgs) -> anyhow::Result<FanoutReport> {
         }
     }
     marginals(&mut rows);
-    crate::cluster::keep_if_asked(tmp);
+    crate::cluster::keep_if_asked(&mut tmp);
     Ok(FanoutReport {
         args: a.clone(),
         load_before,

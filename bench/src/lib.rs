@@ -411,7 +411,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         }
     }
     install_signal_handler();
-    let tmp = crate::cluster::work_dir("ledger-bench")?;
+    let mut tmp = crate::cluster::work_dir("ledger-bench")?;
     let certs = tmp.path().join("certs");
     scenario::make_certs(&certs)?;
     let netem = if list.iter().any(|s| s.emulated) {
@@ -455,7 +455,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    crate::cluster::keep_if_asked(tmp);
+    crate::cluster::keep_if_asked(&mut tmp);
     Ok(rows)
 }
 

@@ -287,7 +287,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let s = a.settings()?;
     let subscribers = usize::from(a.subscribers.subscribers);
     let load_start = harness::load_average();
-    let tmp = crate::cluster::work_dir("ledger-bench-load")?;
+    let mut tmp = crate::cluster::work_dir("ledger-bench-load")?;
     let certs = tmp.path().join("certs");
     harness::make_certs(&certs, subscribers)?;
     let ctx = Ctx {
@@ -436,7 +436,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let samples = sampler.finish();
     let wall_s = ctx.now_s();
     outcome?;
-    crate::cluster::keep_if_asked(tmp);
+    crate::cluster::keep_if_asked(&mut tmp);
 
     // Checks.
     let mut delivered = 0usize;

@@ -439,7 +439,7 @@ fn plan(a: &SlowArgs) -> Vec<Planned> {
 pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
     a.check()?;
     let load_start = harness::load_average();
-    let tmp = crate::cluster::work_dir("ledger-bench-slow")?;
+    let mut tmp = crate::cluster::work_dir("ledger-bench-slow")?;
     let certs = tmp.path().join("certs");
     harness::make_certs(&certs, usize::from(a.subscribers.subscribers) + 1)?;
     let env = Env {
@@ -453,7 +453,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
         let r = run_one(&env, a, idle, &p).with_context(|| format!("run {}", p.name))?;
         runs.push(r);
     }
-    crate::cluster::keep_if_asked(tmp);
+    crate::cluster::keep_if_asked(&mut tmp);
     let (pa, pb) = (pooled(&runs, 'A', |_| true), pooled(&runs, 'B', |_| true));
     // The ledgers after the last B run's slow subscriber was moved to ring reading, and those
     // before (while it still took the live stream like a normal one).

@@ -477,7 +477,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
     if a.payload.payload.is_empty() || a.edges == 0 || a.tree_subscribers == 0 {
         bail!("--payload must not be empty, --edges and --tree-subscribers not 0");
     }
-    let tmp = crate::cluster::work_dir("ledger-bench-tiers")?;
+    let mut tmp = crate::cluster::work_dir("ledger-bench-tiers")?;
     // Subscribers sub-0.., then one client certificate per edge; sub-15 and sub-14 are the tier
     // part's edges (store-and-forward and cut-through).
     make_certs(
@@ -562,7 +562,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
             },
         }
     }
-    crate::cluster::keep_if_asked(tmp);
+    crate::cluster::keep_if_asked(&mut tmp);
     Ok(TiersReport {
         args: a.clone(),
         load_before,
