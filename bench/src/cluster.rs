@@ -270,14 +270,18 @@ pub fn cadence_ms(s: &str) -> Result<f64, String> {
     Ok(ms)
 }
 
-/// What a subcommand measured, in every form it is given.
-pub trait Report: serde::Serialize {
+/// What a subcommand measured, as printed on stdout.
+pub trait Table: serde::Serialize {
     /// The table printed on stdout.
     fn table(&self) -> String;
     /// The targets computed from the rows (printed after the table).
     fn targets(&self) -> String {
         String::new()
     }
+}
+
+/// What a subcommand that takes [`Files`] measured, in every form it is given.
+pub trait Report: Table {
     /// The rows as CSV.
     fn csv(&self) -> String;
     /// Draws the plots in `dir`; returns what it wrote. Only subcommands that take `--plots`
@@ -336,12 +340,22 @@ pub fn emit<R: Report>(report: &R, out: &Output) -> anyhow::Result<()> {
 
 /// [`emit`] for a subcommand without plots.
 pub fn emit_files<R: Report>(report: &R, files: &Files) -> anyhow::Result<()> {
-    print!("{}", report.table());
-    print!("{}", report.targets());
+    print(report);
     if let Some(p) = &files.csv {
         crate::report::write(p, &report.csv())?;
     }
     files.json.write(report)
+}
+
+/// [`emit`] for a subcommand that writes only `--json`.
+pub fn emit_json<R: Table>(report: &R, json: &Json) -> anyhow::Result<()> {
+    print(report);
+    json.write(report)
+}
+
+fn print<R: Table>(report: &R) {
+    print!("{}", report.table());
+    print!("{}", report.targets());
 }
 
 /// The processes of one row: the binaries, the CA, the transport settings and the flags every

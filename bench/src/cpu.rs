@@ -160,9 +160,13 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         };
         rows.push(m);
     }
-    print!("{}", table(&rows));
-    a.json.write(&rows)?;
-    Ok(())
+    crate::cluster::emit_json(&rows, &a.json)
+}
+
+impl crate::cluster::Table for Vec<Measured> {
+    fn table(&self) -> String {
+        table(self)
+    }
 }
 
 /// The table and the targets computed from `rows`.

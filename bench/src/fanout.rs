@@ -663,13 +663,16 @@ pub fn main(a: &FanoutArgs) -> anyhow::Result<()> {
     crate::cluster::emit(&run(a)?, &a.output)
 }
 
-impl crate::cluster::Report for FanoutReport {
+impl crate::cluster::Table for FanoutReport {
     fn table(&self) -> String {
         table(&self.rows)
     }
     fn targets(&self) -> String {
         targets(&self.rows)
     }
+}
+
+impl crate::cluster::Report for FanoutReport {
     fn csv(&self) -> String {
         csv(&self.rows)
     }

@@ -648,8 +648,11 @@ pub fn summary(r: &LakeReport) -> String {
 
 /// The whole command: runs, prints the summary, writes `--json`.
 pub fn main(a: &LakeArgs) -> anyhow::Result<()> {
-    let report = run(a)?;
-    print!("{}", summary(&report));
-    a.json.write(&report)?;
-    Ok(())
+    crate::cluster::emit_json(&run(a)?, &a.json)
+}
+
+impl crate::cluster::Table for LakeReport {
+    fn table(&self) -> String {
+        summary(self)
+    }
 }

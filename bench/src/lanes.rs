@@ -619,7 +619,7 @@ pub struct LanesReport {
     pub rows: Vec<LaneRow>,
 }
 
-impl crate::cluster::Report for LanesReport {
+impl crate::cluster::Table for LanesReport {
     fn table(&self) -> String {
         table(&self.rows)
     }
@@ -631,6 +631,9 @@ impl crate::cluster::Report for LanesReport {
             format!("\ntargets (issue 12 item 2), from this run's rows:\n{t}")
         }
     }
+}
+
+impl crate::cluster::Report for LanesReport {
     fn csv(&self) -> String {
         csv(&self.rows)
     }

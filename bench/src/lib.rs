@@ -530,7 +530,7 @@ pub struct ScenarioReport {
     pub ledger_bytes: u64,
 }
 
-impl cluster::Report for ScenarioReport {
+impl cluster::Table for ScenarioReport {
     fn table(&self) -> String {
         let rows = &self.rows;
         let mut out = report::table(rows);
@@ -556,6 +556,9 @@ impl cluster::Report for ScenarioReport {
             format!("\ntargets (issue 6), from this run's rows:\n{targets}")
         }
     }
+}
+
+impl cluster::Report for ScenarioReport {
     fn csv(&self) -> String {
         report::csv(&self.rows)
     }

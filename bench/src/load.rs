@@ -528,12 +528,17 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
 /// The whole command: runs, prints the summary, writes `--json`; fails when anything failed.
 pub fn main(a: &LoadArgs) -> anyhow::Result<()> {
     let report = run(a)?;
-    print!("{}", summary(&report));
-    a.json.write(&report)?;
+    crate::cluster::emit_json(&report, &a.json)?;
     if !report.failures.is_empty() {
         bail!("{} failures", report.failures.len());
     }
     Ok(())
+}
+
+impl crate::cluster::Table for LoadReport {
+    fn table(&self) -> String {
+        summary(self)
+    }
 }
 
 #[cfg(test)]

@@ -133,7 +133,7 @@ impl Clock {
     }
 }
 
-impl crate::cluster::Report for RemoteReport {
+impl crate::cluster::Table for RemoteReport {
     fn table(&self) -> String {
         format!(
             "{}\n{}",
@@ -141,6 +141,9 @@ impl crate::cluster::Report for RemoteReport {
             crate::report::table(&self.rows)
         )
     }
+}
+
+impl crate::cluster::Report for RemoteReport {
     fn csv(&self) -> String {
         crate::report::csv(&self.rows)
     }

@@ -417,10 +417,15 @@ pub fn main(a: &RingDiskArgs) -> anyhow::Result<()> {
             idle,
         )?);
     }
-    print!("{}", table(&runs));
-    a.json.write(&RingDiskReport {
+    let report = RingDiskReport {
         args: a.clone(),
         runs,
-    })?;
-    Ok(())
+    };
+    crate::cluster::emit_json(&report, &a.json)
+}
+
+impl crate::cluster::Table for RingDiskReport {
+    fn table(&self) -> String {
+        table(&self.runs)
+    }
 }

@@ -523,10 +523,13 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
 
 /// The whole command: runs, prints the summary, writes `--json`.
 pub fn main(a: &SlowArgs) -> anyhow::Result<()> {
-    let report = run(a)?;
-    print!("{}", summary(&report));
-    a.json.write(&report)?;
-    Ok(())
+    crate::cluster::emit_json(&run(a)?, &a.json)
+}
+
+impl crate::cluster::Table for SlowReport {
+    fn table(&self) -> String {
+        summary(self)
+    }
 }
 
 #[cfg(test)]

@@ -187,7 +187,7 @@ pub struct Skipped {
     pub hedge_skipped: Option<String>,
 }
 
-impl crate::cluster::Report for TiersReport {
+impl crate::cluster::Table for TiersReport {
     fn table(&self) -> String {
         table(&self.rows)
     }
@@ -200,6 +200,9 @@ impl crate::cluster::Report for TiersReport {
         }
         out
     }
+}
+
+impl crate::cluster::Report for TiersReport {
     fn csv(&self) -> String {
         csv(&self.rows)
     }
