@@ -34,6 +34,8 @@ use ledger_relay_cli::cputime;
 use ledger_relay_transport::{tls, TransportSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::report::Col;
+
 /// `ledger-bench cpu` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
 #[command(mut_arg("warmup", |a| a.default_value("2")))]
@@ -171,26 +173,20 @@ impl crate::cluster::Table for Vec<Measured> {
 
 /// The table and the targets computed from `rows`.
 pub fn table(rows: &[Measured]) -> String {
-    let mut out = format!(
-        "\n{:<8} {:>8} {:>10} {:>14} {:>12}  {}\n",
-        "row", "ledgers", "MiB", "CPU ms/ledger", "MB/CPU-s", "split, ms per ledger"
-    );
-    for m in rows {
-        let split: Vec<String> = m
-            .split_ms
-            .iter()
-            .map(|(g, ms)| format!("{g} {ms:.1}"))
-            .collect();
-        out.push_str(&format!(
-            "{:<8} {:>8} {:>10.1} {:>14.1} {:>12.0}  {}\n",
-            m.row.name(),
-            m.ledgers,
-            m.size as f64 / (1 << 20) as f64,
-            m.cpu_ms_per_ledger,
-            m.mb_per_cpu_s(),
-            split.join(", ")
-        ));
-    }
+    let cols: [Col<Measured>; 6] = [
+        Col::l("row", 8, |m| m.row.name().into()),
+        Col::r("ledgers", 8, |m| m.ledgers.to_string()),
+        Col::r("MiB", 10, |m| format!("{:.1}", m.size as f64 / 1048576.0)),
+        Col::r("CPU ms/ledger", 14, |m| {
+            format!("{:.1}", m.cpu_ms_per_ledger)
+        }),
+        Col::r("MB/CPU-s", 12, |m| format!("{:.0}", m.mb_per_cpu_s())),
+        Col::l(" split, ms per ledger", 0, |m| {
+            let split = m.split_ms.iter().map(|(g, ms)| format!("{g} {ms:.1}"));
+            format!(" {}", split.collect::<Vec<_>>().join(", "))
+        }),
+    ];
+    let mut out = "\n".to_string() + &crate::report::table_of(&cols, rows, (0, ""), |_| None);
     let find = |r: CpuRow| rows.iter().find(|m| m.row == r);
     out.push('\n');
     if let Some(relay) = find(CpuRow::Relay) {
