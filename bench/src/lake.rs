@@ -45,6 +45,7 @@ use ledger_relay_wire::header::peek_header;
 
 use crate::cluster::{RelaySettings, SubSpec};
 use crate::harness::make_certs;
+use crate::report::{table_of, Col};
 use crate::stats::{read_csv, summarize, Summary};
 
 /// `ledger-bench lake` arguments.
@@ -574,74 +575,71 @@ pub fn summary(r: &LakeReport) -> String {
     let mut out = String::new();
     if !r.delivery.is_empty() {
         out.push_str("delivery, 1 subscriber x 4 lanes, from the tip:\n");
-        out.push_str("round export   ledgers   p50 ms   p90 ms   p99 ms   max ms  p50/off  p99/off  exported\n");
-        for d in &r.delivery {
-            let off = r
-                .delivery
+        let cols: [Col<(&DeliveryRun, Option<&Summary>)>; 10] = [
+            Col::r("round", 5, |(d, _)| d.round.to_string()),
+            Col::l("export", 6, |(d, _)| d.export.clone()),
+            Col::r("ledgers", 9, |(d, _)| d.summary.ledgers.to_string()),
+            Col::r("p50 ms", 8, |(d, _)| format!("{:.2}", d.summary.p50_ms)),
+            Col::r("p90 ms", 8, |(d, _)| format!("{:.2}", d.summary.p90_ms)),
+            Col::r("p99 ms", 8, |(d, _)| format!("{:.2}", d.summary.p99_ms)),
+            Col::r("max ms", 8, |(d, _)| format!("{:.2}", d.summary.max_ms)),
+            Col::r("p50/off", 8, |(d, o)| {
+                format!("{:.2}", o.map_or(f64::NAN, |o| d.summary.p50_ms / o.p50_ms))
+            }),
+            Col::r("p99/off", 8, |(d, o)| {
+                format!("{:.2}", o.map_or(f64::NAN, |o| d.summary.p99_ms / o.p99_ms))
+            }),
+            Col::l(" exported", 0, |(d, _)| match d.export.as_str() {
+                "off" => " -".into(),
+                _ => format!(
+                    " to {} of {}{}",
+                    d.exported_newest,
+                    d.delivered_newest,
+                    if d.export_degraded { " (degraded)" } else { "" }
+                ),
+            }),
+        ];
+        let off = |d: &DeliveryRun| {
+            r.delivery
                 .iter()
                 .find(|x| x.round == d.round && x.export == "off")
-                .map(|x| &x.summary);
-            out.push_str(&format!(
-                "{:>5} {:<6} {:>9} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}  {}\n",
-                d.round,
-                d.export,
-                d.summary.ledgers,
-                d.summary.p50_ms,
-                d.summary.p90_ms,
-                d.summary.p99_ms,
-                d.summary.max_ms,
-                off.map_or(f64::NAN, |o| d.summary.p50_ms / o.p50_ms),
-                off.map_or(f64::NAN, |o| d.summary.p99_ms / o.p99_ms),
-                if d.export == "off" {
-                    "-".to_string()
-                } else {
-                    format!(
-                        "to {} of {}{}",
-                        d.exported_newest,
-                        d.delivered_newest,
-                        if d.export_degraded { " (degraded)" } else { "" }
-                    )
-                },
-            ));
-        }
+                .map(|x| &x.summary)
+        };
+        let rows: Vec<_> = r.delivery.iter().map(|d| (d, off(d))).collect();
+        out.push_str(&table_of(&cols, &rows, (0, ""), |_| None));
     }
     for (title, rows) in [("lake writes", &r.writes), ("reads", &r.reads)] {
-        if rows.is_empty() {
-            continue;
-        }
-        out.push_str(&format!("{title}:\n"));
-        out.push_str("set                        what                                                      ledgers/s   raw MB/s  object MB/s  peak held MiB  bound MiB\n");
-        for x in rows.iter() {
-            out.push_str(&format!(
-                "{:<26} {:<57} {:>9.1} {:>10.1} {:>12} {:>14} {:>10}\n",
-                x.set,
-                x.what,
-                x.ledgers_per_s,
-                x.raw_mb_s,
-                x.object_mb_s.map_or("-".into(), |v| format!("{v:.1}")),
-                mib(x.peak_held_bytes),
-                mib(x.bound_bytes),
-            ));
+        if !rows.is_empty() {
+            let cols: [Col<ReadRun>; 7] = [
+                Col::l("set", 26, |x| x.set.clone()),
+                Col::l("what", 57, |x| x.what.clone()),
+                Col::r("ledgers/s", 9, |x| format!("{:.1}", x.ledgers_per_s)),
+                Col::r("raw MB/s", 10, |x| format!("{:.1}", x.raw_mb_s)),
+                Col::r("object MB/s", 12, |x| {
+                    x.object_mb_s.map_or("-".into(), |v| format!("{v:.1}"))
+                }),
+                Col::r("peak held MiB", 14, |x| mib(x.peak_held_bytes)),
+                Col::r("bound MiB", 10, |x| mib(x.bound_bytes)),
+            ];
+            out.push_str(&format!("{title}:\n"));
+            out.push_str(&table_of(&cols, rows, (0, ""), |_| None));
         }
     }
     if !r.sessions.is_empty() {
         out.push_str("through a relay and a subscriber (4 lanes):\n");
-        out.push_str("set                        what                 ledgers/s   raw MB/s  wire MB/s  from lake  RSS before  RSS peak  prefetch peak MiB  bound MiB\n");
-        for x in &r.sessions {
-            out.push_str(&format!(
-                "{:<26} {:<18} {:>11.1} {:>10.1} {:>10.1} {:>10} {:>11.1} {:>9.1} {:>18} {:>10}\n",
-                x.read.set,
-                x.read.what,
-                x.read.ledgers_per_s,
-                x.read.raw_mb_s,
-                x.wire_mb_s,
-                x.from_lake,
-                x.rss_before_mib,
-                x.rss_peak_mib,
-                mib(x.read.peak_held_bytes),
-                mib(x.read.bound_bytes),
-            ));
-        }
+        let cols: [Col<session::SessionRun>; 10] = [
+            Col::l("set", 26, |x| x.read.set.clone()),
+            Col::l("what", 18, |x| x.read.what.clone()),
+            Col::r("ledgers/s", 11, |x| format!("{:.1}", x.read.ledgers_per_s)),
+            Col::r("raw MB/s", 10, |x| format!("{:.1}", x.read.raw_mb_s)),
+            Col::r("wire MB/s", 10, |x| format!("{:.1}", x.wire_mb_s)),
+            Col::r("from lake", 10, |x| x.from_lake.to_string()),
+            Col::r("RSS before", 11, |x| format!("{:.1}", x.rss_before_mib)),
+            Col::r("RSS peak", 9, |x| format!("{:.1}", x.rss_peak_mib)),
+            Col::r("prefetch peak MiB", 18, |x| mib(x.read.peak_held_bytes)),
+            Col::r("bound MiB", 10, |x| mib(x.read.bound_bytes)),
+        ];
+        out.push_str(&table_of(&cols, &r.sessions, (0, ""), |_| None));
     }
     out
 }
