@@ -81,8 +81,7 @@ impl CaptiveError {
     /// runner only looks at non-zero).
     pub fn exit_code(&self) -> u8 {
         match self {
-            CaptiveError::Subscribe(e) if e.is_unauthorized() => 3,
-            CaptiveError::Subscribe(e) if e.is_below_retention() => 4,
+            CaptiveError::Subscribe(e) => e.exit_code(),
             _ => 2,
         }
     }

@@ -355,8 +355,7 @@ impl RunError {
     /// authorization failure, 4 for a start below retention, 2 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RunError::Subscribe(e) if e.is_unauthorized() => 3,
-            RunError::Subscribe(e) if e.is_below_retention() => 4,
+            RunError::Subscribe(e) => e.exit_code(),
             _ => 2,
         }
     }
@@ -585,6 +584,31 @@ fn consume_pause<T>(delay: Duration, rx: &mpsc::Receiver<T>) {
             return;
         }
         std::thread::sleep(left.min(STEP));
+    }
+}
+
+/// Completes on SIGINT or SIGTERM: the shutdown of `ledger-subscribe` and
+/// `ledger-captive-core` (the Go SDK stops core with SIGINT).
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
     }
 }
 

@@ -272,6 +272,19 @@ impl SubscribeError {
         matches!(self, SubscribeError::BelowRetention { .. })
     }
 
+    /// The process exit code of a subscription that ended with this error (the command
+    /// contract, docs/operations.md): 3 for an authorization failure, 4 for a start below
+    /// retention, 2 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        if self.is_unauthorized() {
+            3
+        } else if self.is_below_retention() {
+            4
+        } else {
+            2
+        }
+    }
+
     /// For a start below retention, the machine-readable line the CLIs print after the error
     /// (a stable contract, docs/operations.md): `below-retention requested=R oldest=O
     /// newest=N` (0: unknown).

@@ -12,6 +12,7 @@ use ledger_relay_subscriber::captive::{
     catchup_range, parse_args, run_start, stream, version_text, CaptiveError, Command, Settings,
     State,
 };
+use ledger_relay_subscriber::cli;
 
 const PROGRAM: &str = "ledger-captive-core";
 
@@ -86,8 +87,13 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
             let settings = Settings::load(&env)?;
             let (start, wanted) = catchup_range(to, count, settings.checkpoint_frequency())?;
             let config = settings.subscription(start, None)?;
-            let (written, _) =
-                runtime()?.block_on(stream(config, Some(wanted), fd, &dir, shutdown_signal()))?;
+            let (written, _) = runtime()?.block_on(stream(
+                config,
+                Some(wanted),
+                fd,
+                &dir,
+                cli::shutdown_signal(),
+            ))?;
             if written < wanted {
                 // Stopped by a signal before the end, as core would be: non-zero.
                 return Err(CaptiveError::Usage(format!(
@@ -110,7 +116,7 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
                 ));
             };
             let config = settings.subscription(from, anchor)?;
-            runtime()?.block_on(stream(config, None, fd, &dir, shutdown_signal()))?;
+            runtime()?.block_on(stream(config, None, fd, &dir, cli::shutdown_signal()))?;
             Ok(())
         }
     }
@@ -128,21 +134,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, CaptiveError> {
             what: "cannot start the async runtime".into(),
             source,
         })
-}
-
-/// Completes on SIGINT (how the SDK stops core) or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
 
 fn help() -> String {

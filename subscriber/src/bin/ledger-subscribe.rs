@@ -39,7 +39,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(format, &e, 2),
     };
-    match runtime.block_on(cli::run(config, shutdown_signal())) {
+    match runtime.block_on(cli::run(config, cli::shutdown_signal())) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();
@@ -65,28 +65,4 @@ fn fail(format: LogFormat, e: &anyhow::Error, code: u8) -> ExitCode {
         &format!("ledger-subscribe: {e:#}"),
     );
     ExitCode::from(code)
-}
-
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

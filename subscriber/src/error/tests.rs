@@ -155,6 +155,7 @@ fn error_frames_follow_the_protocol_table() {
     match classify_error_frame("r:1", relay(), 50, &frame(ErrorCode::BelowRetention)) {
         Failure::Fatal(e @ SubscribeError::BelowRetention { .. }) => {
             assert!(e.is_below_retention());
+            assert_eq!(e.exit_code(), 4);
             let text = e.to_string();
             assert!(text.contains("oldest ledger held is 100"), "{text}");
             assert!(text.contains("ledger 50"), "{text}");
@@ -170,6 +171,10 @@ fn error_frames_follow_the_protocol_table() {
         )),
         AuthReason::NotAllowed
     );
+    match classify_error_frame("r:1", relay(), 50, &frame(ErrorCode::Unauthorized)) {
+        Failure::Fatal(e) => assert_eq!(e.exit_code(), 3),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(
         auth_reason(classify_error_frame(
             "r:1",
