@@ -320,7 +320,8 @@ fn wait_for(
 }
 
 /// Starts `n` sessions from `from` for `count` ledgers, `--sessions-per-process` of them per
-/// `ledger-subscribe` process; returns the processes and every session's stats file.
+/// `ledger-subscribe` process, their watchdogs sized for a ledger every `cadence` ms
+/// ([`watchdog_flags`]); returns the processes and every session's stats file.
 fn spawn_all(
     a: &FanoutArgs,
     cluster: &Cluster,
@@ -328,7 +329,7 @@ fn spawn_all(
     dir: &Path,
     tag: &str,
     n: u16,
-    (from, count): (u32, Option<u32>),
+    (from, count, cadence): (u32, Option<u32>, f64),
 ) -> anyhow::Result<(Vec<Child>, Vec<PathBuf>)> {
     let mut children = Vec::new();
     let mut stats = Vec::new();
@@ -336,11 +337,10 @@ fn spawn_all(
     for i in 0..n.div_ceil(per_process) {
         let spec = SubSpec {
             sessions: per_process.min(n - i * per_process),
-            extra: if a.receive_only {
-                vec!["--receive-only".into()]
-            } else {
-                Vec::new()
-            },
+            extra: watchdog_flags(cadence)
+                .into_iter()
+                .chain(a.receive_only.then(|| "--receive-only".to_owned()))
+                .collect(),
             ..SubSpec::new(
                 format!("sub-{i}"),
                 from,
@@ -360,6 +360,22 @@ fn spawn_all(
         stats.extend(spec.stats_files());
     }
     Ok((children, stats))
+}
+
+/// The subscribers' watchdogs for a ledger every `cadence` ms: give a relay up after half a
+/// cadence without a heartbeat or data and two cadences without a ledger, never sooner than
+/// the defaults (750 ms and 4 s). With 256 sessions in one process on 2 cores, each ledger's
+/// fan-out keeps both processes busy for seconds, and the defaults gave sessions up that were
+/// only waiting their turn, whose reconnects and catch-up then made the overload worse
+/// (bench/RESULTS.md).
+fn watchdog_flags(cadence: f64) -> Vec<String> {
+    let ms = |v: f64| format!("{}ms", v.ceil() as u64);
+    vec![
+        "--heartbeat-timeout".into(),
+        ms((cadence / 2.0).max(750.0)),
+        "--progress-timeout".into(),
+        ms((cadence * 2.0).max(4000.0)),
+    ]
 }
 
 /// The relay's caps raised for `n` sessions of `lanes` lanes from one address, `per_process`
@@ -394,7 +410,11 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
     // Ledgers between the baseline and the subscribers' first: time to start the processes
     // and complete 4 handshakes each.
     let connect_s = 2.0 + f64::from(n) * 0.08;
-    let k = (connect_s * 1e3 / cadence).ceil() as u32 + 1;
+    // At most what keeps a session's wait for its first ledger (k + 1 cadences) within 25 s:
+    // a subscriber gives up a `SessionOpen` the relay has not answered in 30 s.
+    let k = ((connect_s * 1e3 / cadence).ceil() as u32 + 1)
+        .min(((25e3 / cadence) as u32).saturating_sub(1))
+        .max(1);
     let first = start + b + k;
     let measured_from = first + a.series.warmup;
     let last = measured_from + a.series.count.ledgers - 1;
@@ -468,7 +488,7 @@ fn measure(
         dir,
         "sub",
         n,
-        (first, Some(last - first + 1)),
+        (first, Some(last - first + 1), cadence),
     )?;
     children.extend(kids);
     let rounds = last - start + 2;
@@ -523,7 +543,7 @@ fn measure(
     let relay_cpu_ms = (cb - ca) * 1e3 / f64::from(a.series.count.ledgers);
     let per_n = |x: f64| x / f64::from(n);
     // Idle: N sessions at the tip of a stopped source.
-    let (idle_rss, idle_cpu) = idle(a, relay, children, cluster, dir, n, last)?;
+    let (idle_rss, idle_cpu) = idle(a, relay, children, cluster, dir, n, (last, cadence))?;
     Ok(FanoutRow {
         payload,
         subscribers: n,
@@ -558,12 +578,12 @@ fn idle(
     cluster: &Cluster,
     dir: &Path,
     n: u16,
-    last: u32,
+    (last, cadence): (u32, f64),
 ) -> anyhow::Result<(Option<f64>, Option<f64>)> {
     let pid = relay.pid;
     std::thread::sleep(Duration::from_millis(500));
     let before = status_kib(pid, "VmRSS").context("relay RSS")?;
-    let (kids, stats) = spawn_all(a, cluster, relay, dir, "idle", n, (last, None))?;
+    let (kids, stats) = spawn_all(a, cluster, relay, dir, "idle", n, (last, None, cadence))?;
     children.extend(kids);
     let limit = Duration::from_secs(60) + Duration::from_secs_f64(f64::from(n) * 0.5);
     wait_for(relay, limit, "idle subscribers", |_| all_have(&stats, last))?;
@@ -685,6 +705,19 @@ impl crate::cluster::Report for FanoutReport {
 mod tests {
     use super::*;
     use crate::stats::Record;
+
+    #[test]
+    fn watchdogs_grow_with_the_cadence_never_below_the_defaults() {
+        let flags = |c| watchdog_flags(c).join(" ");
+        assert_eq!(
+            flags(600.0),
+            "--heartbeat-timeout 750ms --progress-timeout 4000ms"
+        );
+        assert_eq!(
+            flags(6400.0),
+            "--heartbeat-timeout 3200ms --progress-timeout 12800ms"
+        );
+    }
 
     fn rec(seq: u32, delivery_ms: f64) -> Record {
         Record {

@@ -140,6 +140,16 @@ pub struct Args {
     /// mistyped address [default: 60s]. A relay reached once is retried forever.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub connect_timeout: Option<Duration>,
+    /// Give a relay up (and reconnect or fail over) after this long without hearing from it,
+    /// neither a heartbeat nor data [default: three of the relay's heartbeat intervals, 750 ms
+    /// at its default]. Raise it on a host so loaded that the subscriber's own tasks can fall
+    /// that far behind.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub heartbeat_timeout: Option<Duration>,
+    /// Give a relay up after it has announced ledgers newer than the last one delivered and
+    /// none has completed for this long [default: 4s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub progress_timeout: Option<Duration>,
     /// Retry unreachable relays forever at the start too (no --connect-timeout).
     #[arg(long, conflicts_with = "connect_timeout")]
     pub retry_forever: bool,
@@ -259,6 +269,8 @@ impl Args {
         };
         subscribe.lanes = self.lanes;
         subscribe.transport.set_mtu(self.max_mtu, self.min_mtu);
+        subscribe.heartbeat_timeout = self.heartbeat_timeout;
+        subscribe.progress_timeout = self.progress_timeout;
         subscribe.first_connect_timeout = if self.retry_forever {
             None
         } else {

@@ -336,8 +336,8 @@ pub struct SubscribeConfig {
     /// How long a ledger may go without progress before its missing chunks are asked for again
     /// (default 500 ms).
     pub stall_timeout: Duration,
-    /// How long without a heartbeat before the session is dropped. `None` (default): three
-    /// times the relay's heartbeat interval.
+    /// How long without hearing from the relay (a heartbeat or data) before the session is
+    /// dropped. `None` (default): three times the relay's heartbeat interval.
     pub heartbeat_timeout: Option<Duration>,
     /// How long the relay may announce ledgers newer than the last delivered without one
     /// arriving before the session is dropped. `None` (default): `stall_timeout * 4 + 2 s`.
@@ -511,6 +511,12 @@ impl SubscribeConfig {
         if self.stall_timeout.is_zero() {
             return invalid("stall_timeout", "must be positive".into());
         }
+        if self.heartbeat_timeout.is_some_and(|t| t.is_zero()) {
+            return invalid("heartbeat_timeout", "must be positive".into());
+        }
+        if self.progress_timeout.is_some_and(|t| t.is_zero()) {
+            return invalid("progress_timeout", "must be positive".into());
+        }
         if self.credentials.ca.is_empty() {
             return invalid("credentials.ca", "no CA certificate".into());
         }
@@ -643,6 +649,14 @@ mod tests {
         check(&|c| c.lane_ports = Some((0, 10)), "lane_ports");
         check(&|c| c.start = Start::Seq(0), "start");
         check(&|c| c.channel_capacity = 0, "channel_capacity");
+        check(
+            &|c| c.heartbeat_timeout = Some(Duration::ZERO),
+            "heartbeat_timeout",
+        );
+        check(
+            &|c| c.progress_timeout = Some(Duration::ZERO),
+            "progress_timeout",
+        );
         let anchor = Some(Anchor {
             seq: 100,
             hash: [1; 32],

@@ -374,7 +374,7 @@ impl Session<'_> {
                 }
                 _ = tokio::time::sleep_until(heartbeat_at) => {
                     return Exit::failure(self.peer.timeout(format!(
-                        "no heartbeat for {} ms",
+                        "no heartbeat or data for {} ms",
                         self.heartbeat_timeout.as_millis()
                     )));
                 }
@@ -511,6 +511,9 @@ impl Session<'_> {
     }
 
     fn on_data(&mut self, frame: Result<Frame, AssemblyError>, wire_len: u64) -> Step {
+        // Data from the relay proves it alive as well as a heartbeat does: under load a
+        // heartbeat can wait behind chunks in the relay's or this process's queues.
+        self.last_heartbeat = Instant::now();
         let now = self.now();
         let result = frame.and_then(|frame| match &frame {
             Frame::Chunk(chunk) => {

@@ -266,6 +266,25 @@ async fn a_silent_relay_trips_the_heartbeat_watchdog() {
     assert!(last_error.contains("no heartbeat"), "{last_error}");
 }
 
+/// Data proves the relay alive as well as a heartbeat: a relay whose heartbeats are held up
+/// (here: it sends none) while its chunks keep arriving is not given up.
+#[tokio::test]
+async fn data_keeps_the_heartbeat_watchdog_quiet() {
+    let pki = Pki::new();
+    let ledgers = testnet_ledgers(16);
+    let mut plan = Plan::new(ledgers.clone());
+    plan.no_heartbeats = true;
+    plan.pace = Some(Duration::from_millis(60));
+    let relay = FakeRelay::start(plan, pki.path(), pki.path());
+    let mut config = subscriber_config(&[relay.addr], &pki, Start::Seq(FIRST_SEQ), 2);
+    // Shorter than the 16 x 60 ms the ledgers take, longer than the gap between two.
+    config.heartbeat_timeout = Some(Duration::from_millis(600));
+    let mut sub = connect(config).unwrap();
+    let got = within(20, take(&mut sub, 16)).await;
+    assert_identical(&got, &ledgers);
+    assert_eq!(relay.record().opens.len(), 1, "no session was given up");
+}
+
 #[tokio::test]
 async fn a_slow_consumer_is_not_a_stalled_relay() {
     let pki = Pki::new();

@@ -111,6 +111,40 @@ fn arguments_parse() {
 }
 
 #[test]
+fn watchdog_timeouts_parse() {
+    let a = Args::try_parse_from([
+        "ledger-subscribe",
+        "--relay",
+        "r:1",
+        "--certs",
+        "d",
+        "--name",
+        "n",
+        "--heartbeat-timeout",
+        "3s",
+        "--progress-timeout",
+        "12.5s",
+    ])
+    .unwrap();
+    assert_eq!(a.heartbeat_timeout, Some(Duration::from_secs(3)));
+    assert_eq!(a.progress_timeout, Some(Duration::from_millis(12_500)));
+    let defaults = Args::try_parse_from([
+        "ledger-subscribe",
+        "--relay",
+        "r:1",
+        "--certs",
+        "d",
+        "--name",
+        "n",
+    ])
+    .unwrap();
+    assert_eq!(
+        (defaults.heartbeat_timeout, defaults.progress_timeout),
+        (None, None)
+    );
+}
+
+#[test]
 fn consume_delay_parses_like_other_durations() {
     let parse = |v: &str| {
         Args::try_parse_from([

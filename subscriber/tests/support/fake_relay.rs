@@ -51,6 +51,10 @@ pub struct Plan {
     pub misplace: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
     pub silent: bool,
+    /// Send no heartbeats (data only).
+    pub no_heartbeats: bool,
+    /// Wait this long before sending each ledger.
+    pub pace: Option<Duration>,
     /// Never read a session's control stream after its `SessionOpen`: acks and resends pile up
     /// in flow control, and no more than the first window of ledgers is sent.
     pub deaf: bool,
@@ -76,6 +80,8 @@ impl Plan {
             tamper: None,
             misplace: None,
             silent: false,
+            no_heartbeats: false,
+            pace: None,
             deaf: false,
             control_credit: None,
         }
@@ -410,7 +416,11 @@ async fn serve(
     // Heartbeats.
     let hb_writer = writer.clone();
     let heartbeat_ms = plan.heartbeat_ms;
+    let no_heartbeats = plan.no_heartbeats;
     let heartbeats = tokio::spawn(async move {
+        if no_heartbeats {
+            return;
+        }
         loop {
             let hb = Frame::Heartbeat(Heartbeat {
                 newest,
@@ -461,6 +471,9 @@ async fn serve(
             let window = u32::from(plan.window.min(open.window));
             while *acked_rx.borrow() + window < p.seq {
                 acked_rx.changed().await?;
+            }
+            if let Some(pace) = plan.pace {
+                tokio::time::sleep(pace).await;
             }
             let lanes_now: Vec<quinn::Connection> = shared.sessions.lock().unwrap()[&session_id]
                 .iter()
