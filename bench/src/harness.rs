@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::cluster::RelayProc;
 use crate::stats::{parse_csv, Record};
 
 /// Creates the ephemeral CA of [`crate::scenario::make_certs`] with client certificates
@@ -218,6 +219,44 @@ impl RssSampler {
 /// KiB to MiB.
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
+}
+
+/// The first, largest and last of `samples`, MiB (0 when there are none).
+pub fn rss_span(samples: &[RssSample]) -> [f64; 3] {
+    let at = |s: Option<&RssSample>| s.map_or(0.0, |s| mib(s.rss_kib));
+    let max = samples.iter().map(|s| mib(s.rss_kib)).fold(0.0, f64::max);
+    [at(samples.first()), max, at(samples.last())]
+}
+
+/// A relay of a reliability run with its `VmRSS` sampled every `every_ms` from `t0` on, for at
+/// most `limit_s` seconds (and some).
+#[derive(Debug)]
+pub struct Watched {
+    /// The relay.
+    pub relay: RelayProc,
+    sampler: RssSampler,
+}
+
+impl Watched {
+    /// Starts sampling `relay`.
+    pub fn new(relay: RelayProc, every_ms: u64, limit_s: f64, t0: Instant) -> Watched {
+        let limit = (limit_s * 1e3 / every_ms as f64) as usize + 100;
+        let sampler = RssSampler::start(relay.pid, Duration::from_millis(every_ms), t0, limit);
+        Watched { relay, sampler }
+    }
+
+    /// `VmHWM` (0 when unreadable), KiB, and a last scrape of `/metrics` if it answers.
+    pub fn peak(&self) -> (u64, Option<Scrape>) {
+        let hwm = status_kib(self.relay.pid, "VmHWM").unwrap_or(0);
+        (hwm, self.relay.scrape().ok())
+    }
+
+    /// Kills `subscribers`, stops the relay and returns the samples.
+    pub fn finish(self, mut subscribers: Vec<std::process::Child>) -> Vec<RssSample> {
+        crate::proc::kill_all(&mut subscribers);
+        self.relay.stop();
+        self.sampler.finish()
+    }
 }
 
 /// Least-squares slope of (x, y) points; `None` with fewer than 2 distinct x.

@@ -25,7 +25,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::cluster::{RelayProc, SubSpec};
-use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
+use crate::harness::{self, mib, RssSample, Watched, Written};
 
 mod verdict;
 
@@ -300,16 +300,11 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let settings = a
         .workload
         .relay(a.cadence.cadence_ms, a.emit.emit_ms, s.retention);
-    let mut relay = ctx
+    let relay = ctx
         .cluster
         .relay(&tmp.path().join("relay"), &settings, &[])?;
     let total_s = s.preroll_s + s.duration_s + 30.0;
-    let sampler = RssSampler::start(
-        relay.pid,
-        Duration::from_millis(a.rss.rss_interval_ms),
-        ctx.t0,
-        (total_s * 1e3 / a.rss.rss_interval_ms as f64) as usize + 100,
-    );
+    let mut watched = Watched::new(relay, a.rss.rss_interval_ms, total_s, ctx.t0);
     let mut rng = Rng::new(a.seed);
     let mut order: Vec<usize> = (0..subscribers).collect();
     for i in (1..order.len()).rev() {
@@ -342,6 +337,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let mut last_scrape = f64::NEG_INFINITY;
     let mut hwm = 0u64;
     let outcome = (|| -> anyhow::Result<()> {
+        let relay = &mut watched.relay;
         loop {
             let now = ctx.now_s();
             if now >= end_s {
@@ -358,7 +354,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
             for slot in slots.iter_mut() {
                 if slot.child.is_none() {
                     if now >= slot.start_at_s {
-                        start(&ctx, &relay, slot, scrape.as_ref())?;
+                        start(&ctx, relay, slot, scrape.as_ref())?;
                         if slot.report.reconnecting {
                             slot.stop_at_s = ctx.now_s() + rng.range(a.min_life, a.max_life);
                         }
@@ -424,16 +420,12 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
             }
             close_segment(&ctx, slot, end)?;
         }
-        hwm = status_kib(relay.pid, "VmHWM").unwrap_or(0);
-        if let Ok(m) = relay.scrape() {
-            scrape = Some(m);
-        }
+        let last;
+        (hwm, last) = watched.peak();
+        scrape = last.or(scrape.take());
         Ok(())
     })();
-    let mut children: Vec<Child> = slots.iter_mut().filter_map(|s| s.child.take()).collect();
-    crate::proc::kill_all(&mut children);
-    relay.stop();
-    let samples = sampler.finish();
+    let samples = watched.finish(slots.iter_mut().filter_map(|s| s.child.take()).collect());
     let wall_s = ctx.now_s();
     outcome?;
     crate::cluster::keep_if_asked(&mut tmp);
@@ -465,6 +457,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         }
     }
     let connects: usize = slots.iter().map(|s| s.report.segments.len()).sum();
+    let [rss_start_mib, rss_max_mib, rss_end_mib] = harness::rss_span(&samples);
     let rss_of = |t: f64| {
         samples
             .iter()
@@ -509,9 +502,9 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         ledgers_delivered: delivered,
         failures,
         relay_counters: counters,
-        rss_start_mib: samples.first().map_or(0.0, |x| mib(x.rss_kib)),
-        rss_end_mib: samples.last().map_or(0.0, |x| mib(x.rss_kib)),
-        rss_max_mib: samples.iter().map(|x| mib(x.rss_kib)).fold(0.0, f64::max),
+        rss_start_mib,
+        rss_end_mib,
+        rss_max_mib,
         rss_at_warmup_mib: rss_of(s.warmup_s),
         rss_hwm_mib: mib(hwm),
         flat: slope.is_some_and(|v| v <= a.flat_mib_per_min),

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::cluster::{RelaySettings, SubSpec};
-use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
-use crate::stats::{quantile, summarize, Record, Summary};
+use crate::harness::{self, mib, status_kib, RssSample, Watched, Written};
+use crate::stats::{quantile, summarize, Summary};
 
 mod bound;
 mod verdict;
@@ -190,16 +190,10 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let normal_s = f64::from(ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
     let slow_s = normal_s + f64::from(ledgers) * a.delay_ms() / 1e3 + 60.0;
     let limit_s = if slow && wait_slow { slow_s } else { normal_s };
-    let sampler = RssSampler::start(
-        relay.pid,
-        Duration::from_millis(a.rss.rss_interval_ms),
-        t0,
-        (limit_s * 1e3 / a.rss.rss_interval_ms as f64) as usize + 100,
-    );
-    let mut relay = Some(relay);
+    let mut watched = Watched::new(relay, a.rss.rss_interval_ms, limit_s, t0);
     let mut subs: Vec<Sub> = Vec::new();
     let result = (|| -> anyhow::Result<SlowRun> {
-        let relay_ref = relay.as_mut().context("relay")?;
+        let relay_ref = &mut watched.relay;
         let total = n_normal + usize::from(slow);
         for i in 0..total {
             let is_slow = i == n_normal;
@@ -283,29 +277,18 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             std::thread::sleep(Duration::from_millis(20));
         }
         let wall_s = t0.elapsed().as_secs_f64();
-        let hwm = status_kib(relay_ref.pid, "VmHWM").unwrap_or(0);
         for s in subs.iter_mut().filter(|s| s.exit.is_none()) {
             crate::proc::kill_all(std::slice::from_mut(&mut s.child));
         }
-        if let Ok(m) = relay_ref.scrape() {
-            scrape = m;
-        }
-        let mut normals: Vec<Vec<Record>> = Vec::new();
-        for (i, s) in subs.iter().take(n_normal).enumerate() {
-            let recs = crate::stats::read_csv(&s.stats)?;
-            let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
-            harness::check_contiguous(&[seqs])
-                .map_err(|e| anyhow::anyhow!("normal subscriber {i}: {e}"))?;
-            if recs.len() != ledgers as usize || recs.first().map(|r| r.seq) != Some(2) {
-                bail!(
-                    "normal subscriber {i}: {} ledgers from {:?}, expected {} from 2",
-                    recs.len(),
-                    recs.first().map(|r| r.seq),
-                    ledgers
-                );
-            }
-            normals.push(recs);
-        }
+        let (hwm, last) = watched.peak();
+        scrape = last.unwrap_or(scrape);
+        let normal_stats: Vec<PathBuf> = subs
+            .iter()
+            .take(n_normal)
+            .map(|s| s.stats.clone())
+            .collect();
+        let normals =
+            harness::read_exact(&normal_stats, 2..=ledgers + 1).context("a normal subscriber")?;
         let warm = a.series.warmup as usize;
         let normal = summarize(&normals, warm, a.emit.emit_ms);
         let normal_samples: Vec<(u32, f64)> = normals
@@ -375,16 +358,10 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             rss_samples: Vec::new(),
         })
     })();
-    let mut children: Vec<Child> = subs.into_iter().map(|s| s.child).collect();
-    crate::proc::kill_all(&mut children);
-    if let Some(r) = relay.take() {
-        r.stop();
-    }
-    let samples = sampler.finish();
+    let samples = watched.finish(subs.into_iter().map(|s| s.child).collect());
     let mut run = result?;
-    run.rss.samples = samples.len();
-    run.rss.max_mib = samples.iter().map(|s| mib(s.rss_kib)).fold(0.0, f64::max);
-    run.rss.end_mib = samples.last().map_or(0.0, |s| mib(s.rss_kib));
+    let [_, max, end] = harness::rss_span(&samples);
+    (run.rss.samples, run.rss.max_mib, run.rss.end_mib) = (samples.len(), max, end);
     run.rss_samples = samples;
     Ok(run)
 }
