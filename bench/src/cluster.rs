@@ -223,6 +223,62 @@ pub struct Workload {
     pub codec: Codec,
 }
 
+/// What `slow-subscriber` and `load` share: one relay on loopback serving synthetic ledgers to
+/// `--subscribers` subscribers of `--lanes` lanes, its memory sampled every
+/// `--rss-interval-ms`, the report written as `--json`. Each changes the defaults it needs.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct LoopbackRun {
+    /// `--subscribers`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub subscribers: Subscribers,
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub workload: Workload,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: Cadence,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: Emit,
+    /// `--lanes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: Lanes,
+    /// `--retention`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub retention: Retention,
+    /// `--rss-interval-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rss: RssInterval,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: Json,
+}
+
+impl LoopbackRun {
+    /// The relay settings of these ledgers (an endless source), `retention` ledgers kept.
+    pub fn relay(&self, retention: u32) -> RelaySettings {
+        (self.workload).relay(self.cadence.cadence_ms, self.emit.emit_ms, retention)
+    }
+
+    /// [`Workload::pace`] at `--cadence`.
+    pub fn pace(&self) -> String {
+        self.workload.pace(self.cadence.cadence_ms)
+    }
+
+    /// [`check_source`] of these flags.
+    pub fn check(&self) -> anyhow::Result<()> {
+        check_source(&self.cadence, &self.emit, &self.workload.chunk)
+    }
+}
+
 /// A subcommand's arguments `A` parsed from `argv`, for tests.
 #[cfg(test)]
 pub(crate) fn parse<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> A {

@@ -50,38 +50,21 @@ pub use verdict::*;
 #[command(mut_arg("repeat", |a| a.default_value("3").help("Pairs of runs A and B, alternated").value_parser(clap::value_parser!(u32).range(1..=20))))]
 #[command(mut_arg("rss_interval_ms", |a| a.default_value("100").value_parser(clap::value_parser!(u64).range(10..=10_000))))]
 pub struct SlowArgs {
-    /// `--subscribers`: the normal ones.
+    /// `--subscribers` (the normal ones), `--size`, `--chunk-bytes`, `--ratio`, `--codec`,
+    /// `--cadence`, `--emit-ms`, `--lanes`, `--retention` (of runs A and B),
+    /// `--rss-interval-ms`, `--json` [defaults: size 608174, chunk 10485, cadence 250ms,
+    /// retention 10000, RSS every 100 ms].
     #[command(flatten)]
     #[serde(flatten)]
-    pub subscribers: crate::cluster::Subscribers,
+    pub run: crate::cluster::LoopbackRun,
     /// `--ledgers` and `--warmup` [ledgers default: 100, all the source emits].
     #[command(flatten)]
     #[serde(flatten)]
     pub series: crate::cluster::Series,
-    /// `--cadence` [default: 250ms].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub cadence: crate::cluster::Cadence,
-    /// `--emit-ms`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub emit: crate::cluster::Emit,
     /// The slow subscriber waits this many cadences after each ledger (10: a tenth of the
     /// rate).
     #[arg(long, default_value_t = 10.0)]
     pub slow_factor: f64,
-    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec` [size default: 608174, chunk 10485].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub workload: crate::cluster::Workload,
-    /// `--lanes`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub lanes: crate::cluster::Lanes,
-    /// `--retention` [default: 10000].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub retention: crate::cluster::Retention,
     /// Ledgers the ring keeps in run C, where the slow subscriber falls out of retention;
     /// 0 skips run C.
     #[arg(long, default_value_t = 10)]
@@ -90,23 +73,15 @@ pub struct SlowArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub repeat: crate::cluster::Repeat,
-    /// `--rss-interval-ms` [default: 100].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub rss: crate::cluster::RssInterval,
     /// Target: the normal subscribers' p99 in B within this fraction of A's.
     #[arg(long, default_value_t = 0.10)]
     pub p99_tolerance: f64,
-    /// `--json`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub json: crate::cluster::Json,
 }
 
 impl SlowArgs {
     fn check(&self) -> anyhow::Result<()> {
         self.series.check()?;
-        crate::cluster::check_source(&self.cadence, &self.emit, &self.workload.chunk)?;
+        self.run.check()?;
         if !(self.slow_factor > 0.0 && self.slow_factor <= 1000.0) {
             bail!("--slow-factor must be in (0, 1000]");
         }
@@ -115,15 +90,13 @@ impl SlowArgs {
 
     /// The slow subscriber's `--consume-delay`, ms.
     pub fn delay_ms(&self) -> f64 {
-        self.cadence.cadence_ms * self.slow_factor
+        self.run.cadence.cadence_ms * self.slow_factor
     }
 
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
             count: Some(self.series.count.ledgers),
-            ..self
-                .workload
-                .relay(self.cadence.cadence_ms, self.emit.emit_ms, retention)
+            ..self.run.relay(retention)
         }
     }
 }
@@ -184,13 +157,13 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let at_listen = status_kib(relay.pid, "VmRSS").unwrap_or(0);
     // The normal subscribers, and the ledgers every subscriber takes.
     let (n_normal, ledgers) = (
-        usize::from(a.subscribers.subscribers),
+        usize::from(a.run.subscribers.subscribers),
         a.series.count.ledgers,
     );
-    let normal_s = f64::from(ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
+    let normal_s = f64::from(ledgers) * a.run.cadence.cadence_ms / 1e3 + 60.0;
     let slow_s = normal_s + f64::from(ledgers) * a.delay_ms() / 1e3 + 60.0;
     let limit_s = if slow && wait_slow { slow_s } else { normal_s };
-    let mut watched = Watched::new(relay, a.rss.rss_interval_ms, limit_s, t0);
+    let mut watched = Watched::new(relay, a.run.rss.rss_interval_ms, limit_s, t0);
     let mut subs: Vec<Sub> = Vec::new();
     let result = (|| -> anyhow::Result<SlowRun> {
         let relay_ref = &mut watched.relay;
@@ -203,7 +176,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                     format!("sub-{i}"),
                     2,
                     Some(ledgers),
-                    a.lanes.lanes,
+                    a.run.lanes.lanes,
                     &dir,
                     &format!("sub-{i}"),
                 )
@@ -290,7 +263,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
         let normals =
             harness::read_exact(&normal_stats, 2..=ledgers + 1).context("a normal subscriber")?;
         let warm = a.series.warmup as usize;
-        let normal = summarize(&normals, warm, a.emit.emit_ms);
+        let normal = summarize(&normals, warm, a.run.emit.emit_ms);
         let normal_samples: Vec<(u32, f64)> = normals
             .iter()
             .flat_map(|v| v.iter().skip(warm).map(|r| (r.seq, r.delivery_ms)))
@@ -331,7 +304,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             &settings,
             &sizing,
             sessions,
-            u64::from(a.lanes.lanes),
+            u64::from(a.run.lanes.lanes),
             wire_ledger,
         );
         let hwm_mib = mib(hwm);
@@ -380,21 +353,21 @@ fn plan(a: &SlowArgs) -> Vec<Planned> {
     for k in 1..=a.repeat.repeat {
         plan.push(Planned {
             name: format!("A{k}"),
-            label: format!("{} normal", a.subscribers.subscribers),
+            label: format!("{} normal", a.run.subscribers.subscribers),
             slow: false,
             wait_slow: false,
-            retention: a.retention.retention,
+            retention: a.run.retention.retention,
         });
         plan.push(Planned {
             name: format!("B{k}"),
             label: format!(
                 "{} normal + 1 slow{}",
-                a.subscribers.subscribers,
+                a.run.subscribers.subscribers,
                 if k == 1 { "" } else { " (not waited)" }
             ),
             slow: true,
             wait_slow: k == 1,
-            retention: a.retention.retention,
+            retention: a.run.retention.retention,
         });
     }
     if a.short_retention > 0 {
@@ -402,7 +375,7 @@ fn plan(a: &SlowArgs) -> Vec<Planned> {
             name: "C".into(),
             label: format!(
                 "{} normal + 1 slow, ring {}",
-                a.subscribers.subscribers, a.short_retention
+                a.run.subscribers.subscribers, a.short_retention
             ),
             slow: true,
             wait_slow: true,
@@ -418,7 +391,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
     let load_start = harness::load_average();
     let mut tmp = crate::cluster::work_dir("ledger-bench-slow")?;
     let certs = tmp.path().join("certs");
-    harness::make_certs(&certs, usize::from(a.subscribers.subscribers) + 1)?;
+    harness::make_certs(&certs, usize::from(a.run.subscribers.subscribers) + 1)?;
     let env = Env {
         cluster: crate::cluster::Cluster::local(&certs, Default::default())?,
         tmp: tmp.path().to_path_buf(),
@@ -479,7 +452,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
         .iter()
         .find(|r| r.name.starts_with('B'))
         .map_or(0.0, |r| {
-            r.bound.sessions_mib / (f64::from(a.subscribers.subscribers) + 1.0)
+            r.bound.sessions_mib / (f64::from(a.run.subscribers.subscribers) + 1.0)
         });
     Ok(SlowReport {
         p99_ratio: (pa.2 > 0.0).then(|| pb.2 / pa.2),
@@ -500,7 +473,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
 
 /// The whole command: runs, prints the summary, writes `--json`.
 pub fn main(a: &SlowArgs) -> anyhow::Result<()> {
-    crate::cluster::emit_json(&run(a)?, &a.json)
+    crate::cluster::emit_json(&run(a)?, &a.run.json)
 }
 
 impl crate::cluster::Table for SlowReport {

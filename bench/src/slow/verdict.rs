@@ -178,13 +178,13 @@ pub fn summary(r: &SlowReport) -> String {
     let _ = writeln!(
         out,
         "slow subscriber: {} normal subscribers, 1 slow (--consume-delay {} ms = {}x the cadence); {} ledgers of {:.0} KiB {}, {} lanes; {}",
-        a.subscribers.subscribers,
+        a.run.subscribers.subscribers,
         a.delay_ms(),
         a.slow_factor,
         a.series.count.ledgers,
-        a.workload.kib(),
-        a.workload.pace(a.cadence.cadence_ms),
-        a.lanes.lanes,
+        a.run.workload.kib(),
+        a.run.pace(),
+        a.run.lanes.lanes,
         crate::stats::fmt_loads(&r.load_average),
     );
     let cols: [Col<SlowRun>; 12] = [
