@@ -518,6 +518,33 @@ impl Cluster {
         })
     }
 
+    /// Runs `spec` ([`Cluster::subscriber_to`]) to its end, for at most `within`; returns the
+    /// records of its stats file and its CPU seconds. Fails with the end of its log when it
+    /// exits non-zero or takes longer (then it is killed).
+    pub fn run_subscriber(
+        &self,
+        ns: Option<&str>,
+        relays: &str,
+        spec: &SubSpec,
+        within: Duration,
+    ) -> anyhow::Result<(Vec<crate::stats::Record>, f64)> {
+        let mut child = self.subscriber_to(ns, relays, spec)?;
+        let done = crate::proc::wait_with_cpu(&mut child, Instant::now() + within)?;
+        let tail = || log_tail(&spec.log, 3);
+        match done {
+            Some((st, cpu)) if st.success() => Ok((crate::stats::read_csv(&spec.stats)?, cpu)),
+            Some((st, _)) => bail!("ledger-subscribe {} failed ({st}): {}", spec.name, tail()),
+            None => {
+                crate::proc::kill_all(std::slice::from_mut(&mut child));
+                bail!(
+                    "ledger-subscribe {} took longer than {within:?}: {}",
+                    spec.name,
+                    tail()
+                )
+            }
+        }
+    }
+
     /// The workspace's binary `name` on this host, or in network namespace `ns` when given,
     /// with no stdin or stdout.
     fn command(&self, ns: Option<&str>, name: &str) -> anyhow::Result<Command> {
