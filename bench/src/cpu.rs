@@ -190,7 +190,7 @@ pub fn table(rows: &[Measured]) -> String {
     let find = |r: CpuRow| rows.iter().find(|m| m.row == r);
     out.push('\n');
     if let Some(relay) = find(CpuRow::Relay) {
-        let met = |ok: bool| if ok { "met" } else { "MISSED" };
+        use crate::report::met;
         out.push_str(&format!(
             "target: raw ledger <= 30 ms of CPU across both ends: {:.1} ms, {}\n",
             relay.cpu_ms_per_ledger,

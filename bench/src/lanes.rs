@@ -495,10 +495,8 @@ fn one_lane(rows: &[LaneRow], mode: LaneMode, run: u32) -> Option<f64> {
 pub fn targets(rows: &[LaneRow]) -> String {
     let mut s = String::new();
     let mut line = |name: String, value: f64, ok: bool, why: String| {
-        s.push_str(&format!(
-            "{name:<52} {value:>6.3}  {:<6} ({why})\n",
-            if ok { "met" } else { "MISSED" }
-        ));
+        let verdict = crate::report::met(ok);
+        s.push_str(&format!("{name:<52} {value:>6.3}  {verdict:<6} ({why})\n"));
     };
     for r in rows.iter().filter(|r| r.error.is_none()) {
         let tag = format!("{} run {}", r.label(), r.run);
