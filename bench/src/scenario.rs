@@ -497,23 +497,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         (None, true) => bail!("emulated network not set up"),
         _ => (None, None),
     };
-    let (source, start, count) = match payload {
-        // The ratio is calibrated for the chunk size the relay cuts.
-        Payload::Synthetic(ratio) => (
-            format!(
-                "synthetic:size={},ratio={ratio},count={},start=2,chunk={}",
-                s.size, s.ledgers, s.chunk
-            ),
-            2u32,
-            s.ledgers,
-        ),
+    let (ratio, start, count) = match payload {
+        Payload::Synthetic(ratio) => (*ratio, 2u32, s.ledgers),
         Payload::File(path) => {
             let first = first_seq(path)?;
-            (
-                format!("file:{}", path.display()),
-                first.0,
-                s.ledgers.min(first.1),
-            )
+            (1.0, first.0, s.ledgers.min(first.1))
         }
     };
     let cadence_ms = if mode.catch_up {
@@ -540,7 +528,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         codec: codec.to_string(),
         chunk: s.chunk,
         retention: 5000,
-        ..RelaySettings::endless(s.size, 1.0, cadence_ms)
+        ..RelaySettings::endless(s.size, ratio, cadence_ms)
+    };
+    let source = match payload {
+        Payload::Synthetic(_) => settings.synthetic_source(),
+        Payload::File(path) => format!("file:{}", path.display()),
     };
     let ns = relay_ns.as_deref().map(|n| (n, RELAY_ADDR));
     let mut relay = env.cluster.relay_in(ns, &dir, &settings, &source, &extra)?;
