@@ -210,10 +210,12 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     };
     let within = Duration::from_secs(args.row_timeout_s);
     let tmp = crate::cluster::work_dir("ledger-bench-remote")?;
-    let before = match &baseline {
-        Some(b) => Some(b.clock(args.clock_probes).context("clock probes")?),
-        None => None,
+    // The clock offset, NTP-style over the TCP baseline, before and after the rows.
+    let probe = || {
+        let clock = |b: &TcpBaseline| b.clock(args.clock_probes).context("clock probes");
+        baseline.as_ref().map(clock).transpose()
     };
+    let before = probe()?;
     let mut measured: Vec<(Scenario, u8, Measured)> = Vec::new();
     if let (Some(b), Some(addr)) = (&baseline, &args.tcp) {
         eprintln!("ledger-bench remote: remote-tcp (one TLS-over-TCP flow to {addr})");
@@ -236,10 +238,7 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
             .map_err(|e| format!("{e:#}"));
         measured.push((sc, lanes, got));
     }
-    let after = match &baseline {
-        Some(b) => Some(b.clock(args.clock_probes).context("clock probes")?),
-        None => None,
-    };
+    let after = probe()?;
     let offset_ms = match (before, after) {
         (Some(b), Some(a)) => Some((b.offset_ms + a.offset_ms) / 2.0),
         _ => None,
