@@ -125,8 +125,7 @@ fn idle_rss(env: &Env) -> anyhow::Result<u64> {
 /// A started subscriber and what became of it.
 struct Sub {
     child: Child,
-    stats: PathBuf,
-    log: PathBuf,
+    spec: SubSpec,
     exit: Option<(Option<i32>, f64)>,
 }
 
@@ -142,14 +141,7 @@ struct Planned {
 }
 
 fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Result<SlowRun> {
-    let Planned {
-        name,
-        label,
-        slow,
-        wait_slow,
-        retention,
-    } = p;
-    let (slow, wait_slow, retention) = (*slow, *wait_slow, *retention);
+    let (name, slow, wait_slow, retention) = (&p.name, p.slow, p.wait_slow, p.retention);
     let dir = env.tmp.join(format!("run-{name}"));
     let settings = a.relay(retention);
     let relay = env.cluster.relay(&dir, &settings, &[])?;
@@ -184,8 +176,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             let child = env.cluster.subscriber(relay_ref.addr, &spec)?;
             subs.push(Sub {
                 child,
-                stats: spec.stats,
-                log: spec.log,
+                spec,
                 exit: None,
             });
         }
@@ -209,7 +200,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                     if !is_slow && !st.success() {
                         bail!(
                             "normal subscriber {i} failed ({st}): {}",
-                            harness::last_line(&s.log)
+                            harness::last_line(&s.spec.log)
                         );
                     }
                     s.exit = Some((st.code(), now_s));
@@ -258,7 +249,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
         let normal_stats: Vec<PathBuf> = subs
             .iter()
             .take(n_normal)
-            .map(|s| s.stats.clone())
+            .map(|s| s.spec.stats.clone())
             .collect();
         let normals =
             harness::read_exact(&normal_stats, 2..=ledgers + 1).context("a normal subscriber")?;
@@ -268,13 +259,8 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             .iter()
             .flat_map(|v| v.iter().skip(warm).map(|r| (r.seq, r.delivery_ms)))
             .collect();
-        let normal_p99_each_ms = normals
-            .iter()
-            .map(|v| {
-                let mut d: Vec<f64> = v.iter().skip(warm).map(|r| r.delivery_ms).collect();
-                d.sort_by(f64::total_cmp);
-                quantile(&d, 0.99)
-            })
+        let normal_p99_each_ms = (normals.iter())
+            .map(|v| summarize(std::slice::from_ref(v), warm, a.run.emit.emit_ms).p99_ms)
             .collect();
         let wire_ledger = normals
             .iter()
@@ -283,7 +269,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             .fold(0.0, f64::max);
         let slow_out = if slow {
             let s = &subs[n_normal];
-            let recs = harness::read_stats_lenient(&s.stats)?;
+            let recs = harness::read_stats_lenient(&s.spec.stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             outcome.contiguous = harness::check_contiguous(std::slice::from_ref(&seqs)).is_ok()
                 && seqs.first().is_none_or(|f| *f == 2);
@@ -291,7 +277,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             outcome.max_delivery_ms = recs.iter().map(|r| r.delivery_ms).fold(0.0, f64::max);
             outcome.exit_code = s.exit.and_then(|e| e.0);
             outcome.done_s = s.exit.map(|e| e.1);
-            outcome.message = harness::last_line(&s.log);
+            outcome.message = harness::last_line(&s.spec.log);
             outcome.oldest_held = oldest_held(&outcome.message);
             Some(outcome)
         } else {
@@ -310,7 +296,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
         let hwm_mib = mib(hwm);
         Ok(SlowRun {
             name: name.clone(),
-            label: label.clone(),
+            label: p.label.clone(),
             retention,
             normal,
             normal_p99_each_ms,
