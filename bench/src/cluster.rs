@@ -474,11 +474,7 @@ impl Cluster {
     ) -> anyhow::Result<RelayProc> {
         std::fs::create_dir_all(dir)?;
         let t = self.transport;
-        let (mtu, _) = crate::proc::mtu_args(dir, t.max_mtu, t.min_mtu)?;
-        let mut all: Vec<String> = mtu
-            .into_iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let mut all = crate::proc::mtu_config(dir, t.max_mtu, t.min_mtu)?;
         all.extend(self.relay_extra.iter().cloned());
         all.extend(extra.iter().cloned());
         let ip = ns.map_or("127.0.0.1", |n| n.1);
