@@ -19,14 +19,18 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::cluster::RelayProc;
+use crate::netem::RELAY_ADDR;
 use crate::stats::{parse_csv, Record};
 
-/// Creates the ephemeral CA of [`crate::scenario::make_certs`] with client certificates
-/// `sub-0` .. `sub-{n-1}` (it issues the first [`crate::scenario::MAX_SUBSCRIBERS`]).
+/// Creates the ephemeral CA: a relay certificate for loopback and the emulated address, and
+/// client certificates `sub-0` .. `sub-{n-1}`, at least [`crate::scenario::MAX_SUBSCRIBERS`]
+/// (one per possible subscriber of a row).
 pub fn make_certs(dir: &Path, n: usize) -> anyhow::Result<()> {
-    crate::scenario::make_certs(dir)?;
-    let certs = ledger_relay_certs::CertDir::open(dir)?;
-    for i in usize::from(crate::scenario::MAX_SUBSCRIBERS)..n {
+    // Two days for the CA: a one-day leaf issued a second after a one-day CA would outlive it.
+    let certs = ledger_relay_certs::CertDir::init(dir, 2)?;
+    let names = ["localhost".into(), "127.0.0.1".into(), RELAY_ADDR.into()];
+    certs.issue_server("relay", &names, 1)?;
+    for i in 0..n.max(usize::from(crate::scenario::MAX_SUBSCRIBERS)) {
         certs.issue_client(&format!("sub-{i}"), 1)?;
     }
     Ok(())

@@ -215,22 +215,6 @@ pub struct Env {
 /// Most subscribers in one row.
 pub const MAX_SUBSCRIBERS: u8 = 16;
 
-/// Creates the ephemeral CA: a relay certificate for loopback and the emulated address, and
-/// one client certificate per possible subscriber.
-pub fn make_certs(dir: &Path) -> anyhow::Result<()> {
-    // Two days for the CA: a one-day leaf issued a second after a one-day CA would outlive it.
-    let certs = ledger_relay_certs::CertDir::init(dir, 2)?;
-    certs.issue_server(
-        "relay",
-        &["localhost".into(), "127.0.0.1".into(), RELAY_ADDR.into()],
-        1,
-    )?;
-    for i in 0..MAX_SUBSCRIBERS {
-        certs.issue_client(&format!("sub-{i}"), 1)?;
-    }
-    Ok(())
-}
-
 /// Model bound in ms for `wire` bytes per ledger (mean) at `capacity_bps` per subscriber; the
 /// last chunk travels on one lane, at most `flow_bps`.
 pub fn model_bound_ms(
