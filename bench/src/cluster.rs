@@ -481,7 +481,7 @@ impl Cluster {
         let addr: SocketAddr = format!("{ip}:{}", free_udp_port()?).parse()?;
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
         let log = dir.join("relay.log");
-        let mut child = self
+        let child = self
             .command(ns.map(|n| n.0), "ledger-relay")?
             .arg("run")
             .args(["--listen", &addr.to_string(), "--certs"])
@@ -501,17 +501,18 @@ impl Cluster {
             .spawn()
             .context("starting ledger-relay")?;
         crate::proc::track(&child);
-        if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
-            crate::proc::kill_all(std::slice::from_mut(&mut child));
-            return Err(e);
-        }
-        Ok(RelayProc {
+        let mut relay = RelayProc {
             pid: child.id(),
             child,
             addr,
             metrics,
             log,
-        })
+        };
+        if let Err(e) = relay.wait_log("relay listening", Duration::from_secs(30)) {
+            crate::proc::kill_all(std::slice::from_mut(&mut relay.child));
+            return Err(e);
+        }
+        Ok(relay)
     }
 
     /// Runs `spec` ([`Cluster::subscriber_to`]) to its end, for at most `within`; returns the
@@ -695,6 +696,22 @@ pub struct RelayProc {
 }
 
 impl RelayProc {
+    /// Waits until the relay's log holds `what`; fails if it exits or `within` passes first.
+    pub fn wait_log(&mut self, what: &str, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if text.contains(what) {
+                return Ok(());
+            }
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("the relay's log did not show {what:?} within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Fails if the relay has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(st) = self.child.try_wait()? {

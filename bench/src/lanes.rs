@@ -374,7 +374,7 @@ fn measure(
     let within = Duration::from_secs_f64(ideal_s * 4.0 + 60.0);
     let outcome = (|| -> anyhow::Result<(f64, f64)> {
         if row.mode == LaneMode::CatchUp {
-            crate::scenario::wait_log(&relay.log, "source finished", &mut relay.child, within)?;
+            relay.wait_log("source finished", within)?;
         }
         let t0 = unix_ms();
         let spec = SubSpec {

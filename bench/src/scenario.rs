@@ -383,37 +383,6 @@ fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow:
     Ok(())
 }
 
-/// Waits until the relay logged "relay listening" in `log`; fails if it exits or `within`
-/// passes first.
-pub fn wait_listening(log: &Path, relay: &mut Child, within: Duration) -> anyhow::Result<()> {
-    wait_log(log, "relay listening", relay, within)
-}
-
-/// Waits until the relay's log holds `what`.
-pub(crate) fn wait_log(
-    log: &Path,
-    what: &str,
-    relay: &mut Child,
-    within: Duration,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
-        if std::fs::read_to_string(log)
-            .map(|t| t.contains(what))
-            .unwrap_or(false)
-        {
-            return Ok(());
-        }
-        if let Ok(Some(st)) = relay.try_wait() {
-            bail!("the relay exited ({st}): {}", log_tail(log, 5));
-        }
-        if Instant::now() > deadline {
-            bail!("the relay's log did not show {what:?} within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// CPU per ledger over the measured window, ms: the relay's total, the relay's delivery path
 /// and the subscribers' mean (when every subscriber was read at the window's start).
 type WindowCpu = (f64, f64, Option<f64>);
@@ -525,7 +494,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     let outcome = (|| -> anyhow::Result<(Option<WindowCpu>, Vec<f64>)> {
         if mode.catch_up {
             let within = Duration::from_secs_f64(f64::from(count) * cadence_ms / 1e3 + 60.0);
-            wait_log(&relay.log, "source finished", &mut relay.child, within)?;
+            relay.wait_log("source finished", within)?;
         }
         for i in 0..subscribers {
             let lane_ports = lane_base + u16::from(i) * u16::from(lanes);
