@@ -44,7 +44,7 @@ pub struct Pacing {
 }
 
 /// Incompressible filler (xorshift; contents do not matter on an uncompressed transport).
-fn filler(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn filler(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut v = Vec::with_capacity(len + 8);
     while v.len() < len {

@@ -223,6 +223,62 @@ pub struct Workload {
     pub codec: Codec,
 }
 
+/// What `slow-subscriber` and `load` share: one relay on loopback serving synthetic ledgers to
+/// `--subscribers` subscribers of `--lanes` lanes, its memory sampled every
+/// `--rss-interval-ms`, the report written as `--json`. Each changes the defaults it needs.
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+pub struct LoopbackRun {
+    /// `--subscribers`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub subscribers: Subscribers,
+    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub workload: Workload,
+    /// `--cadence`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: Cadence,
+    /// `--emit-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub emit: Emit,
+    /// `--lanes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: Lanes,
+    /// `--retention`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub retention: Retention,
+    /// `--rss-interval-ms`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rss: RssInterval,
+    /// `--json`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub json: Json,
+}
+
+impl LoopbackRun {
+    /// The relay settings of these ledgers (an endless source), `retention` ledgers kept.
+    pub fn relay(&self, retention: u32) -> RelaySettings {
+        (self.workload).relay(self.cadence.cadence_ms, self.emit.emit_ms, retention)
+    }
+
+    /// [`Workload::pace`] at `--cadence`.
+    pub fn pace(&self) -> String {
+        self.workload.pace(self.cadence.cadence_ms)
+    }
+
+    /// [`check_source`] of these flags.
+    pub fn check(&self) -> anyhow::Result<()> {
+        check_source(&self.cadence, &self.emit, &self.workload.chunk)
+    }
+}
+
 /// A subcommand's arguments `A` parsed from `argv`, for tests.
 #[cfg(test)]
 pub(crate) fn parse<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> A {
@@ -418,18 +474,14 @@ impl Cluster {
     ) -> anyhow::Result<RelayProc> {
         std::fs::create_dir_all(dir)?;
         let t = self.transport;
-        let (mtu, _) = crate::proc::mtu_args(dir, t.max_mtu, t.min_mtu)?;
-        let mut all: Vec<String> = mtu
-            .into_iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let mut all = crate::proc::mtu_config(dir, t.max_mtu, t.min_mtu)?;
         all.extend(self.relay_extra.iter().cloned());
         all.extend(extra.iter().cloned());
         let ip = ns.map_or("127.0.0.1", |n| n.1);
         let addr: SocketAddr = format!("{ip}:{}", free_udp_port()?).parse()?;
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()?).parse()?;
         let log = dir.join("relay.log");
-        let mut child = self
+        let child = self
             .command(ns.map(|n| n.0), "ledger-relay")?
             .arg("run")
             .args(["--listen", &addr.to_string(), "--certs"])
@@ -449,17 +501,45 @@ impl Cluster {
             .spawn()
             .context("starting ledger-relay")?;
         crate::proc::track(&child);
-        if let Err(e) = crate::scenario::wait_listening(&log, &mut child, Duration::from_secs(30)) {
-            crate::proc::kill_all(std::slice::from_mut(&mut child));
-            return Err(e);
-        }
-        Ok(RelayProc {
+        let mut relay = RelayProc {
             pid: child.id(),
             child,
             addr,
             metrics,
             log,
-        })
+        };
+        if let Err(e) = relay.wait_log("relay listening", Duration::from_secs(30)) {
+            crate::proc::kill_all(std::slice::from_mut(&mut relay.child));
+            return Err(e);
+        }
+        Ok(relay)
+    }
+
+    /// Runs `spec` ([`Cluster::subscriber_to`]) to its end, for at most `within`; returns the
+    /// records of its stats file and its CPU seconds. Fails with the end of its log when it
+    /// exits non-zero or takes longer (then it is killed).
+    pub fn run_subscriber(
+        &self,
+        ns: Option<&str>,
+        relays: &str,
+        spec: &SubSpec,
+        within: Duration,
+    ) -> anyhow::Result<(Vec<crate::stats::Record>, f64)> {
+        let mut child = self.subscriber_to(ns, relays, spec)?;
+        let done = crate::proc::wait_with_cpu(&mut child, Instant::now() + within)?;
+        let tail = || log_tail(&spec.log, 3);
+        match done {
+            Some((st, cpu)) if st.success() => Ok((crate::stats::read_csv(&spec.stats)?, cpu)),
+            Some((st, _)) => bail!("ledger-subscribe {} failed ({st}): {}", spec.name, tail()),
+            None => {
+                crate::proc::kill_all(std::slice::from_mut(&mut child));
+                bail!(
+                    "ledger-subscribe {} took longer than {within:?}: {}",
+                    spec.name,
+                    tail()
+                )
+            }
+        }
     }
 
     /// The workspace's binary `name` on this host, or in network namespace `ns` when given,
@@ -616,6 +696,22 @@ pub struct RelayProc {
 }
 
 impl RelayProc {
+    /// Waits until the relay's log holds `what`; fails if it exits or `within` passes first.
+    pub fn wait_log(&mut self, what: &str, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if text.contains(what) {
+                return Ok(());
+            }
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("the relay's log did not show {what:?} within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Fails if the relay has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(st) = self.child.try_wait()? {

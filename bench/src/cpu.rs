@@ -190,7 +190,7 @@ pub fn table(rows: &[Measured]) -> String {
     let find = |r: CpuRow| rows.iter().find(|m| m.row == r);
     out.push('\n');
     if let Some(relay) = find(CpuRow::Relay) {
-        let met = |ok: bool| if ok { "met" } else { "MISSED" };
+        use crate::report::met;
         out.push_str(&format!(
             "target: raw ledger <= 30 ms of CPU across both ends: {:.1} ms, {}\n",
             relay.cpu_ms_per_ledger,
@@ -250,16 +250,7 @@ impl Run {
 
     /// Incompressible bytes (xorshift), one ledger's worth, shared by every send.
     fn payload(&self) -> Bytes {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut v = Vec::with_capacity(self.size + 8);
-        while v.len() < self.size {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            v.extend_from_slice(&x.to_le_bytes());
-        }
-        v.truncate(self.size);
-        Bytes::from(v)
+        Bytes::from(crate::baseline::filler(self.size, 0x9e37_79b9_7f4a_7c15))
     }
 
     /// Starts the two ends on threads of their own (a single-threaded runtime each, named so

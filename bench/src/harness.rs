@@ -18,14 +18,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::cluster::RelayProc;
+use crate::netem::RELAY_ADDR;
 use crate::stats::{parse_csv, Record};
 
-/// Creates the ephemeral CA of [`crate::scenario::make_certs`] with client certificates
-/// `sub-0` .. `sub-{n-1}` (it issues the first [`crate::scenario::MAX_SUBSCRIBERS`]).
+/// Creates the ephemeral CA: a relay certificate for loopback and the emulated address, and
+/// client certificates `sub-0` .. `sub-{n-1}`, at least [`crate::scenario::MAX_SUBSCRIBERS`]
+/// (one per possible subscriber of a row).
 pub fn make_certs(dir: &Path, n: usize) -> anyhow::Result<()> {
-    crate::scenario::make_certs(dir)?;
-    let certs = ledger_relay_certs::CertDir::open(dir)?;
-    for i in usize::from(crate::scenario::MAX_SUBSCRIBERS)..n {
+    // Two days for the CA: a one-day leaf issued a second after a one-day CA would outlive it.
+    let certs = ledger_relay_certs::CertDir::init(dir, 2)?;
+    let names = ["localhost".into(), "127.0.0.1".into(), RELAY_ADDR.into()];
+    certs.issue_server("relay", &names, 1)?;
+    for i in 0..n.max(usize::from(crate::scenario::MAX_SUBSCRIBERS)) {
         certs.issue_client(&format!("sub-{i}"), 1)?;
     }
     Ok(())
@@ -218,6 +223,44 @@ impl RssSampler {
 /// KiB to MiB.
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
+}
+
+/// The first, largest and last of `samples`, MiB (0 when there are none).
+pub fn rss_span(samples: &[RssSample]) -> [f64; 3] {
+    let at = |s: Option<&RssSample>| s.map_or(0.0, |s| mib(s.rss_kib));
+    let max = samples.iter().map(|s| mib(s.rss_kib)).fold(0.0, f64::max);
+    [at(samples.first()), max, at(samples.last())]
+}
+
+/// A relay of a reliability run with its `VmRSS` sampled every `every_ms` from `t0` on, for at
+/// most `limit_s` seconds (and some).
+#[derive(Debug)]
+pub struct Watched {
+    /// The relay.
+    pub relay: RelayProc,
+    sampler: RssSampler,
+}
+
+impl Watched {
+    /// Starts sampling `relay`.
+    pub fn new(relay: RelayProc, every_ms: u64, limit_s: f64, t0: Instant) -> Watched {
+        let limit = (limit_s * 1e3 / every_ms as f64) as usize + 100;
+        let sampler = RssSampler::start(relay.pid, Duration::from_millis(every_ms), t0, limit);
+        Watched { relay, sampler }
+    }
+
+    /// `VmHWM` (0 when unreadable), KiB, and a last scrape of `/metrics` if it answers.
+    pub fn peak(&self) -> (u64, Option<Scrape>) {
+        let hwm = status_kib(self.relay.pid, "VmHWM").unwrap_or(0);
+        (hwm, self.relay.scrape().ok())
+    }
+
+    /// Kills `subscribers`, stops the relay and returns the samples.
+    pub fn finish(self, mut subscribers: Vec<std::process::Child>) -> Vec<RssSample> {
+        crate::proc::kill_all(&mut subscribers);
+        self.relay.stop();
+        self.sampler.finish()
+    }
 }
 
 /// Least-squares slope of (x, y) points; `None` with fewer than 2 distinct x.

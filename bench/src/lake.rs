@@ -46,7 +46,7 @@ use ledger_relay_wire::header::peek_header;
 use crate::cluster::{RelaySettings, SubSpec};
 use crate::harness::make_certs;
 use crate::report::{table_of, Col};
-use crate::stats::{read_csv, summarize, Summary};
+use crate::stats::{summarize, Summary};
 
 /// `ledger-bench lake` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -187,22 +187,12 @@ fn delivery(a: &LakeArgs, work: &Path, server: &S3Server) -> anyhow::Result<Vec<
                 _ => {}
             }
             let relay = cluster.relay(&dir, &settings, &extra)?;
-            let stats = dir.join("sub.csv");
-            let mut sub = cluster.subscriber(
-                relay.addr,
-                &SubSpec::new("sub-0", "tip", Some(ledgers), 4, &dir, "sub"),
-            )?;
+            let spec = SubSpec::new("sub-0", "tip", Some(ledgers), 4, &dir, "sub");
             let limit = Duration::from_secs_f64(
                 30.0 + f64::from(ledgers) * a.cadence.cadence_ms / 1e3 * 3.0,
             );
-            let status = crate::cluster::wait_child(&mut sub, limit)?;
-            if !status.success() {
-                bail!(
-                    "the subscriber failed ({status}): {}",
-                    crate::harness::last_line(&dir.join("sub.log"))
-                );
-            }
-            let records = read_csv(&stats)?;
+            let addr = relay.addr.to_string();
+            let (records, _) = cluster.run_subscriber(None, &addr, &spec, limit)?;
             // Let the export finish the last ledger before reading its metrics.
             std::thread::sleep(Duration::from_millis(if export == "off" {
                 0

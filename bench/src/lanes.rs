@@ -24,17 +24,15 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use crate::cluster::{Cluster, RelaySettings, SubSpec};
-use crate::harness::log_tail;
 use crate::netem::{Netem, Shape, RELAY_ADDR};
-use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
+use crate::proc::sibling_binary;
 use crate::report::{csv_of, table_of, Col, CsvCol};
-use crate::stats::read_csv;
 
 /// How the subscriber meets the source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -370,35 +368,21 @@ fn measure(
     let cluster = Cluster::local(certs, args.transport)?;
     let ns = Some((netem.relay_ns.as_str(), RELAY_ADDR));
     let mut relay = cluster.relay_in(ns, &dir, &settings, &settings.synthetic_source(), &[])?;
-    let mut subs: Vec<Child> = Vec::new();
     // Lanes at their caps, with a floor for the handshakes, and a generous margin: a bound,
     // not a timing.
     let ideal_s = args.count.ledgers as f64 * size as f64 / (row.caps_mib_s * MIB);
     let within = Duration::from_secs_f64(ideal_s * 4.0 + 60.0);
     let outcome = (|| -> anyhow::Result<(f64, f64)> {
         if row.mode == LaneMode::CatchUp {
-            crate::scenario::wait_log(&relay.log, "source finished", &mut relay.child, within)?;
+            relay.wait_log("source finished", within)?;
         }
-        let stats = dir.join("sub.csv");
         let t0 = unix_ms();
         let spec = SubSpec {
             extra: vec!["--lane-ports".into(), lane_base.to_string()],
             ..SubSpec::new("sub-0", 2, Some(args.count.ledgers), row.lanes, &dir, "sub")
         };
-        let sub = cluster.subscriber_to(Some(&netem.sub_ns), &relay.addr.to_string(), &spec)?;
-        subs.push(sub);
-        let deadline = Instant::now() + within;
-        let sub_cpu = match wait_with_cpu(&mut subs[0], deadline)? {
-            Some((st, cpu)) if st.success() => cpu,
-            Some((st, _)) => {
-                bail!(
-                    "subscriber failed ({st}): {}",
-                    log_tail(&dir.join("sub.log"), 3)
-                );
-            }
-            None => bail!("timed out after {within:?}; logs in {}", dir.display()),
-        };
-        let recs = read_csv(&stats)?;
+        let (ns, addr) = (Some(netem.sub_ns.as_str()), relay.addr.to_string());
+        let (recs, sub_cpu) = cluster.run_subscriber(ns, &addr, &spec, within)?;
         let last = recs
             .iter()
             .filter_map(|r| r.received_unix_ms)
@@ -430,7 +414,6 @@ fn measure(
         let relay_cpu = crate::proc::cpu_seconds(relay.pid).unwrap_or(f64::NAN);
         Ok((sub_cpu, relay_cpu))
     })();
-    kill_all(&mut subs);
     relay.stop();
     let (sub_cpu, relay_cpu) = outcome?;
     row.sub_cpu_s = sub_cpu;
@@ -512,10 +495,8 @@ fn one_lane(rows: &[LaneRow], mode: LaneMode, run: u32) -> Option<f64> {
 pub fn targets(rows: &[LaneRow]) -> String {
     let mut s = String::new();
     let mut line = |name: String, value: f64, ok: bool, why: String| {
-        s.push_str(&format!(
-            "{name:<52} {value:>6.3}  {:<6} ({why})\n",
-            if ok { "met" } else { "MISSED" }
-        ));
+        let verdict = crate::report::met(ok);
+        s.push_str(&format!("{name:<52} {value:>6.3}  {verdict:<6} ({why})\n"));
     };
     for r in rows.iter().filter(|r| r.error.is_none()) {
         let tag = format!("{} run {}", r.label(), r.run);

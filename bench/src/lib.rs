@@ -413,7 +413,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     install_signal_handler();
     let mut tmp = crate::cluster::work_dir("ledger-bench")?;
     let certs = tmp.path().join("certs");
-    scenario::make_certs(&certs)?;
+    harness::make_certs(&certs, 0)?;
     let netem = if list.iter().any(|s| s.emulated) {
         Some(Netem::create("b", settings.shape)?)
     } else {

@@ -25,7 +25,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::cluster::{RelayProc, SubSpec};
-use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
+use crate::harness::{self, mib, RssSample, Watched, Written};
 
 mod verdict;
 
@@ -52,6 +52,12 @@ pub fn parse_secs(s: &str) -> Result<f64, String> {
 #[command(mut_arg("quick", |a| a.help("A one-minute preset: --duration 60s, --slope-warmup 20s, --preroll 5s, --stagger 5s, --retention 80 (each unless given)")))]
 #[command(mut_arg("retention", |a| a.default_value("240").default_value_if("quick", "true", "80").help("Ledgers the ring keeps (240: a minute at 250 ms; quick: 80): the ring fills during the warm-up, so memory after it is steady state")))]
 pub struct LoadArgs {
+    /// `--subscribers`, `--size`, `--chunk-bytes`, `--ratio`, `--codec`, `--cadence`,
+    /// `--emit-ms`, `--lanes`, `--retention`, `--rss-interval-ms`, `--json` [defaults: 32
+    /// subscribers, size 256KiB, chunk 65536, cadence 250ms, 2 lanes, retention 240 (quick 80)].
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub run: crate::cluster::LoopbackRun,
     /// `--quick`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -59,33 +65,9 @@ pub struct LoadArgs {
     /// How long subscribers run, from the first start to the stop [default: 5m; quick 60s].
     #[arg(long, value_parser = parse_secs, value_name = "DURATION")]
     pub duration: Option<f64>,
-    /// `--subscribers` [default: 32].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub subscribers: crate::cluster::Subscribers,
     /// How many of them are stopped and restarted in a loop.
     #[arg(long, default_value_t = 8)]
     pub reconnecting: usize,
-    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec` [size default: 256KiB, chunk 65536].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub workload: crate::cluster::Workload,
-    /// `--cadence` [default: 250ms].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub cadence: crate::cluster::Cadence,
-    /// `--emit-ms`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub emit: crate::cluster::Emit,
-    /// `--lanes` [default: 2].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub lanes: crate::cluster::Lanes,
-    /// `--retention` [default: 240, quick 80].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub retention: crate::cluster::Retention,
     /// Time from the relay's start left out of the memory slope [default: 90s, the ring full
     /// for 30 s; quick 20s] (`--warmup`, the old spelling, is kept; the other subcommands'
     /// `--warmup` counts ledgers).
@@ -107,17 +89,9 @@ pub struct LoadArgs {
     /// Seed of the random lives and start order.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// `--rss-interval-ms`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub rss: crate::cluster::RssInterval,
     /// Target: the slope of VmRSS after the warm-up at most this, MiB per minute.
     #[arg(long, default_value_t = 0.5)]
     pub flat_mib_per_min: f64,
-    /// `--json`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub json: crate::cluster::Json,
 }
 
 /// The settings of a run, presets resolved.
@@ -144,9 +118,9 @@ impl LoadArgs {
             warmup_s: self.slope_warmup.unwrap_or(if q { 20.0 } else { 90.0 }),
             preroll_s: self.preroll.unwrap_or(if q { 5.0 } else { 10.0 }),
             stagger_s: self.stagger.unwrap_or(if q { 5.0 } else { 10.0 }),
-            retention: self.retention.retention,
+            retention: self.run.retention.retention,
         };
-        if self.reconnecting > usize::from(self.subscribers.subscribers) {
+        if self.reconnecting > usize::from(self.run.subscribers.subscribers) {
             bail!("--reconnecting must not exceed --subscribers");
         }
         if s.duration_s < 1.0 {
@@ -155,7 +129,7 @@ impl LoadArgs {
         if !(self.min_life >= 0.2 && self.max_life >= self.min_life) {
             bail!("--min-life must be at least 200ms and --max-life at least --min-life");
         }
-        crate::cluster::check_source(&self.cadence, &self.emit, &self.workload.chunk)?;
+        self.run.check()?;
         Ok(s)
     }
 }
@@ -239,7 +213,7 @@ fn start(
         &slot.report.name,
         &from,
         None,
-        ctx.a.lanes.lanes,
+        ctx.a.run.lanes.lanes,
         &ctx.dir,
         &format!("{}-{k}", slot.report.name),
     );
@@ -285,7 +259,7 @@ fn unexpected(slot: &Slot, st: std::process::ExitStatus) -> End {
 /// Runs the load (see the module documentation).
 pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let s = a.settings()?;
-    let subscribers = usize::from(a.subscribers.subscribers);
+    let subscribers = usize::from(a.run.subscribers.subscribers);
     let load_start = harness::load_average();
     let mut tmp = crate::cluster::work_dir("ledger-bench-load")?;
     let certs = tmp.path().join("certs");
@@ -297,19 +271,12 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         t0: Instant::now(),
     };
     std::fs::create_dir_all(&ctx.dir)?;
-    let settings = a
-        .workload
-        .relay(a.cadence.cadence_ms, a.emit.emit_ms, s.retention);
-    let mut relay = ctx
+    let settings = a.run.relay(s.retention);
+    let relay = ctx
         .cluster
         .relay(&tmp.path().join("relay"), &settings, &[])?;
     let total_s = s.preroll_s + s.duration_s + 30.0;
-    let sampler = RssSampler::start(
-        relay.pid,
-        Duration::from_millis(a.rss.rss_interval_ms),
-        ctx.t0,
-        (total_s * 1e3 / a.rss.rss_interval_ms as f64) as usize + 100,
-    );
+    let mut watched = Watched::new(relay, a.run.rss.rss_interval_ms, total_s, ctx.t0);
     let mut rng = Rng::new(a.seed);
     let mut order: Vec<usize> = (0..subscribers).collect();
     for i in (1..order.len()).rev() {
@@ -342,6 +309,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
     let mut last_scrape = f64::NEG_INFINITY;
     let mut hwm = 0u64;
     let outcome = (|| -> anyhow::Result<()> {
+        let relay = &mut watched.relay;
         loop {
             let now = ctx.now_s();
             if now >= end_s {
@@ -358,7 +326,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
             for slot in slots.iter_mut() {
                 if slot.child.is_none() {
                     if now >= slot.start_at_s {
-                        start(&ctx, &relay, slot, scrape.as_ref())?;
+                        start(&ctx, relay, slot, scrape.as_ref())?;
                         if slot.report.reconnecting {
                             slot.stop_at_s = ctx.now_s() + rng.range(a.min_life, a.max_life);
                         }
@@ -424,16 +392,12 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
             }
             close_segment(&ctx, slot, end)?;
         }
-        hwm = status_kib(relay.pid, "VmHWM").unwrap_or(0);
-        if let Ok(m) = relay.scrape() {
-            scrape = Some(m);
-        }
+        let last;
+        (hwm, last) = watched.peak();
+        scrape = last.or(scrape.take());
         Ok(())
     })();
-    let mut children: Vec<Child> = slots.iter_mut().filter_map(|s| s.child.take()).collect();
-    crate::proc::kill_all(&mut children);
-    relay.stop();
-    let samples = sampler.finish();
+    let samples = watched.finish(slots.iter_mut().filter_map(|s| s.child.take()).collect());
     let wall_s = ctx.now_s();
     outcome?;
     crate::cluster::keep_if_asked(&mut tmp);
@@ -465,6 +429,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         }
     }
     let connects: usize = slots.iter().map(|s| s.report.segments.len()).sum();
+    let [rss_start_mib, rss_max_mib, rss_end_mib] = harness::rss_span(&samples);
     let rss_of = |t: f64| {
         samples
             .iter()
@@ -509,9 +474,9 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
         ledgers_delivered: delivered,
         failures,
         relay_counters: counters,
-        rss_start_mib: samples.first().map_or(0.0, |x| mib(x.rss_kib)),
-        rss_end_mib: samples.last().map_or(0.0, |x| mib(x.rss_kib)),
-        rss_max_mib: samples.iter().map(|x| mib(x.rss_kib)).fold(0.0, f64::max),
+        rss_start_mib,
+        rss_end_mib,
+        rss_max_mib,
         rss_at_warmup_mib: rss_of(s.warmup_s),
         rss_hwm_mib: mib(hwm),
         flat: slope.is_some_and(|v| v <= a.flat_mib_per_min),
@@ -528,7 +493,7 @@ pub fn run(a: &LoadArgs) -> anyhow::Result<LoadReport> {
 /// The whole command: runs, prints the summary, writes `--json`; fails when anything failed.
 pub fn main(a: &LoadArgs) -> anyhow::Result<()> {
     let report = run(a)?;
-    crate::cluster::emit_json(&report, &a.json)?;
+    crate::cluster::emit_json(&report, &a.run.json)?;
     if !report.failures.is_empty() {
         bail!("{} failures", report.failures.len());
     }

@@ -264,23 +264,6 @@ impl Netem {
         ])
     }
 
-    /// Bytes sent per HTB class on the relay's side (`tc -s class show`), for checks.
-    pub fn class_stats(&self) -> anyhow::Result<String> {
-        let out = Command::new("tc")
-            .args([
-                "-n",
-                &self.relay_ns,
-                "-s",
-                "class",
-                "show",
-                "dev",
-                &self.relay_dev,
-            ])
-            .output()
-            .context("running tc")?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
     /// A command that runs `program` inside namespace `ns` when given, else on the host.
     pub fn exec_in(ns: Option<&str>, program: &std::path::Path) -> Command {
         let Some(ns) = ns else {

@@ -164,29 +164,26 @@ pub fn mtu_flags(max_mtu: Option<u16>, min_mtu: Option<u16>) -> Vec<String> {
         .collect()
 }
 
-/// QUIC packet sizes for a relay process and its subscribers: the relay's `run` arguments
-/// (`--config FILE`, FILE written in `dir` with a `[transport]` table holding `max_mtu` and
-/// `min_mtu` where given) and the subscribers' ([`mtu_flags`]). Empty when neither is given.
-pub fn mtu_args(
+/// The relay's `run` arguments for these QUIC packet sizes: `--config FILE`, FILE written in
+/// `dir` with a `[transport]` table holding `max_mtu` and `min_mtu` where given; none when
+/// neither is (subscribers take [`mtu_flags`]).
+pub fn mtu_config(
     dir: &Path,
     max_mtu: Option<u16>,
     min_mtu: Option<u16>,
-) -> anyhow::Result<(Vec<std::ffi::OsString>, Vec<String>)> {
-    let mut relay = Vec::new();
-    let sub = mtu_flags(max_mtu, min_mtu);
+) -> anyhow::Result<Vec<String>> {
+    if max_mtu.is_none() && min_mtu.is_none() {
+        return Ok(Vec::new());
+    }
     let mut table = String::from("[transport]\n");
     for (key, mtu) in [("max_mtu", max_mtu), ("min_mtu", min_mtu)] {
         if let Some(mtu) = mtu {
             table.push_str(&format!("{key} = {mtu}\n"));
         }
     }
-    if !sub.is_empty() {
-        let config = dir.join("relay-transport.toml");
-        std::fs::write(&config, table).with_context(|| format!("writing {}", config.display()))?;
-        relay.push("--config".into());
-        relay.push(config.into_os_string());
-    }
-    Ok((relay, sub))
+    let config = dir.join("relay-transport.toml");
+    std::fs::write(&config, table).with_context(|| format!("writing {}", config.display()))?;
+    Ok(vec!["--config".into(), config.display().to_string()])
 }
 
 #[cfg(test)]
@@ -202,9 +199,8 @@ mod mtu_tests {
             ["--max-mtu", "8952", "--min-mtu", "1300"]
         );
         let dir = tempfile::tempdir().unwrap();
-        assert!(mtu_args(dir.path(), None, None).unwrap().0.is_empty());
-        let (relay, sub) = mtu_args(dir.path(), None, Some(8952)).unwrap();
-        assert_eq!(sub, ["--min-mtu", "8952"]);
+        assert!(mtu_config(dir.path(), None, None).unwrap().is_empty());
+        let relay = mtu_config(dir.path(), None, Some(8952)).unwrap();
         assert_eq!(relay[0], "--config");
         let table = std::fs::read_to_string(&relay[1]).unwrap();
         assert_eq!(table, "[transport]\nmin_mtu = 8952\n");

@@ -138,9 +138,7 @@ pub fn table(rows: &[Row]) -> String {
         Col::r("proj p50", 9, |x| format!("{:.2}", x.1.p50_ms)),
         Col::r("proj p99", 9, |x| format!("{:.2}", x.1.p99_ms)),
         Col::r("moon", 6, |x| format!("<={}", x.1.target_ms)),
-        Col::l("verdict", 0, |x| {
-            if x.1.met { "met" } else { "MISSED" }.into()
-        }),
+        Col::l("verdict", 0, |x| crate::report::met(x.1.met).into()),
     ];
     table_of(&cols, &rows, (0, ""), |_| None)
 }

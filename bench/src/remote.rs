@@ -24,15 +24,15 @@
 pub mod tcp;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use crate::cluster::{Cluster, SubSpec};
 use crate::netem::Shape;
-use crate::proc::{kill_all, sibling_binary, wait_with_cpu};
+use crate::proc::sibling_binary;
 use crate::scenario::{finish, Kind, Row, Scenario, Settings};
-use crate::stats::{read_csv, Record};
+use crate::stats::Record;
 use tcp::{ClockEstimate, TcpBaseline};
 
 /// `ledger-bench remote` settings.
@@ -210,10 +210,12 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     };
     let within = Duration::from_secs(args.row_timeout_s);
     let tmp = crate::cluster::work_dir("ledger-bench-remote")?;
-    let before = match &baseline {
-        Some(b) => Some(b.clock(args.clock_probes).context("clock probes")?),
-        None => None,
+    // The clock offset, NTP-style over the TCP baseline, before and after the rows.
+    let probe = || {
+        let clock = |b: &TcpBaseline| b.clock(args.clock_probes).context("clock probes");
+        baseline.as_ref().map(clock).transpose()
     };
+    let before = probe()?;
     let mut measured: Vec<(Scenario, u8, Measured)> = Vec::new();
     if let (Some(b), Some(addr)) = (&baseline, &args.tcp) {
         eprintln!("ledger-bench remote: remote-tcp (one TLS-over-TCP flow to {addr})");
@@ -236,10 +238,7 @@ pub fn run(args: &RemoteArgs) -> anyhow::Result<RemoteReport> {
             .map_err(|e| format!("{e:#}"));
         measured.push((sc, lanes, got));
     }
-    let after = match &baseline {
-        Some(b) => Some(b.clock(args.clock_probes).context("clock probes")?),
-        None => None,
-    };
+    let after = probe()?;
     let offset_ms = match (before, after) {
         (Some(b), Some(a)) => Some((b.offset_ms + a.offset_ms) / 2.0),
         _ => None,
@@ -329,19 +328,8 @@ fn subscribe(
             &format!("sub-l{lanes}"),
         )
     };
-    let (stats, log) = (&spec.stats, &spec.log);
     let cluster = Cluster::local(&args.certs, args.transport)?;
-    let mut child = cluster.subscriber_to(None, &args.relay, &spec)?;
-    let done = wait_with_cpu(&mut child, Instant::now() + within)?;
-    let tail = || crate::harness::log_tail(log, 3);
-    match done {
-        Some((st, cpu)) if st.success() => Ok((read_csv(stats)?, cpu)),
-        Some((st, _)) => bail!("ledger-subscribe failed ({st}): {}", tail()),
-        None => {
-            kill_all(std::slice::from_mut(&mut child));
-            bail!("ledger-subscribe took longer than {within:?}: {}", tail())
-        }
-    }
+    cluster.run_subscriber(None, &args.relay, &spec, within)
 }
 
 /// The whole command: runs, prints the clock line and the table, writes `--csv`, `--json` and

@@ -643,13 +643,22 @@ fn named<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
         .find(|r| r.scenario.name == name && r.error.is_none() && r.summary.ledgers > 0)
 }
 
+/// A target's verdict: `met` or `MISSED`.
+pub(crate) fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
 /// Issue 6's targets, computed from the rows of this run that they need (rows not run are
 /// left out): one line each with the measured ratio and the verdict.
 pub fn targets(rows: &[Row]) -> String {
     let mut s = String::new();
     let mut line = |what: &str, value: Option<(f64, String)>, ok: &dyn Fn(f64) -> bool| {
         if let Some((v, detail)) = value {
-            let verdict = if ok(v) { "met" } else { "MISSED" };
+            let verdict = met(ok(v));
             let _ = writeln!(s, "{what:<48} {v:>7.3}  {verdict:<6} ({detail})");
         }
     };

@@ -215,22 +215,6 @@ pub struct Env {
 /// Most subscribers in one row.
 pub const MAX_SUBSCRIBERS: u8 = 16;
 
-/// Creates the ephemeral CA: a relay certificate for loopback and the emulated address, and
-/// one client certificate per possible subscriber.
-pub fn make_certs(dir: &Path) -> anyhow::Result<()> {
-    // Two days for the CA: a one-day leaf issued a second after a one-day CA would outlive it.
-    let certs = ledger_relay_certs::CertDir::init(dir, 2)?;
-    certs.issue_server(
-        "relay",
-        &["localhost".into(), "127.0.0.1".into(), RELAY_ADDR.into()],
-        1,
-    )?;
-    for i in 0..MAX_SUBSCRIBERS {
-        certs.issue_client(&format!("sub-{i}"), 1)?;
-    }
-    Ok(())
-}
-
 /// Model bound in ms for `wire` bytes per ledger (mean) at `capacity_bps` per subscriber; the
 /// last chunk travels on one lane, at most `flow_bps`.
 pub fn model_bound_ms(
@@ -399,37 +383,6 @@ fn run_tcp(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyhow:
     Ok(())
 }
 
-/// Waits until the relay logged "relay listening" in `log`; fails if it exits or `within`
-/// passes first.
-pub fn wait_listening(log: &Path, relay: &mut Child, within: Duration) -> anyhow::Result<()> {
-    wait_log(log, "relay listening", relay, within)
-}
-
-/// Waits until the relay's log holds `what`.
-pub(crate) fn wait_log(
-    log: &Path,
-    what: &str,
-    relay: &mut Child,
-    within: Duration,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
-        if std::fs::read_to_string(log)
-            .map(|t| t.contains(what))
-            .unwrap_or(false)
-        {
-            return Ok(());
-        }
-        if let Ok(Some(st)) = relay.try_wait() {
-            bail!("the relay exited ({st}): {}", log_tail(log, 5));
-        }
-        if Instant::now() > deadline {
-            bail!("the relay's log did not show {what:?} within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// CPU per ledger over the measured window, ms: the relay's total, the relay's delivery path
 /// and the subscribers' mean (when every subscriber was read at the window's start).
 type WindowCpu = (f64, f64, Option<f64>);
@@ -497,23 +450,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         (None, true) => bail!("emulated network not set up"),
         _ => (None, None),
     };
-    let (source, start, count) = match payload {
-        // The ratio is calibrated for the chunk size the relay cuts.
-        Payload::Synthetic(ratio) => (
-            format!(
-                "synthetic:size={},ratio={ratio},count={},start=2,chunk={}",
-                s.size, s.ledgers, s.chunk
-            ),
-            2u32,
-            s.ledgers,
-        ),
+    let (ratio, start, count) = match payload {
+        Payload::Synthetic(ratio) => (*ratio, 2u32, s.ledgers),
         Payload::File(path) => {
             let first = first_seq(path)?;
-            (
-                format!("file:{}", path.display()),
-                first.0,
-                s.ledgers.min(first.1),
-            )
+            (1.0, first.0, s.ledgers.min(first.1))
         }
     };
     let cadence_ms = if mode.catch_up {
@@ -540,7 +481,11 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
         codec: codec.to_string(),
         chunk: s.chunk,
         retention: 5000,
-        ..RelaySettings::endless(s.size, 1.0, cadence_ms)
+        ..RelaySettings::endless(s.size, ratio, cadence_ms)
+    };
+    let source = match payload {
+        Payload::Synthetic(_) => settings.synthetic_source(),
+        Payload::File(path) => format!("file:{}", path.display()),
     };
     let ns = relay_ns.as_deref().map(|n| (n, RELAY_ADDR));
     let mut relay = env.cluster.relay_in(ns, &dir, &settings, &source, &extra)?;
@@ -549,7 +494,7 @@ fn run_relay(env: &mut Env, s: &Settings, sc: &Scenario, row: &mut Row) -> anyho
     let outcome = (|| -> anyhow::Result<(Option<WindowCpu>, Vec<f64>)> {
         if mode.catch_up {
             let within = Duration::from_secs_f64(f64::from(count) * cadence_ms / 1e3 + 60.0);
-            wait_log(&relay.log, "source finished", &mut relay.child, within)?;
+            relay.wait_log("source finished", within)?;
         }
         for i in 0..subscribers {
             let lane_ports = lane_base + u16::from(i) * u16::from(lanes);

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::cluster::{RelaySettings, SubSpec};
-use crate::harness::{self, mib, status_kib, RssSample, RssSampler, Written};
-use crate::stats::{quantile, summarize, Record, Summary};
+use crate::harness::{self, mib, status_kib, RssSample, Watched, Written};
+use crate::stats::{quantile, summarize, Summary};
 
 mod bound;
 mod verdict;
@@ -50,38 +50,21 @@ pub use verdict::*;
 #[command(mut_arg("repeat", |a| a.default_value("3").help("Pairs of runs A and B, alternated").value_parser(clap::value_parser!(u32).range(1..=20))))]
 #[command(mut_arg("rss_interval_ms", |a| a.default_value("100").value_parser(clap::value_parser!(u64).range(10..=10_000))))]
 pub struct SlowArgs {
-    /// `--subscribers`: the normal ones.
+    /// `--subscribers` (the normal ones), `--size`, `--chunk-bytes`, `--ratio`, `--codec`,
+    /// `--cadence`, `--emit-ms`, `--lanes`, `--retention` (of runs A and B),
+    /// `--rss-interval-ms`, `--json` [defaults: size 608174, chunk 10485, cadence 250ms,
+    /// retention 10000, RSS every 100 ms].
     #[command(flatten)]
     #[serde(flatten)]
-    pub subscribers: crate::cluster::Subscribers,
+    pub run: crate::cluster::LoopbackRun,
     /// `--ledgers` and `--warmup` [ledgers default: 100, all the source emits].
     #[command(flatten)]
     #[serde(flatten)]
     pub series: crate::cluster::Series,
-    /// `--cadence` [default: 250ms].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub cadence: crate::cluster::Cadence,
-    /// `--emit-ms`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub emit: crate::cluster::Emit,
     /// The slow subscriber waits this many cadences after each ledger (10: a tenth of the
     /// rate).
     #[arg(long, default_value_t = 10.0)]
     pub slow_factor: f64,
-    /// `--size`, `--chunk-bytes`, `--ratio`, `--codec` [size default: 608174, chunk 10485].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub workload: crate::cluster::Workload,
-    /// `--lanes`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub lanes: crate::cluster::Lanes,
-    /// `--retention` [default: 10000].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub retention: crate::cluster::Retention,
     /// Ledgers the ring keeps in run C, where the slow subscriber falls out of retention;
     /// 0 skips run C.
     #[arg(long, default_value_t = 10)]
@@ -90,23 +73,15 @@ pub struct SlowArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub repeat: crate::cluster::Repeat,
-    /// `--rss-interval-ms` [default: 100].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub rss: crate::cluster::RssInterval,
     /// Target: the normal subscribers' p99 in B within this fraction of A's.
     #[arg(long, default_value_t = 0.10)]
     pub p99_tolerance: f64,
-    /// `--json`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub json: crate::cluster::Json,
 }
 
 impl SlowArgs {
     fn check(&self) -> anyhow::Result<()> {
         self.series.check()?;
-        crate::cluster::check_source(&self.cadence, &self.emit, &self.workload.chunk)?;
+        self.run.check()?;
         if !(self.slow_factor > 0.0 && self.slow_factor <= 1000.0) {
             bail!("--slow-factor must be in (0, 1000]");
         }
@@ -115,15 +90,13 @@ impl SlowArgs {
 
     /// The slow subscriber's `--consume-delay`, ms.
     pub fn delay_ms(&self) -> f64 {
-        self.cadence.cadence_ms * self.slow_factor
+        self.run.cadence.cadence_ms * self.slow_factor
     }
 
     fn relay(&self, retention: u32) -> RelaySettings {
         RelaySettings {
             count: Some(self.series.count.ledgers),
-            ..self
-                .workload
-                .relay(self.cadence.cadence_ms, self.emit.emit_ms, retention)
+            ..self.run.relay(retention)
         }
     }
 }
@@ -152,8 +125,7 @@ fn idle_rss(env: &Env) -> anyhow::Result<u64> {
 /// A started subscriber and what became of it.
 struct Sub {
     child: Child,
-    stats: PathBuf,
-    log: PathBuf,
+    spec: SubSpec,
     exit: Option<(Option<i32>, f64)>,
 }
 
@@ -169,14 +141,7 @@ struct Planned {
 }
 
 fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Result<SlowRun> {
-    let Planned {
-        name,
-        label,
-        slow,
-        wait_slow,
-        retention,
-    } = p;
-    let (slow, wait_slow, retention) = (*slow, *wait_slow, *retention);
+    let (name, slow, wait_slow, retention) = (&p.name, p.slow, p.wait_slow, p.retention);
     let dir = env.tmp.join(format!("run-{name}"));
     let settings = a.relay(retention);
     let relay = env.cluster.relay(&dir, &settings, &[])?;
@@ -184,22 +149,16 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
     let at_listen = status_kib(relay.pid, "VmRSS").unwrap_or(0);
     // The normal subscribers, and the ledgers every subscriber takes.
     let (n_normal, ledgers) = (
-        usize::from(a.subscribers.subscribers),
+        usize::from(a.run.subscribers.subscribers),
         a.series.count.ledgers,
     );
-    let normal_s = f64::from(ledgers) * a.cadence.cadence_ms / 1e3 + 60.0;
+    let normal_s = f64::from(ledgers) * a.run.cadence.cadence_ms / 1e3 + 60.0;
     let slow_s = normal_s + f64::from(ledgers) * a.delay_ms() / 1e3 + 60.0;
     let limit_s = if slow && wait_slow { slow_s } else { normal_s };
-    let sampler = RssSampler::start(
-        relay.pid,
-        Duration::from_millis(a.rss.rss_interval_ms),
-        t0,
-        (limit_s * 1e3 / a.rss.rss_interval_ms as f64) as usize + 100,
-    );
-    let mut relay = Some(relay);
+    let mut watched = Watched::new(relay, a.run.rss.rss_interval_ms, limit_s, t0);
     let mut subs: Vec<Sub> = Vec::new();
     let result = (|| -> anyhow::Result<SlowRun> {
-        let relay_ref = relay.as_mut().context("relay")?;
+        let relay_ref = &mut watched.relay;
         let total = n_normal + usize::from(slow);
         for i in 0..total {
             let is_slow = i == n_normal;
@@ -209,7 +168,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                     format!("sub-{i}"),
                     2,
                     Some(ledgers),
-                    a.lanes.lanes,
+                    a.run.lanes.lanes,
                     &dir,
                     &format!("sub-{i}"),
                 )
@@ -217,8 +176,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             let child = env.cluster.subscriber(relay_ref.addr, &spec)?;
             subs.push(Sub {
                 child,
-                stats: spec.stats,
-                log: spec.log,
+                spec,
                 exit: None,
             });
         }
@@ -242,7 +200,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
                     if !is_slow && !st.success() {
                         bail!(
                             "normal subscriber {i} failed ({st}): {}",
-                            harness::last_line(&s.log)
+                            harness::last_line(&s.spec.log)
                         );
                     }
                     s.exit = Some((st.code(), now_s));
@@ -283,42 +241,26 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             std::thread::sleep(Duration::from_millis(20));
         }
         let wall_s = t0.elapsed().as_secs_f64();
-        let hwm = status_kib(relay_ref.pid, "VmHWM").unwrap_or(0);
         for s in subs.iter_mut().filter(|s| s.exit.is_none()) {
             crate::proc::kill_all(std::slice::from_mut(&mut s.child));
         }
-        if let Ok(m) = relay_ref.scrape() {
-            scrape = m;
-        }
-        let mut normals: Vec<Vec<Record>> = Vec::new();
-        for (i, s) in subs.iter().take(n_normal).enumerate() {
-            let recs = crate::stats::read_csv(&s.stats)?;
-            let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
-            harness::check_contiguous(&[seqs])
-                .map_err(|e| anyhow::anyhow!("normal subscriber {i}: {e}"))?;
-            if recs.len() != ledgers as usize || recs.first().map(|r| r.seq) != Some(2) {
-                bail!(
-                    "normal subscriber {i}: {} ledgers from {:?}, expected {} from 2",
-                    recs.len(),
-                    recs.first().map(|r| r.seq),
-                    ledgers
-                );
-            }
-            normals.push(recs);
-        }
+        let (hwm, last) = watched.peak();
+        scrape = last.unwrap_or(scrape);
+        let normal_stats: Vec<PathBuf> = subs
+            .iter()
+            .take(n_normal)
+            .map(|s| s.spec.stats.clone())
+            .collect();
+        let normals =
+            harness::read_exact(&normal_stats, 2..=ledgers + 1).context("a normal subscriber")?;
         let warm = a.series.warmup as usize;
-        let normal = summarize(&normals, warm, a.emit.emit_ms);
+        let normal = summarize(&normals, warm, a.run.emit.emit_ms);
         let normal_samples: Vec<(u32, f64)> = normals
             .iter()
             .flat_map(|v| v.iter().skip(warm).map(|r| (r.seq, r.delivery_ms)))
             .collect();
-        let normal_p99_each_ms = normals
-            .iter()
-            .map(|v| {
-                let mut d: Vec<f64> = v.iter().skip(warm).map(|r| r.delivery_ms).collect();
-                d.sort_by(f64::total_cmp);
-                quantile(&d, 0.99)
-            })
+        let normal_p99_each_ms = (normals.iter())
+            .map(|v| summarize(std::slice::from_ref(v), warm, a.run.emit.emit_ms).p99_ms)
             .collect();
         let wire_ledger = normals
             .iter()
@@ -327,7 +269,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             .fold(0.0, f64::max);
         let slow_out = if slow {
             let s = &subs[n_normal];
-            let recs = harness::read_stats_lenient(&s.stats)?;
+            let recs = harness::read_stats_lenient(&s.spec.stats)?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             outcome.contiguous = harness::check_contiguous(std::slice::from_ref(&seqs)).is_ok()
                 && seqs.first().is_none_or(|f| *f == 2);
@@ -335,7 +277,7 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             outcome.max_delivery_ms = recs.iter().map(|r| r.delivery_ms).fold(0.0, f64::max);
             outcome.exit_code = s.exit.and_then(|e| e.0);
             outcome.done_s = s.exit.map(|e| e.1);
-            outcome.message = harness::last_line(&s.log);
+            outcome.message = harness::last_line(&s.spec.log);
             outcome.oldest_held = oldest_held(&outcome.message);
             Some(outcome)
         } else {
@@ -348,13 +290,13 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             &settings,
             &sizing,
             sessions,
-            u64::from(a.lanes.lanes),
+            u64::from(a.run.lanes.lanes),
             wire_ledger,
         );
         let hwm_mib = mib(hwm);
         Ok(SlowRun {
             name: name.clone(),
-            label: label.clone(),
+            label: p.label.clone(),
             retention,
             normal,
             normal_p99_each_ms,
@@ -375,16 +317,10 @@ fn run_one(env: &Env, a: &SlowArgs, idle_kib: u64, p: &Planned) -> anyhow::Resul
             rss_samples: Vec::new(),
         })
     })();
-    let mut children: Vec<Child> = subs.into_iter().map(|s| s.child).collect();
-    crate::proc::kill_all(&mut children);
-    if let Some(r) = relay.take() {
-        r.stop();
-    }
-    let samples = sampler.finish();
+    let samples = watched.finish(subs.into_iter().map(|s| s.child).collect());
     let mut run = result?;
-    run.rss.samples = samples.len();
-    run.rss.max_mib = samples.iter().map(|s| mib(s.rss_kib)).fold(0.0, f64::max);
-    run.rss.end_mib = samples.last().map_or(0.0, |s| mib(s.rss_kib));
+    let [_, max, end] = harness::rss_span(&samples);
+    (run.rss.samples, run.rss.max_mib, run.rss.end_mib) = (samples.len(), max, end);
     run.rss_samples = samples;
     Ok(run)
 }
@@ -403,21 +339,21 @@ fn plan(a: &SlowArgs) -> Vec<Planned> {
     for k in 1..=a.repeat.repeat {
         plan.push(Planned {
             name: format!("A{k}"),
-            label: format!("{} normal", a.subscribers.subscribers),
+            label: format!("{} normal", a.run.subscribers.subscribers),
             slow: false,
             wait_slow: false,
-            retention: a.retention.retention,
+            retention: a.run.retention.retention,
         });
         plan.push(Planned {
             name: format!("B{k}"),
             label: format!(
                 "{} normal + 1 slow{}",
-                a.subscribers.subscribers,
+                a.run.subscribers.subscribers,
                 if k == 1 { "" } else { " (not waited)" }
             ),
             slow: true,
             wait_slow: k == 1,
-            retention: a.retention.retention,
+            retention: a.run.retention.retention,
         });
     }
     if a.short_retention > 0 {
@@ -425,7 +361,7 @@ fn plan(a: &SlowArgs) -> Vec<Planned> {
             name: "C".into(),
             label: format!(
                 "{} normal + 1 slow, ring {}",
-                a.subscribers.subscribers, a.short_retention
+                a.run.subscribers.subscribers, a.short_retention
             ),
             slow: true,
             wait_slow: true,
@@ -441,7 +377,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
     let load_start = harness::load_average();
     let mut tmp = crate::cluster::work_dir("ledger-bench-slow")?;
     let certs = tmp.path().join("certs");
-    harness::make_certs(&certs, usize::from(a.subscribers.subscribers) + 1)?;
+    harness::make_certs(&certs, usize::from(a.run.subscribers.subscribers) + 1)?;
     let env = Env {
         cluster: crate::cluster::Cluster::local(&certs, Default::default())?,
         tmp: tmp.path().to_path_buf(),
@@ -502,7 +438,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
         .iter()
         .find(|r| r.name.starts_with('B'))
         .map_or(0.0, |r| {
-            r.bound.sessions_mib / (f64::from(a.subscribers.subscribers) + 1.0)
+            r.bound.sessions_mib / (f64::from(a.run.subscribers.subscribers) + 1.0)
         });
     Ok(SlowReport {
         p99_ratio: (pa.2 > 0.0).then(|| pb.2 / pa.2),
@@ -523,7 +459,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<SlowReport> {
 
 /// The whole command: runs, prints the summary, writes `--json`.
 pub fn main(a: &SlowArgs) -> anyhow::Result<()> {
-    crate::cluster::emit_json(&run(a)?, &a.json)
+    crate::cluster::emit_json(&run(a)?, &a.run.json)
 }
 
 impl crate::cluster::Table for SlowReport {

@@ -143,7 +143,7 @@ fn remote_rows_against_a_relay_on_loopback() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let certs = tmp.path().join("certs");
-    ledger_relay_bench::scenario::make_certs(&certs).unwrap();
+    ledger_relay_bench::harness::make_certs(&certs, 0).unwrap();
     let mut cmd = Command::new(&relay_bin);
     relay_args(
         &mut cmd,
@@ -213,7 +213,7 @@ fn remote_rows_across_two_network_namespaces() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let certs = tmp.path().join("certs");
-    ledger_relay_bench::scenario::make_certs(&certs).unwrap();
+    ledger_relay_bench::harness::make_certs(&certs, 0).unwrap();
     // No per-flow cap: the namespaces stand for two hosts on one link.
     let net = Netem::create(
         "rm",

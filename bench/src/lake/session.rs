@@ -21,7 +21,6 @@ use ledger_relay_lake::LakeUrl;
 use super::{read_run, ReadRun};
 use crate::cluster::{RelaySettings, SubSpec};
 use crate::harness::{http_get, mib, RssSampler};
-use crate::stats::read_csv;
 
 /// Ledgers the relay reads beyond the lake, and the ring of a backfill run.
 pub const TAIL: u32 = 20;
@@ -121,26 +120,21 @@ pub fn run(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let stats = dir.join("sub.csv");
-    let t0 = Instant::now();
-    let rss = RssSampler::start(relay.pid, Duration::from_millis(20), t0, 100_000);
-    let mut sub = cluster.subscriber(
-        relay.addr,
-        &SubSpec::new("sub-0", set.first, Some(total), 4, &dir, "sub"),
-    )?;
-    let status = crate::cluster::wait_child(&mut sub, Duration::from_secs(600))?;
+    let rss = RssSampler::start(
+        relay.pid,
+        Duration::from_millis(20),
+        Instant::now(),
+        100_000,
+    );
+    let spec = SubSpec::new("sub-0", set.first, Some(total), 4, &dir, "sub");
+    let addr = relay.addr.to_string();
+    let ran = cluster.run_subscriber(None, &addr, &spec, Duration::from_secs(600));
     let samples = rss.finish();
-    if !status.success() {
-        bail!(
-            "the subscriber failed ({status}): {}",
-            crate::harness::last_line(&dir.join("sub.log"))
-        );
-    }
+    let (records, _) = ran?;
     let text = http_get(relay.metrics, "/metrics")?;
     let from_lake = crate::harness::parse_metrics(&text).get("lake_backfill_ledgers_total") as u64;
     let peak = labelled(&text, "lake_prefetch_peak_bytes", "lake=\"backfill\"");
     let _ = relay.stop();
-    let records = read_csv(&stats)?;
     let seqs: Vec<u32> = records.iter().map(|r| r.seq).collect();
     if seqs != (set.first..=last).collect::<Vec<_>>() {
         bail!(

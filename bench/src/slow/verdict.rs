@@ -178,13 +178,13 @@ pub fn summary(r: &SlowReport) -> String {
     let _ = writeln!(
         out,
         "slow subscriber: {} normal subscribers, 1 slow (--consume-delay {} ms = {}x the cadence); {} ledgers of {:.0} KiB {}, {} lanes; {}",
-        a.subscribers.subscribers,
+        a.run.subscribers.subscribers,
         a.delay_ms(),
         a.slow_factor,
         a.series.count.ledgers,
-        a.workload.kib(),
-        a.workload.pace(a.cadence.cadence_ms),
-        a.lanes.lanes,
+        a.run.workload.kib(),
+        a.run.pace(),
+        a.run.lanes.lanes,
         crate::stats::fmt_loads(&r.load_average),
     );
     let cols: [Col<SlowRun>; 12] = [
@@ -282,18 +282,14 @@ pub fn summary(r: &SlowReport) -> String {
             "target: normal p99 with the slow subscriber within {:.0}% of without (pooled): B/A = {:.3} -> {}",
             a.p99_tolerance * 100.0,
             ratio,
-            if ratio <= 1.0 + a.p99_tolerance {
-                "met"
-            } else {
-                "MISSED"
-            },
+            crate::report::met(ratio <= 1.0 + a.p99_tolerance),
         );
     }
     let all_within = r.runs.iter().all(|x| x.within_bound);
     let _ = writeln!(
         out,
         "target: relay VmHWM within the bound in every run -> {}",
-        if all_within { "met" } else { "MISSED" }
+        crate::report::met(all_within)
     );
     if let Some(m) = r.marginal_hwm_mib {
         let _ = writeln!(

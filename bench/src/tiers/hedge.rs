@@ -4,12 +4,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 
 use super::{row, settings, wire_mb, Delivery, Part, TierRow, TiersArgs};
 use crate::cluster::{Cluster, RelayProc, SubSpec};
 use crate::fanout::Payload;
-use crate::harness::read_stats_lenient;
 use crate::netem::{Netem, Shape, RELAY_ADDR};
 use crate::stats::Record;
 
@@ -52,15 +51,10 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
             if hedged {
                 spec.extra.push("--hedge".into());
             }
-            let stats = spec.stats.clone();
-            let mut child = c.subscriber_to(Some(&netem.sub_ns), &addrs, &spec)?;
             let limit =
                 Duration::from_secs_f64(a.cadence.cadence_ms / 1e3 * f64::from(total) * 3.0 + 60.0);
-            let st = crate::cluster::wait_child(&mut child, limit)?;
-            if !st.success() {
-                bail!("the {name} subscriber exited with {st}");
-            }
-            let recs = read_stats_lenient(&stats)?;
+            let (recs, _) = (c.run_subscriber(Some(&netem.sub_ns), &addrs, &spec, limit))
+                .with_context(|| format!("the {name} subscriber"))?;
             let seqs: Vec<u32> = recs.iter().map(|r| r.seq).collect();
             if seqs.len() != total as usize || seqs.windows(2).any(|w| w[1] != w[0] + 1) {
                 bail!(
