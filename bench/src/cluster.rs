@@ -191,6 +191,24 @@ pub struct Series {
     pub warmup: u32,
 }
 
+/// [`Lanes`], [`Size`] and [`Ratio`]: the synthetic ledgers a fan-out or tier row streams, and
+/// the lanes each subscriber opens.
+#[derive(Debug, Clone, Copy, clap::Args, serde::Serialize)]
+pub struct Stream {
+    /// `--lanes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub lanes: Lanes,
+    /// `--size`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub size: Size,
+    /// `--ratio`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub ratio: Ratio,
+}
+
 impl Series {
     /// Fails unless `--ledgers` exceeds `--warmup`.
     pub fn check(&self) -> anyhow::Result<()> {

@@ -109,18 +109,10 @@ pub struct FanoutArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub emit: crate::cluster::Emit,
-    /// `--lanes`.
+    /// `--lanes`, `--size` and `--ratio`.
     #[command(flatten)]
     #[serde(flatten)]
-    pub lanes: crate::cluster::Lanes,
-    /// `--size`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub size: crate::cluster::Size,
-    /// `--ratio`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub ratio: crate::cluster::Ratio,
+    pub stream: crate::cluster::Stream,
     /// `--chunk-bytes`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -345,7 +337,7 @@ fn spawn_all(
                 format!("sub-{i}"),
                 from,
                 count,
-                a.lanes.lanes,
+                a.stream.lanes.lanes,
                 dir,
                 &format!("{tag}-{i}"),
             )
@@ -422,10 +414,15 @@ fn run_row(a: &FanoutArgs, work: &Path, payload: Payload, n: u16) -> anyhow::Res
         count: Some(last - start + 1),
         start,
         chunk: a.chunk.chunk_bytes,
-        ..payload.relay(a.size.ledger_bytes, a.ratio.ratio, cadence, a.emit.emit_ms)
+        ..payload.relay(
+            a.stream.size.ledger_bytes,
+            a.stream.ratio.ratio,
+            cadence,
+            a.emit.emit_ms,
+        )
     };
     let mut cluster = Cluster::local(&certs, a.transport)?;
-    cluster.relay_extra = caps_for(n, a.sessions_per_process, a.lanes.lanes);
+    cluster.relay_extra = caps_for(n, a.sessions_per_process, a.stream.lanes.lanes);
     cluster.relay_extra.extend(a.relay_args.iter().cloned());
     let extra = ["--start-wait".to_owned(), "300s".to_owned()];
     let mut relay = cluster.relay(&dir, &settings, &extra)?;
@@ -588,7 +585,7 @@ fn idle(
     let limit = Duration::from_secs(60) + Duration::from_secs_f64(f64::from(n) * 0.5);
     wait_for(relay, limit, "idle subscribers", |_| all_have(&stats, last))?;
     // Every session with all its lanes up.
-    let lanes = u32::from(a.lanes.lanes);
+    let lanes = u32::from(a.stream.lanes.lanes);
     wait_for(
         relay,
         Duration::from_secs(30),

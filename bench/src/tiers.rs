@@ -102,18 +102,10 @@ pub struct TiersArgs {
     /// The degraded relay's cap is the healthy one's divided by this.
     #[arg(long, default_value_t = 10.0)]
     pub degrade: f64,
-    /// `--lanes`.
+    /// `--lanes`, `--size` and `--ratio`.
     #[command(flatten)]
     #[serde(flatten)]
-    pub lanes: crate::cluster::Lanes,
-    /// `--size`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub size: crate::cluster::Size,
-    /// `--ratio`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub ratio: crate::cluster::Ratio,
+    pub stream: crate::cluster::Stream,
     /// `--csv` and `--json`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -240,7 +232,12 @@ impl Drop for Procs {
 
 fn settings(a: &TiersArgs, payload: Payload, cadence: f64, last: u32) -> RelaySettings {
     // The relay's 8 ms emit window.
-    let mut s = payload.relay(a.size.ledger_bytes, a.ratio.ratio, cadence, 8.0);
+    let mut s = payload.relay(
+        a.stream.size.ledger_bytes,
+        a.stream.ratio.ratio,
+        cadence,
+        8.0,
+    );
     s.count = Some(last - s.start + 1);
     s
 }
@@ -435,7 +432,7 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
             &s,
             &p.relays[0],
             &cert,
-            a.lanes.lanes,
+            a.stream.lanes.lanes,
             false,
         )?;
         p.relays.push(r);
@@ -453,7 +450,7 @@ fn tree_row(a: &TiersArgs, work: &Path, payload: Payload, edges: u16) -> anyhow:
             &p.relays[at],
             &dir,
             &format!("sub-{i}"),
-            a.lanes.lanes,
+            a.stream.lanes.lanes,
             sp,
         )?;
         p.subs.push(c);
@@ -520,7 +517,7 @@ pub fn run(a: &TiersArgs) -> anyhow::Result<TiersReport> {
                         eprintln!("tiers: tier-zone, {p:?}");
                         // What crosses the link from the root: the direct subscriber's lanes
                         // and both edges' upstream lanes, each at the per-flow cap.
-                        let flows = 3.0 * f64::from(a.lanes.lanes);
+                        let flows = 3.0 * f64::from(a.stream.lanes.lanes);
                         let link = (flows * a.flow.flow_mbit * 1e6) as u64;
                         let r = Netem::create(
                             "tierzone",

@@ -117,8 +117,8 @@ fn the_ledger_size_is_one_flag_with_units_and_the_old_spelling() {
             let cli = Cli::try_parse_from([&["ledger-bench", sub][..], argv].concat())
                 .unwrap_or_else(|e| panic!("{sub} {argv:?}: {e}"));
             match cli.helper {
-                Some(Helper::Fanout(a)) => a.size.ledger_bytes,
-                Some(Helper::Tiers(a)) => a.size.ledger_bytes,
+                Some(Helper::Fanout(a)) => a.stream.size.ledger_bytes,
+                Some(Helper::Tiers(a)) => a.stream.size.ledger_bytes,
                 Some(Helper::Lanes(a)) => a.size.ledger_bytes,
                 Some(Helper::SlowSubscriber(a)) => a.run.workload.size.ledger_bytes,
                 Some(Helper::Load(a)) => a.run.workload.size.ledger_bytes,

@@ -18,7 +18,7 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
     let dir = work.join("hedge");
     // Ledgers each subscriber takes, the warm-up's included.
     let total = a.series.warmup + a.series.count.ledgers;
-    let healthy = f64::from(a.lanes.lanes) * a.flow.flow_mbit * 1e6;
+    let healthy = f64::from(a.stream.lanes.lanes) * a.flow.flow_mbit * 1e6;
     let mut netem = Netem::create(
         "tiers",
         Shape {
@@ -47,7 +47,14 @@ pub(super) fn hedge(a: &TiersArgs, work: &Path, payload: Payload) -> anyhow::Res
                 true,
             ),
         ] {
-            let mut spec = SubSpec::new("sub-0", "tip", Some(total), a.lanes.lanes, &dir, name);
+            let mut spec = SubSpec::new(
+                "sub-0",
+                "tip",
+                Some(total),
+                a.stream.lanes.lanes,
+                &dir,
+                name,
+            );
             if hedged {
                 spec.extra.push("--hedge".into());
             }

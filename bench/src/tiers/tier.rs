@@ -52,7 +52,7 @@ pub(super) fn tier(
             &s,
             &p.relays[0],
             cert,
-            a.lanes.lanes,
+            a.stream.lanes.lanes,
             cut_through,
         )?;
         p.relays.push(e);
@@ -66,7 +66,7 @@ pub(super) fn tier(
             &p.relays[i],
             &dir,
             &name,
-            a.lanes.lanes,
+            a.stream.lanes.lanes,
             sp,
         )?;
         p.subs.push(c);
