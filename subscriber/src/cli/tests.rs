@@ -3,6 +3,20 @@
 use super::*;
 use clap::Parser;
 
+/// `ledger-subscribe --relay r:1 --certs d --name n` followed by `extra`, parsed.
+fn parse_with(extra: &[&str]) -> Result<Args, clap::Error> {
+    let base = [
+        "ledger-subscribe",
+        "--relay",
+        "r:1",
+        "--certs",
+        "d",
+        "--name",
+        "n",
+    ];
+    Args::try_parse_from(base.iter().chain(extra))
+}
+
 fn ledger(seq: u32, received_ns: u64, last_byte_ns: u64) -> Ledger {
     Ledger {
         seq,
@@ -60,16 +74,7 @@ fn arguments_parse() {
     assert_eq!(args.count, Some(10));
     assert_eq!(args.out, "-");
     assert_eq!(args.consume_delay, None);
-    let defaults = Args::try_parse_from([
-        "ledger-subscribe",
-        "--relay",
-        "r:1",
-        "--certs",
-        "d",
-        "--name",
-        "n",
-    ])
-    .unwrap();
+    let defaults = parse_with(&[]).unwrap();
     assert_eq!(defaults.from, None);
     assert_eq!(defaults.anchor, None);
     assert!(!defaults.no_content_check);
@@ -77,67 +82,27 @@ fn arguments_parse() {
     assert!(!defaults.hedge);
     for bad in [
         vec!["--relay", "nope", "--certs", "d", "--name", "n"],
-        vec![
-            "--relay", "r:1", "--certs", "d", "--name", "n", "--from", "0",
-        ],
         vec!["--relay", "r:1", "--certs", "d"],
-        vec![
-            "--relay",
-            "r:1",
-            "--certs",
-            "d",
-            "--name",
-            "n",
-            "--consume-delay",
-            "10",
-        ],
-        vec![
-            "--relay", "r:1", "--certs", "d", "--name", "n", "--anchor", "5:abcd",
-        ],
-        vec![
-            "--relay",
-            "r:1",
-            "--certs",
-            "d",
-            "--name",
-            "n",
-            "--consume-delay",
-            "-1s",
-        ],
     ] {
         let argv = std::iter::once("ledger-subscribe").chain(bad.iter().copied());
         assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+    }
+    for bad in [
+        &["--from", "0"][..],
+        &["--consume-delay", "10"],
+        &["--anchor", "5:abcd"],
+        &["--consume-delay", "-1s"],
+    ] {
+        assert!(parse_with(bad).is_err(), "{bad:?}");
     }
 }
 
 #[test]
 fn watchdog_timeouts_parse() {
-    let a = Args::try_parse_from([
-        "ledger-subscribe",
-        "--relay",
-        "r:1",
-        "--certs",
-        "d",
-        "--name",
-        "n",
-        "--heartbeat-timeout",
-        "3s",
-        "--progress-timeout",
-        "12.5s",
-    ])
-    .unwrap();
+    let a = parse_with(&["--heartbeat-timeout", "3s", "--progress-timeout", "12.5s"]).unwrap();
     assert_eq!(a.heartbeat_timeout, Some(Duration::from_secs(3)));
     assert_eq!(a.progress_timeout, Some(Duration::from_millis(12_500)));
-    let defaults = Args::try_parse_from([
-        "ledger-subscribe",
-        "--relay",
-        "r:1",
-        "--certs",
-        "d",
-        "--name",
-        "n",
-    ])
-    .unwrap();
+    let defaults = parse_with(&[]).unwrap();
     assert_eq!(
         (defaults.heartbeat_timeout, defaults.progress_timeout),
         (None, None)
@@ -146,20 +111,7 @@ fn watchdog_timeouts_parse() {
 
 #[test]
 fn consume_delay_parses_like_other_durations() {
-    let parse = |v: &str| {
-        Args::try_parse_from([
-            "ledger-subscribe",
-            "--relay",
-            "r:1",
-            "--certs",
-            "d",
-            "--name",
-            "n",
-            "--consume-delay",
-            v,
-        ])
-        .map(|a| a.consume_delay)
-    };
+    let parse = |v: &str| parse_with(&["--consume-delay", v]).map(|a| a.consume_delay);
     assert_eq!(parse("2.5s").unwrap(), Some(Duration::from_millis(2500)));
     assert_eq!(parse("250ms").unwrap(), Some(Duration::from_millis(250)));
     assert_eq!(parse("0ms").unwrap(), Some(Duration::ZERO));
@@ -200,18 +152,7 @@ fn status_line_shows_lag_and_lanes() {
 
 #[test]
 fn lane_stats_arguments() {
-    let parse = |extra: &[&str]| {
-        let base = [
-            "ledger-subscribe",
-            "--relay",
-            "r:1",
-            "--certs",
-            "d",
-            "--name",
-            "n",
-        ];
-        Args::try_parse_from(base.iter().chain(extra.iter()).copied())
-    };
+    let parse = parse_with;
     let a = parse(&[
         "--lane-stats",
         "/tmp/l.csv",
