@@ -176,7 +176,8 @@ struct Session<'a> {
     data_rx: mpsc::Receiver<DataFrame>,
     start: Instant,
     heartbeat_timeout: Duration,
-    last_heartbeat: Instant,
+    /// When the relay was last heard from: a heartbeat or data (the heartbeat watchdog's mark).
+    last_heard: Instant,
     progress_timeout: Duration,
     last_progress: Instant,
     behind_since: Option<Instant>,
@@ -275,7 +276,7 @@ impl<'a> Session<'a> {
             data_rx,
             start: now,
             heartbeat_timeout,
-            last_heartbeat: now,
+            last_heard: now,
             progress_timeout: config.effective_progress_timeout(),
             last_progress: now,
             behind_since: (accept.newest >= accept.first_seq).then_some(now),
@@ -355,7 +356,7 @@ impl Session<'_> {
             } else {
                 None
             };
-            let heartbeat_at = self.last_heartbeat + self.heartbeat_timeout;
+            let silent_at = self.last_heard + self.heartbeat_timeout;
             let progress_at = self.progress_deadline();
             tokio::select! {
                 biased;
@@ -372,7 +373,7 @@ impl Session<'_> {
                     let now = self.now();
                     self.reasm.handle_timeout(now);
                 }
-                _ = tokio::time::sleep_until(heartbeat_at) => {
+                _ = tokio::time::sleep_until(silent_at) => {
                     return Exit::failure(self.peer.timeout(format!(
                         "no heartbeat or data for {} ms",
                         self.heartbeat_timeout.as_millis()
@@ -513,7 +514,7 @@ impl Session<'_> {
     fn on_data(&mut self, frame: Result<Frame, AssemblyError>, wire_len: u64) -> Step {
         // Data from the relay proves it alive as well as a heartbeat does: under load a
         // heartbeat can wait behind chunks in the relay's or this process's queues.
-        self.last_heartbeat = Instant::now();
+        self.last_heard = Instant::now();
         let now = self.now();
         let result = frame.and_then(|frame| match &frame {
             Frame::Chunk(chunk) => {
@@ -555,7 +556,7 @@ impl Session<'_> {
         match event {
             Ctl::Control(Frame::Heartbeat(h)) => {
                 let now = Instant::now();
-                self.last_heartbeat = now;
+                self.last_heard = now;
                 self.newest = h.newest;
                 let next = self.reasm.next_seq();
                 if h.newest >= next {
