@@ -15,7 +15,7 @@ use ledger_relay_wire::Limits;
 use serde::Deserialize;
 
 use crate::health;
-use crate::lake::backfill::BackfillConfig;
+use crate::lake::backfill::{default_per_identity, BackfillConfig};
 use crate::lake::export::ExportConfig;
 use crate::pipeline::PipelineConfig;
 use crate::server::ServerConfig;
@@ -150,6 +150,10 @@ pub struct RunArgs {
     /// [default: 4].
     #[arg(long = "backfill-sessions", value_name = "N")]
     pub backfill_sessions: Option<usize>,
+    /// Of those, sessions of one client identity at once, 1..=--backfill-sessions [default:
+    /// half of --backfill-sessions, rounded up].
+    #[arg(long = "backfill-sessions-per-identity", value_name = "N")]
+    pub backfill_sessions_per_identity: Option<usize>,
     /// Objects each backfilling session reads ahead, in parallel, 1..=256 [default: 8].
     #[arg(long = "backfill-prefetch", value_name = "N")]
     pub backfill_prefetch: Option<usize>,
@@ -217,6 +221,7 @@ struct FileConfig {
     export_zstd_level: Option<i32>,
     backfill: Option<String>,
     backfill_sessions: Option<usize>,
+    backfill_sessions_per_identity: Option<usize>,
     backfill_prefetch: Option<usize>,
     network_passphrase: Option<String>,
     tcp_baseline: Option<SocketAddr>,
@@ -499,36 +504,15 @@ impl RelayConfig {
                 None
             }
         };
-        let backfill = match pick!(backfill) {
-            Some(url) => {
-                let mut b =
-                    BackfillConfig::new(lake_url("backfill", &url)?, network_passphrase.clone());
-                if let Some(n) = pick!(backfill_sessions) {
-                    if !(1..=1024).contains(&n) {
-                        bail!("--backfill-sessions {n}: expected 1..=1024");
-                    }
-                    b.sessions = n;
-                }
-                if let Some(n) = pick!(backfill_prefetch) {
-                    if !(1..=256).contains(&n) {
-                        bail!("--backfill-prefetch {n}: expected 1..=256");
-                    }
-                    b.prefetch.depth = n;
-                }
-                Some(b)
-            }
-            None => {
-                for (set, flag) in [
-                    (pick!(backfill_sessions).is_some(), "--backfill-sessions"),
-                    (pick!(backfill_prefetch).is_some(), "--backfill-prefetch"),
-                ] {
-                    if set {
-                        bail!("{flag} needs --backfill URL");
-                    }
-                }
-                None
-            }
-        };
+        let backfill = backfill_config(
+            pick!(backfill),
+            BackfillFlags {
+                sessions: pick!(backfill_sessions),
+                per_identity: pick!(backfill_sessions_per_identity),
+                prefetch: pick!(backfill_prefetch),
+            },
+            network_passphrase.clone(),
+        )?;
         source_options.network_passphrase = network_passphrase.clone();
         let transport = file.transport.clone().unwrap_or_default();
         let start_wait = match pick!(start_wait) {
@@ -628,6 +612,61 @@ impl RelayConfig {
             refetch: None,
         })
     }
+}
+
+/// The `--backfill-*` flags other than the lake itself.
+struct BackfillFlags {
+    sessions: Option<usize>,
+    per_identity: Option<usize>,
+    prefetch: Option<usize>,
+}
+
+/// `--backfill URL` and its settings; the settings without the lake are a mistake.
+fn backfill_config(
+    url: Option<String>,
+    flags: BackfillFlags,
+    network: Option<String>,
+) -> anyhow::Result<Option<BackfillConfig>> {
+    let Some(url) = url else {
+        for (set, flag) in [
+            (flags.sessions.is_some(), "--backfill-sessions"),
+            (
+                flags.per_identity.is_some(),
+                "--backfill-sessions-per-identity",
+            ),
+            (flags.prefetch.is_some(), "--backfill-prefetch"),
+        ] {
+            if set {
+                bail!("{flag} needs --backfill URL");
+            }
+        }
+        return Ok(None);
+    };
+    let url = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--backfill: {e}"))?;
+    let mut b = BackfillConfig::new(url, network);
+    if let Some(n) = flags.sessions {
+        if !(1..=1024).contains(&n) {
+            bail!("--backfill-sessions {n}: expected 1..=1024");
+        }
+        b.sessions = n;
+    }
+    b.sessions_per_identity = match flags.per_identity {
+        Some(n) if (1..=b.sessions).contains(&n) => n,
+        Some(n) => bail!(
+            "--backfill-sessions-per-identity {n}: expected 1..=--backfill-sessions ({})",
+            b.sessions
+        ),
+        None => default_per_identity(b.sessions),
+    };
+    if let Some(n) = flags.prefetch {
+        if !(1..=256).contains(&n) {
+            bail!("--backfill-prefetch {n}: expected 1..=256");
+        }
+        b.prefetch.depth = n;
+    }
+    Ok(Some(b))
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {

@@ -176,7 +176,10 @@ fn lake_flags_parse_and_are_checked() {
     assert_eq!(e.zstd_level, 1);
     let b = c.backfill.unwrap();
     assert_eq!(b.url.to_string(), "file:///var/lake");
-    assert_eq!((b.sessions, b.prefetch.depth), (2, 8));
+    assert_eq!(
+        (b.sessions, b.sessions_per_identity, b.prefetch.depth),
+        (2, 1, 8)
+    );
     assert_eq!(
         b.network.as_deref(),
         Some(ledger_relay_lake::PUBNET_PASSPHRASE)
@@ -237,6 +240,17 @@ fn lake_flags_parse_and_are_checked() {
             "--backfill-sessions 0: expected 1..=1024",
         ),
         (
+            |a| a.backfill_sessions_per_identity = Some(1),
+            "--backfill-sessions-per-identity needs --backfill URL",
+        ),
+        (
+            |a| {
+                a.backfill = Some("file:///l".into());
+                a.backfill_sessions_per_identity = Some(5);
+            },
+            "--backfill-sessions-per-identity 5: expected 1..=--backfill-sessions (4)",
+        ),
+        (
             |a| a.source = Some("datalake:s3://b,from=9,to=5".into()),
             "bad datalake source: to=5 is before from=9",
         ),
@@ -258,7 +272,8 @@ fn flags_override_the_file() {
         "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
          retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\nstale_after = \"45s\"\n\
          max_sessions_per_identity = 3\nretry_threshold = 5\nstart_wait = \"2s\"\n\
-         max_connections_per_address = 7\nmax_connections_per_identity = 9\n[transport]\nsend_window = 1000000\n",
+         max_connections_per_address = 7\nmax_connections_per_identity = 9\n\
+         backfill = \"file:///l\"\nbackfill_sessions = 6\nbackfill_sessions_per_identity = 2\n[transport]\nsend_window = 1000000\n",
     )
     .unwrap();
     let args = RunArgs {
@@ -283,6 +298,8 @@ fn flags_override_the_file() {
         (3, 5, 7, 9)
     );
     assert_eq!(c.server.session.start_wait, Some(Duration::from_secs(2)));
+    let b = c.backfill.as_ref().unwrap();
+    assert_eq!((b.sessions, b.sessions_per_identity), (6, 2));
     std::fs::write(&path, "listen = \"127.0.0.1:7400\"\nbogus = 1\n").unwrap();
     let args = RunArgs {
         config: Some(path),
