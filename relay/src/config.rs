@@ -18,7 +18,10 @@ use crate::health;
 use crate::lake::backfill::{default_per_identity, BackfillConfig};
 use crate::lake::export::ExportConfig;
 use crate::pipeline::PipelineConfig;
-use crate::server::ServerConfig;
+use crate::server::{
+    ServerConfig, DEFAULT_HANDSHAKE_POOL, DEFAULT_HANDSHAKE_POOL_PER_SOURCE,
+    DEFAULT_HANDSHAKE_TIMEOUT, FIRST_FRAME_TIMEOUT,
+};
 use crate::session::SessionConfig;
 use crate::source::{SourceOptions, SourceSpec};
 
@@ -117,6 +120,18 @@ pub struct RunArgs {
     /// first prove its address with a QUIC Retry (one round trip more); 0: always [default: 64].
     #[arg(long = "retry-threshold", value_name = "N")]
     pub retry_threshold: Option<usize>,
+    /// Handshakes without a verified client certificate yet that the relay holds at once (the
+    /// pending pool); when it is full, an attempt from an address holding fewer displaces the
+    /// heaviest address's oldest [default: 128].
+    #[arg(long = "handshake-pool", value_name = "N")]
+    pub handshake_pool: Option<usize>,
+    /// Of the pending pool, most handshakes from one address (an IPv6 /64) [default: 32].
+    #[arg(long = "handshake-pool-per-source", value_name = "N")]
+    pub handshake_pool_per_source: Option<usize>,
+    /// Time a QUIC/TLS handshake may take, client certificate included, before it leaves the
+    /// pending pool, 100ms..=60s [default: 2s].
+    #[arg(long = "handshake-timeout", value_name = "DURATION")]
+    pub handshake_timeout: Option<String>,
     /// How long a session whose start is ahead of the relay (or, for the tip, a relay that holds
     /// no ledger yet) waits for it before it is refused with Overloaded [default: 20s].
     #[arg(long = "start-wait", value_name = "DURATION")]
@@ -212,6 +227,9 @@ struct FileConfig {
     max_connections_per_identity: Option<usize>,
     max_sessions_per_identity: Option<usize>,
     retry_threshold: Option<usize>,
+    handshake_pool: Option<usize>,
+    handshake_pool_per_source: Option<usize>,
+    handshake_timeout: Option<String>,
     start_wait: Option<String>,
     store_and_forward: Option<bool>,
     streams_per_lane: Option<u32>,
@@ -539,6 +557,11 @@ impl RelayConfig {
             pick!(max_sessions_per_identity),
             64,
         )?;
+        let handshakes = handshake_flags(
+            pick!(handshake_pool),
+            pick!(handshake_pool_per_source),
+            pick!(handshake_timeout),
+        )?;
         let server = ServerConfig {
             session: SessionConfig {
                 limits,
@@ -556,7 +579,10 @@ impl RelayConfig {
             max_connections_per_identity,
             max_sessions_per_identity,
             retry_threshold: pick!(retry_threshold).unwrap_or(64),
-            handshake_timeout: Duration::from_secs(10),
+            handshake_pool: handshakes.pool,
+            handshake_pool_per_source: handshakes.per_source,
+            handshake_timeout: handshakes.timeout,
+            first_frame_timeout: FIRST_FRAME_TIMEOUT,
             codec: pipeline.codec,
         };
         let cut_through = args.cut_through || file.cut_through.unwrap_or(false);
@@ -612,6 +638,41 @@ impl RelayConfig {
             refetch: None,
         })
     }
+}
+
+/// The pending pool's settings (`--handshake-pool`, `--handshake-pool-per-source`,
+/// `--handshake-timeout`).
+struct HandshakeFlags {
+    pool: usize,
+    per_source: usize,
+    timeout: Duration,
+}
+
+fn handshake_flags(
+    pool: Option<usize>,
+    per_source: Option<usize>,
+    timeout: Option<String>,
+) -> anyhow::Result<HandshakeFlags> {
+    let pool = pool.unwrap_or(DEFAULT_HANDSHAKE_POOL);
+    if !(1..=65536).contains(&pool) {
+        bail!("--handshake-pool {pool}: expected 1..=65536");
+    }
+    let per_source = per_source.unwrap_or(DEFAULT_HANDSHAKE_POOL_PER_SOURCE.min(pool));
+    if !(1..=pool).contains(&per_source) {
+        bail!("--handshake-pool-per-source {per_source}: expected 1..=--handshake-pool ({pool})");
+    }
+    let timeout = match timeout {
+        Some(t) => parse_duration(&t).context("--handshake-timeout")?,
+        None => DEFAULT_HANDSHAKE_TIMEOUT,
+    };
+    if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&timeout) {
+        bail!("--handshake-timeout {timeout:?}: expected 100ms..=60s");
+    }
+    Ok(HandshakeFlags {
+        pool,
+        per_source,
+        timeout,
+    })
 }
 
 /// The `--backfill-*` flags other than the lake itself.
