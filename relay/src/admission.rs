@@ -20,9 +20,10 @@
 //!   closes it), so a flood from a few addresses cannot keep a real subscriber out, however
 //!   fast it goes;
 //! - handshakes from addresses not validated yet (no Retry token) are capped apart within
-//!   the pool (`--retry-threshold`): beyond that many, or when the pool is full, a new attempt
-//!   is answered with a Retry, which costs the relay one stateless packet. A real client comes
-//!   back with the token one round trip later; a forged address never does;
+//!   the pool (`--retry-threshold`): beyond that many, or once the pool is half full, a new
+//!   attempt is answered with a Retry, which costs the relay one stateless packet. A real
+//!   client comes back with the token one round trip later; a forged address never does. An
+//!   unvalidated handshake counts toward no address's share and is never displaced;
 //! - an attempt that authenticated connections would refuse anyway (they fill
 //!   `--max-connections`, or its address's `--max-connections-per-address`) is refused, or
 //!   retried when unvalidated, before any handshake; the caps are checked again, and taken,

@@ -12,7 +12,9 @@
 //!
 //! `connect_times` measures what the pending pool costs a subscriber (recorded in
 //! `bench/RESULTS.md`, "Handshake pool"):
-//! `cargo test -p ledger-relay-bin --test tests handshakes::connect_times -- --ignored --nocapture`.
+//! `cargo test -p ledger-relay-bin --test tests handshakes::connect_times -- --ignored --nocapture`
+//! (with `LEDGER_RELAY_TEST_FLOOD_AT_NORMAL_PRIORITY=1`, the flood competes with the relay for
+//! this machine's cores).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -220,12 +222,19 @@ impl Source {
     }
 }
 
+/// With this variable set, the flood's threads keep their normal priority (for
+/// `connect_times`: what a flood that takes this machine's cores from the relay does).
+const NORMAL_PRIORITY_ENV: &str = "LEDGER_RELAY_TEST_FLOOD_AT_NORMAL_PRIORITY";
+
 /// Puts the calling thread at the lowest CPU priority (nice 19). The flood then goes as fast as
 /// the CPU the relay and the subscriber leave allows, as a flood from other machines would,
 /// rather than taking this machine's cores from the relay: five threads at full speed and
 /// normal priority left the relay a fifth of a core, and what that measures is a host starved
-/// of CPU, whatever the relay admits.
+/// of CPU, whatever the relay admits (bench/RESULTS.md, "Handshake pool").
 fn lowest_priority() {
+    if std::env::var_os(NORMAL_PRIORITY_ENV).is_some() {
+        return;
+    }
     let Some(tid) = std::fs::read_link("/proc/thread-self")
         .ok()
         .and_then(|p| p.file_name().map(|t| t.to_string_lossy().into_owned()))

@@ -7,15 +7,17 @@
 //! holding `n` pending handshakes:
 //!
 //! - an attempt whose address is not validated (no Retry token: its source may be forged) is
-//!   admitted only while fewer than `unvalidated` such handshakes are pending and the pool has
-//!   room; otherwise it gets a Retry. It never evicts anything, and it counts toward no
-//!   source's share, so a forged address cannot use up a real one's;
+//!   admitted only while fewer than `unvalidated` such handshakes are pending and the pool is
+//!   less than half full; otherwise it gets a Retry (so under pressure every client proves its
+//!   address first). It counts toward no source's share, so a forged address cannot use up a
+//!   real one's; it displaces nothing and is never displaced (it may be a real client's first
+//!   attempt, which a flood must not be able to close);
 //! - a validated attempt is refused once `s` holds its share (`per_source`);
 //! - while the pool has room, a validated attempt is admitted;
-//! - when the pool is full, it evicts the oldest unvalidated handshake if there is one, else the
-//!   oldest handshake of the heaviest source `h` (most pending; the oldest first among equals),
-//!   if `n + 1 < count(h)`: after the swap `s` holds no more than `h`, so shares move toward
-//!   equal and stop there instead of flapping between two sources; otherwise it is refused.
+//! - when the pool is full, it displaces the oldest handshake of the heaviest source `h` (most
+//!   pending; the oldest first among equals) if `n + 1 < count(h)`: after the swap `s` holds no
+//!   more than `h`, so shares move toward equal and stop there instead of flapping between two
+//!   sources; otherwise it is refused.
 //!
 //! So however fast a few sources open handshakes, they share the pool about equally, and a
 //! source holding fewer (a real subscriber opening its lanes) takes a place from the heaviest.
@@ -50,7 +52,8 @@ pub struct PoolLimits {
     pub size: usize,
     /// Validated handshakes one source may have pending at once.
     pub per_source: usize,
-    /// Unvalidated handshakes pending at once; beyond, attempts get a Retry.
+    /// Unvalidated handshakes pending at once; beyond (or with the pool half full), attempts
+    /// get a Retry.
     pub unvalidated: usize,
 }
 
@@ -132,8 +135,8 @@ impl Pool {
     /// Decides on an attempt from `ip`, `validated` or not, and records what it decided.
     pub fn attempt(&mut self, ip: IpAddr, validated: bool) -> Verdict {
         if !validated {
-            let room = self.len() < self.limits.size;
-            if self.unvalidated.len() >= self.limits.unvalidated || !room {
+            let calm = 2 * self.len() < self.limits.size;
+            if self.unvalidated.len() >= self.limits.unvalidated || !calm {
                 return Verdict::Retry;
             }
             let id = self.insert(None);
@@ -161,9 +164,6 @@ impl Pool {
 
     /// Whom an attempt from a source holding `held` displaces in a full pool, if anyone.
     fn victim(&self, held: usize) -> Option<u64> {
-        if let Some(oldest) = self.unvalidated.front() {
-            return Some(*oldest);
-        }
         let heaviest = self
             .by_source
             .values()
@@ -262,8 +262,8 @@ mod tests {
     }
 
     #[test]
-    fn unvalidated_attempts_get_a_retry_beyond_their_cap_and_never_evict() {
-        let mut p = Pool::new(limits(4, 4, 2));
+    fn unvalidated_attempts_get_a_retry_beyond_their_cap_or_once_the_pool_is_half_full() {
+        let mut p = Pool::new(limits(8, 8, 2));
         admitted(p.attempt(v4(1), false));
         admitted(p.attempt(v4(1), false));
         assert_eq!(p.attempt(v4(2), false), Verdict::Retry);
@@ -272,25 +272,34 @@ mod tests {
         admitted(p.attempt(v4(3), true));
         admitted(p.attempt(v4(3), true));
         assert_eq!(p.len(), 4);
-        // Full: an unvalidated attempt is retried even below its own cap.
-        let mut q = Pool::new(limits(2, 2, 8));
-        admitted(q.attempt(v4(3), true));
-        admitted(q.attempt(v4(3), true));
+        // Half full: an unvalidated attempt is retried even below its own cap.
+        let mut q = Pool::new(limits(8, 8, 8));
+        for _ in 0..4 {
+            admitted(q.attempt(v4(3), true));
+        }
         assert_eq!(q.attempt(v4(1), false), Verdict::Retry);
         // A threshold of 0: every unvalidated attempt is retried.
         let mut r = Pool::new(limits(8, 8, 0));
         assert_eq!(r.attempt(v4(1), false), Verdict::Retry);
     }
 
+    /// A real client's first attempt, admitted before it was asked to validate, is not closed
+    /// by a flood that fills the pool afterwards.
     #[test]
-    fn a_full_pool_gives_up_its_oldest_unvalidated_handshake_first() {
-        let mut p = Pool::new(limits(3, 3, 2));
-        let (u1, _) = admitted(p.attempt(v4(9), false));
-        let (_u2, _) = admitted(p.attempt(v4(9), false));
-        admitted(p.attempt(v4(1), true));
-        assert_eq!(admitted(p.attempt(v4(1), true)).1, Some(u1));
+    fn an_unvalidated_handshake_is_never_displaced() {
+        let mut p = Pool::new(limits(6, 6, 2));
+        let (real, _) = admitted(p.attempt(v4(1), false));
+        for _ in 0..5 {
+            admitted(p.attempt(v4(2), true));
+        }
+        for _ in 0..2 {
+            let (_, evict) = admitted(p.attempt(v4(3), true));
+            assert!(evict.is_some_and(|e| e != real));
+        }
         assert_eq!(p.unvalidated(), 1);
-        assert_eq!(p.len(), 3);
+        assert_eq!(shares(&p, &[v4(2), v4(3)]), vec![3, 2]);
+        assert_eq!(p.attempt(v4(3), true), Verdict::Refuse(Crowded::Full));
+        assert!(p.remove(real));
     }
 
     #[test]
@@ -349,7 +358,8 @@ mod tests {
         }
         assert_eq!(admitted_late, 0, "the flood churns the pool");
         assert_eq!(p.len(), size);
-        assert_eq!(p.unvalidated(), 0, "validated attempts displaced them");
+        // The unvalidated handshakes of the first rounds, before the pool was half full.
+        assert_eq!(p.unvalidated(), 4);
         let held = shares(&p, &flood);
         let (lo, hi) = (held.iter().min().unwrap(), held.iter().max().unwrap());
         assert!(hi - lo <= 1, "shares {held:?}");
@@ -369,9 +379,9 @@ mod tests {
 
     #[test]
     fn removing_gives_the_place_back() {
-        let mut p = Pool::new(limits(2, 1, 1));
-        let (a, _) = admitted(p.attempt(v4(1), true));
+        let mut p = Pool::new(limits(4, 1, 1));
         let (u, _) = admitted(p.attempt(v4(2), false));
+        let (a, _) = admitted(p.attempt(v4(1), true));
         assert_eq!(
             p.attempt(v4(1), true),
             Verdict::Refuse(Crowded::SourceShare)
