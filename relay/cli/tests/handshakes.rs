@@ -397,20 +397,22 @@ async fn connect_times() {
     assert_eq!(failed, 0, "without a flood every subscriber gets in");
     println!("no flood: {ROUNDS} subscribers, {}", summary(&mut quiet));
     for (name, pace) in [("renewing every 0.5 s", RENEWING), ("flat out", FLAT_OUT)] {
+        let began = Instant::now();
         let flood = Flood::start(server, dir.certs.path(), pace);
         tokio::time::sleep(Duration::from_secs(1)).await;
         // Within the flood's own bound even when every subscriber waits its 10 s.
         let (mut times, failed) = connect_rounds(&dir, port, FLOOD_ROUNDS).await;
         let sent = flood.stop();
         let opened: u64 = sent.iter().map(|s| s.opened).sum();
+        let rate = opened as f64 / began.elapsed().as_secs_f64();
         let got = if times.is_empty() {
             "none got in".to_owned()
         } else {
             summary(&mut times)
         };
         println!(
-            "flood {name} ({opened} handshakes opened): {FLOOD_ROUNDS} subscribers, {failed} without a \
-             first ledger on their first session within 10 s; {got}"
+            "flood {name} ({opened} handshakes opened, {rate:.0}/s): {FLOOD_ROUNDS} subscribers, \
+             {failed} without a first ledger on their first session within 10 s; {got}"
         );
     }
     relay.sigterm().await;
