@@ -379,9 +379,10 @@ fn watchdog_flags(cadence: f64) -> Vec<String> {
 fn caps_for(n: u16, per_process: u16, lanes: u8) -> Vec<String> {
     let connections = (usize::from(n) * usize::from(lanes) + 16).max(256);
     let per_identity = usize::from(per_process);
+    let pool = connections.min(65536);
     let mut flags: Vec<String> = [
-        ("--handshake-pool", connections),
-        ("--handshake-pool-per-source", connections),
+        ("--handshake-pool", pool),
+        ("--handshake-pool-per-source", pool),
         ("--max-sessions", usize::from(n).max(256)),
         ("--max-connections-per-address", connections),
         (
