@@ -33,7 +33,8 @@ use quinn_proto::{ConnectionHandle, DatagramEvent, EndpointConfig};
 use crate::process::{metric, scrape, RelayProcess};
 use crate::support::{free_port, local, sub_config, TestDir};
 
-/// What the reproduction ran the relay with.
+/// Caps small enough that five flooding addresses, 8 handshakes each, would fill them if
+/// unauthenticated handshakes counted.
 const CAPS: [&str; 6] = [
     "--max-connections",
     "32",
@@ -62,8 +63,8 @@ struct Pace {
     live: usize,
 }
 
-/// The reproduction: new handshakes every 0.5 s, each kept for 10 s (the relay's handshake
-/// timeout before the pending pool), more than any per-address cap at each renewal.
+/// New handshakes every 0.5 s, each kept for 10 s (far longer than any handshake takes), more
+/// than any per-address cap at each renewal.
 const RENEWING: Pace = Pace {
     burst: 48,
     every: Duration::from_millis(500),
@@ -279,7 +280,7 @@ impl Flood {
     }
 }
 
-/// A relay of small synthetic ledgers (one every 100 ms) with the reproduction's caps and
+/// A relay of small synthetic ledgers (one every 100 ms) with [`CAPS`] and
 /// `extra` flags, its port and its metrics address.
 async fn relay(dir: &TestDir, extra: &[&str]) -> (RelayProcess, u16, SocketAddr) {
     let port = free_port();
