@@ -117,7 +117,8 @@ pub struct RunArgs {
     #[arg(long = "max-sessions-per-identity", value_name = "N")]
     pub max_sessions_per_identity: Option<usize>,
     /// Handshakes from addresses not validated yet beyond which a new connection attempt must
-    /// first prove its address with a QUIC Retry (one round trip more); 0: always [default: 64].
+    /// first prove its address with a QUIC Retry (one round trip more), as every attempt must
+    /// once the pending pool is half full; 0: always [default: 64].
     #[arg(long = "retry-threshold", value_name = "N")]
     pub retry_threshold: Option<usize>,
     /// Handshakes without a verified client certificate yet that the relay holds at once (the
