@@ -8,6 +8,10 @@
 //! check passes. `v2-soroban`: standalone ledger 85 (protocol 23, Soroban load test, its real
 //! 38 transactions; see `wire/tests/content.rs` on why the sample carries more). `v0-classic`:
 //! pubnet ledger 46154623 (protocol 19, classic operations).
+//!
+//! Beside them, what the check adds where the relay runs it, as a lake's ledgers enter its ring
+//! (`lake::decode_batch`): per ledger, the check alone against the whole read of a one-ledger
+//! batch, in CPU time, on every real ledger of `testdata/` and on the scaled ones.
 //! Run: `cargo bench -p ledger-relay-wire --bench content`.
 
 #![allow(missing_docs)] // criterion_group! generates an undocumented public function
@@ -15,9 +19,11 @@
 use std::fs::File;
 use std::time::Duration;
 
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ledger_relay_wire::content::{check_content, content_hashes};
 use ledger_relay_wire::header::peek_header;
+use ledger_relay_wire::lake::{decode_batch, decompress_object, encode_batch, BatchLimits};
 use ledger_relay_wire::record::{open_stream, Records, DEFAULT_MAX_RECORD_LEN};
 use sha2::{Digest, Sha256};
 use stellar_xdr::{
@@ -156,7 +162,88 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// The real ledgers of `testdata/`, by sample: the 320 testnet ledgers (v0), pubnet's base64
+/// ledgers (v0) and Galexie object (v1), and the standalone load-test ledgers (v2, Soroban).
+fn testdata_sets() -> Vec<(&'static str, Vec<Bytes>)> {
+    let records = |name: &str| -> Vec<Bytes> {
+        let stream = open_stream(File::open(testdata(name)).unwrap()).unwrap();
+        Records::new(stream, DEFAULT_MAX_RECORD_LEN)
+            .map(|r| Bytes::from(r.unwrap()))
+            .collect()
+    };
+    let text = std::fs::read_to_string(testdata("pubnet/ledgers-base64.txt")).unwrap();
+    let base64 = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| Bytes::from(base64_decode(l)))
+        .collect();
+    let object = std::fs::read(testdata("pubnet/FCD285FF--53312000.xdr.zstd")).unwrap();
+    let limits = BatchLimits::default();
+    let xdr = decompress_object(&object, &limits).unwrap();
+    let galexie = decode_batch(Bytes::from(xdr), &limits).unwrap();
+    vec![
+        (
+            "testnet",
+            records("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"),
+        ),
+        ("pubnet-base64", base64),
+        (
+            "pubnet-galexie",
+            galexie.ledgers.into_iter().map(|l| l.raw).collect(),
+        ),
+        (
+            "standalone-v23",
+            records("standalone/load-test-ledgers-v23-standalone.xdr.zstd"),
+        ),
+    ]
+}
+
+/// CPU per ledger, in ms, of `f` over every ledger of `set`, `rounds` times.
+fn cpu_per_ledger(set: &[Bytes], rounds: u32, mut f: impl FnMut(&Bytes)) -> f64 {
+    let cpu = process_cpu();
+    for _ in 0..rounds {
+        set.iter().for_each(&mut f);
+    }
+    (process_cpu() - cpu) * 1e3 / f64::from(rounds) / set.len() as f64
+}
+
+/// A batch of one ledger, as a lake object holds it with Galexie's defaults.
+fn one_ledger_batch(lcm: &Bytes) -> Bytes {
+    let seq = peek_header(lcm).unwrap().unwrap().ledger_seq;
+    Bytes::from(encode_batch(seq, seq, &[lcm]))
+}
+
+/// What the content check adds where a ledger enters the ring from a lake: the check alone,
+/// against `decode_batch` (the lake read: every ledger decoded whole, headers, chain, and the
+/// check) of the same ledger, per ledger, in CPU time.
+fn at_the_lake(name: &str, set: &[Bytes], rounds: u32) {
+    let infos: Vec<_> = set
+        .iter()
+        .map(|l| peek_header(l).unwrap().unwrap())
+        .collect();
+    let mut i = 0;
+    let check = cpu_per_ledger(set, rounds, |l| {
+        std::hint::black_box(check_content(l, &infos[i % infos.len()]).unwrap());
+        i += 1;
+    });
+    let batches: Vec<Bytes> = set.iter().map(one_ledger_batch).collect();
+    let limits = BatchLimits::default();
+    let read = cpu_per_ledger(&batches, rounds, |b| {
+        std::hint::black_box(decode_batch(b.clone(), &limits).unwrap());
+    });
+    let bytes = set.iter().map(|l| l.len()).sum::<usize>() / set.len();
+    eprintln!(
+        "{name}: {} ledgers, {bytes} bytes each on average; check_content {check:.3} ms CPU per \
+         ledger, decode_batch (check included) {read:.3} ms: the check is {:.1}% of the read",
+        set.len(),
+        check * 100.0 / read,
+    );
+}
+
 fn bench(c: &mut Criterion) {
+    for (name, set) in testdata_sets() {
+        at_the_lake(name, &set, 20);
+    }
     let mut group = c.benchmark_group("content");
     group
         .sample_size(20)
@@ -199,6 +286,12 @@ fn bench(c: &mut Criterion) {
             &lcm,
             |b, lcm| b.iter(|| LedgerCloseMeta::from_xdr(lcm, Limits::none()).unwrap()),
         );
+        let lcm = Bytes::from(lcm);
+        at_the_lake(name, std::slice::from_ref(&lcm), 10);
+        let batch = one_ledger_batch(&lcm);
+        group.bench_with_input(BenchmarkId::new("decode_batch", name), &batch, |b, x| {
+            b.iter(|| decode_batch(x.clone(), &BatchLimits::default()).unwrap())
+        });
     }
     group.finish();
 }
