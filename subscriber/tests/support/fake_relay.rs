@@ -47,6 +47,9 @@ pub struct Plan {
     pub drop_chunks: Vec<(u32, u32)>,
     /// Flip a byte of chunk 0 of this ledger (sent raw).
     pub tamper: Option<u32>,
+    /// Lie about every ledger: send it as one raw chunk with this byte flipped, and the true
+    /// ledger's end record.
+    pub forge: Option<usize>,
     /// Declare chunk 1 of this ledger one byte further on than it is (its framing is wrong).
     pub misplace: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
@@ -78,6 +81,7 @@ impl Plan {
             kill_lane1_after: None,
             drop_chunks: Vec::new(),
             tamper: None,
+            forge: None,
             misplace: None,
             silent: false,
             no_heartbeats: false,
@@ -123,12 +127,19 @@ fn prepare(plan: &Plan) -> Vec<Prepared> {
                 .unwrap()
                 .unwrap();
             let seq = info.ledger_seq;
-            let (raw_chunks, summary) =
-                ledger_relay_wire::chunker::chunk_ledger(data, plan.chunk_size);
+            let chunk_size = match plan.forge {
+                Some(_) => data.len(),
+                None => plan.chunk_size,
+            };
+            let (raw_chunks, summary) = ledger_relay_wire::chunker::chunk_ledger(data, chunk_size);
             let chunks = raw_chunks
                 .iter()
                 .map(|c| {
-                    let (codec, payload) = if plan.tamper == Some(seq) && c.index == 0 {
+                    let (codec, payload) = if let Some(at) = plan.forge {
+                        let mut bad = c.data.to_vec();
+                        bad[at] ^= 0x01;
+                        (Codec::None, Bytes::from(bad))
+                    } else if plan.tamper == Some(seq) && c.index == 0 {
                         let mut bad = c.data.to_vec();
                         let mid = bad.len() / 2;
                         bad[mid] ^= 0x55;
