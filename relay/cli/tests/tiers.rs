@@ -287,18 +287,23 @@ async fn edge_fails_over(more: &[&str]) -> String {
 /// ending its first session at ledger 100 sends the edge back to it alone, not to the liar
 /// while that is set aside. `more`: the edge's delivery mode.
 async fn a_lying_upstream_is_set_aside(more: &[&str]) {
+    a_liar_is_set_aside(
+        Plan {
+            forge: Some(100),
+            ..Plan::new(testnet_ledgers())
+        },
+        more,
+    )
+    .await;
+}
+
+/// [`a_lying_upstream_is_set_aside`] with `liar` as the first upstream.
+async fn a_liar_is_set_aside(liar: Plan, more: &[&str]) {
     let dir = TestDir::new();
     issue_edge(dir.certs.path());
     let want = testnet_ledgers();
     let certs = dir.certs.path();
-    let liar = FakeRelay::start(
-        Plan {
-            forge: Some(100),
-            ..Plan::new(want.clone())
-        },
-        certs,
-        certs,
-    );
+    let liar = FakeRelay::start(liar, certs, certs);
     let healthy = FakeRelay::start(
         Plan {
             close_after: Some(100),
@@ -345,6 +350,19 @@ async fn a_cut_through_edge_sets_a_lying_upstream_aside_and_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_and_forward_edge_sets_a_lying_upstream_aside_and_goes_on() {
     a_lying_upstream_is_set_aside(&[]).await;
+}
+
+/// A cut-through edge reads a ledger's header before the ledger is whole: an upstream whose
+/// ledger has a forged header and never ends (only heartbeats follow) is set aside on that
+/// header alone, and the edge goes on from the healthy upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_through_edge_sets_aside_an_upstream_whose_forged_ledger_never_ends() {
+    let liar = Plan {
+        forge: Some(100),
+        no_ends: true,
+        ..Plan::new(testnet_ledgers()[..1].to_vec())
+    };
+    a_liar_is_set_aside(liar, &["--cut-through"]).await;
 }
 
 /// `--upstream-anchor SEQ:HASH`: an edge with an empty ring starts at ledger SEQ and keeps it

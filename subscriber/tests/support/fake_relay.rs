@@ -50,6 +50,8 @@ pub struct Plan {
     /// Lie about every ledger: send it as one raw chunk with this byte flipped, and the true
     /// ledger's end record.
     pub forge: Option<usize>,
+    /// Send no end records: a ledger never completes (heartbeats go on).
+    pub no_ends: bool,
     /// Declare chunk 1 of this ledger one byte further on than it is (its framing is wrong).
     pub misplace: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
@@ -82,6 +84,7 @@ impl Plan {
             drop_chunks: Vec::new(),
             tamper: None,
             forge: None,
+            no_ends: false,
             misplace: None,
             silent: false,
             no_heartbeats: false,
@@ -452,8 +455,9 @@ async fn serve(
             let Some(p) = resend_shared.prepared.iter().find(|p| p.seq == r.seq) else {
                 continue;
             };
+            let end = (!resend_shared.plan.no_ends).then_some(&p.end);
             let frames: Vec<&Frame> = if r.whole {
-                p.chunks.iter().chain(std::iter::once(&p.end)).collect()
+                p.chunks.iter().chain(end).collect()
             } else {
                 r.indices
                     .iter()
@@ -500,8 +504,10 @@ async fn serve(
                 next_lane += 1;
                 send_frame(lane, chunk).await?;
             }
-            send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
-            next_lane += 1;
+            if !plan.no_ends {
+                send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
+                next_lane += 1;
+            }
             sent += 1;
             if first_session && plan.kill_lane1_after == Some(sent) {
                 if let Some(Some(lane1)) = shared.sessions.lock().unwrap()[&session_id].get(1) {
