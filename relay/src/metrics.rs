@@ -68,6 +68,7 @@ counters! {
     upstream_sessions_total: "relay: source: sessions opened with upstream relays (the first, then one per reconnect or failover).",
     upstream_cut_through_bytes_total: "relay: source with --cut-through: bytes passed on before their ledger was complete and verified.",
     upstream_taken_back_total: "relay: source with --cut-through: ledgers passed on in part and then taken back (verification failed, or the upstream session ended first).",
+    upstream_set_aside_total: "relay: source: times an upstream was set aside (left out of the subscription for a while) because bytes it sent failed a check.",
     ring_oldest: "Oldest ledger in the retention ring.",
     ring_newest: "Newest ledger in the retention ring.",
     ring_ledgers: "Ledgers in the retention ring.",

@@ -47,6 +47,11 @@ pub struct Plan {
     pub drop_chunks: Vec<(u32, u32)>,
     /// Flip a byte of chunk 0 of this ledger (sent raw).
     pub tamper: Option<u32>,
+    /// Lie about every ledger: send it as one raw chunk with this byte flipped, and the true
+    /// ledger's end record.
+    pub forge: Option<usize>,
+    /// Send no end records: a ledger never completes (heartbeats go on).
+    pub no_ends: bool,
     /// Declare chunk 1 of this ledger one byte further on than it is (its framing is wrong).
     pub misplace: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
@@ -78,6 +83,8 @@ impl Plan {
             kill_lane1_after: None,
             drop_chunks: Vec::new(),
             tamper: None,
+            forge: None,
+            no_ends: false,
             misplace: None,
             silent: false,
             no_heartbeats: false,
@@ -123,12 +130,19 @@ fn prepare(plan: &Plan) -> Vec<Prepared> {
                 .unwrap()
                 .unwrap();
             let seq = info.ledger_seq;
-            let (raw_chunks, summary) =
-                ledger_relay_wire::chunker::chunk_ledger(data, plan.chunk_size);
+            let chunk_size = match plan.forge {
+                Some(_) => data.len(),
+                None => plan.chunk_size,
+            };
+            let (raw_chunks, summary) = ledger_relay_wire::chunker::chunk_ledger(data, chunk_size);
             let chunks = raw_chunks
                 .iter()
                 .map(|c| {
-                    let (codec, payload) = if plan.tamper == Some(seq) && c.index == 0 {
+                    let (codec, payload) = if let Some(at) = plan.forge {
+                        let mut bad = c.data.to_vec();
+                        bad[at] ^= 0x01;
+                        (Codec::None, Bytes::from(bad))
+                    } else if plan.tamper == Some(seq) && c.index == 0 {
                         let mut bad = c.data.to_vec();
                         let mid = bad.len() / 2;
                         bad[mid] ^= 0x55;
@@ -441,8 +455,9 @@ async fn serve(
             let Some(p) = resend_shared.prepared.iter().find(|p| p.seq == r.seq) else {
                 continue;
             };
+            let end = (!resend_shared.plan.no_ends).then_some(&p.end);
             let frames: Vec<&Frame> = if r.whole {
-                p.chunks.iter().chain(std::iter::once(&p.end)).collect()
+                p.chunks.iter().chain(end).collect()
             } else {
                 r.indices
                     .iter()
@@ -489,8 +504,10 @@ async fn serve(
                 next_lane += 1;
                 send_frame(lane, chunk).await?;
             }
-            send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
-            next_lane += 1;
+            if !plan.no_ends {
+                send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
+                next_lane += 1;
+            }
             sent += 1;
             if first_session && plan.kill_lane1_after == Some(sent) {
                 if let Some(Some(lane1)) = shared.sessions.lock().unwrap()[&session_id].get(1) {
