@@ -36,6 +36,9 @@ pub struct Plan {
     pub zstd: bool,
     /// Answer every SessionOpen with Error BelowRetention.
     pub below_retention: bool,
+    /// First session only: answer SessionOpen with an Error of this code and message (a
+    /// relay's text, which a hostile relay chooses).
+    pub refuse_first: Option<(ErrorCode, String)>,
     /// First session only: after this many ledgers are acknowledged, send this Error (code,
     /// oldest, newest; by default ShuttingDown) and close.
     pub close_after: Option<usize>,
@@ -73,6 +76,7 @@ impl Plan {
             window: 8,
             zstd: true,
             below_retention: false,
+            refuse_first: None,
             close_after: None,
             close_with: (ErrorCode::ShuttingDown, 0, 0),
             kill_lane1_after: None,
@@ -327,12 +331,19 @@ async fn serve(
     }
     let oldest = shared.prepared[0].seq;
     let newest = shared.prepared.last().unwrap().seq;
-    if plan.below_retention {
+    let refusal = match &plan.refuse_first {
+        Some((code, message)) if first_session => Some((*code, message.clone())),
+        _ if plan.below_retention => {
+            Some((ErrorCode::BelowRetention, "start is below the ring".into()))
+        }
+        _ => None,
+    };
+    if let Some((code, message)) = refusal {
         let error = ErrorFrame {
-            code: ErrorCode::BelowRetention,
+            code,
             oldest,
             newest,
-            message: "start is below the ring".into(),
+            message,
         };
         transport::close_with_error(
             &conn,
