@@ -204,8 +204,8 @@ impl Failure {
     }
 }
 
-/// An error and its causes on one line, `a: b: c`, control characters escaped (a cause can
-/// hold an upstream's words).
+/// An error and its causes on one line, `a: b: c`, peer text escaped (a cause can hold an
+/// upstream's words).
 fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
@@ -214,15 +214,7 @@ fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
         out.push_str(&c.to_string());
         cause = c.source();
     }
-    let mut line = String::with_capacity(out.len());
-    for c in out.chars() {
-        if c.is_control() {
-            line.extend(c.escape_default());
-        } else {
-            line.push(c);
-        }
-    }
-    line
+    ledger_relay_wire::text::escape(&out).into_owned()
 }
 
 /// Whether a session with an upstream has been missing, and since when.

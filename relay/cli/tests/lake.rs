@@ -437,8 +437,16 @@ async fn a_failing_lake_never_stops_live_streaming_and_catches_up_from_the_ring(
     assert!(m.lake.export.errors(ErrorKind::Unreachable) > 0);
     assert!(load(&m.lake.export_retries_total) > 0);
 
-    // The store comes back: the export catches up from the ring, alone.
+    // The store comes back, without its bucket at first (as a store restarted empty does):
+    // the export meets it so, and goes on trying. Then the bucket is there, and the export
+    // catches up from the ring, alone.
+    let store_errors = m.lake.export.errors(ErrorKind::Store);
     let server = S3Server::start_on(port).unwrap();
+    eventually(30, "the export meets the store without its bucket", || {
+        m.lake.export.errors(ErrorKind::Store) > store_errors
+    })
+    .await;
+    assert_eq!(m.lake.export_health(), "degraded");
     server.create_bucket(&bucket).unwrap();
     eventually(60, "the lake holds the last ledger", || {
         load(&m.lake.export_newest) == u64::from(LAST)

@@ -305,6 +305,24 @@ impl LakeError {
     }
 }
 
+impl LakeError {
+    /// The error for a failed put of `key`. A put that finds no container (no such bucket) is
+    /// transient, unlike a read that finds no object ([`LakeError::Missing`]): a store that has
+    /// just come back may not have its bucket yet, and a writer must not stop for good on it.
+    pub fn from_put(key: &str, e: object_store::Error) -> LakeError {
+        match e {
+            object_store::Error::NotFound { .. } => LakeError::Store {
+                key: key.to_owned(),
+                reason: format!(
+                    "the store has no bucket or container for it (yet): {}",
+                    one_line(&e)
+                ),
+            },
+            e => LakeError::from_store(key, e),
+        }
+    }
+}
+
 /// The error and its causes on one line.
 fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();

@@ -26,17 +26,12 @@ fn main() -> ExitCode {
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let code = e.exit_code();
-            let line = match &e {
-                CaptiveError::Subscribe(s) => s.below_retention_line(),
+            let below = match &e {
+                CaptiveError::Subscribe(s) => Some(s),
                 _ => None,
             };
-            let text = format!("{PROGRAM}: {:#}", anyhow::Error::new(e));
-            logging::fatal(LogFormat::Text, PROGRAM, &text);
-            if let Some(line) = line {
-                eprintln!("{line}");
-            }
-            ExitCode::from(code)
+            cli::report_failure(LogFormat::Text, PROGRAM, &e, below);
+            ExitCode::from(e.exit_code())
         }
     }
 }
