@@ -287,11 +287,6 @@ pub enum RingError {
     },
 }
 
-/// Whether ledger `seq` comes after a gap behind ledger `newest`: later than the one after it.
-fn after_gap(newest: u32, seq: u32) -> bool {
-    newest.checked_add(1).is_some_and(|next| seq > next)
-}
-
 /// The first 8 bytes of a hash in hex, for messages.
 fn hex8(h: &[u8; 32]) -> String {
     let mut s = ledger_relay_wire::Hex(h).to_string();

@@ -471,6 +471,74 @@ fn stored_file_record(data: &[u8]) -> Option<(crate::stored::Record, &[u8])> {
     Some((record, file))
 }
 
+/// The ring's crash-survival rule ([`crate::stored::surviving`]) over records a fuzzer writes:
+/// each input byte is one record, from the oldest up. Bit 0 clear: it does not decode. Bit 1: a
+/// gap of `byte >> 4` + 1 ledgers before it. Bit 2: its previous hash is not its predecessor's
+/// hash. Checked against the rule's definition: what is kept ends at the newest readable
+/// record, is all readable, each kept pair links or is separated by a gap, and the record below
+/// what is kept (if any) could not have been kept.
+pub fn surviving(data: &[u8]) {
+    use crate::frame::LedgerEnd;
+    use crate::stored::{after_gap, surviving, Record};
+
+    let mut seq = 1u32;
+    let records: Vec<Option<Record>> = data
+        .iter()
+        .map(|&b| {
+            let previous_hash = if b & 4 == 0 {
+                hash_of(seq - 1)
+            } else {
+                [0xEE; 32]
+            };
+            seq += if b & 2 == 0 { 0 } else { u32::from(b >> 4) + 1 };
+            let end = LedgerEnd {
+                seq,
+                header_hash: hash_of(seq),
+                previous_hash,
+                ..Default::default()
+            };
+            seq += 1;
+            (b & 1 == 1).then_some(Record {
+                end,
+                parts: 0,
+                bytes: 0,
+            })
+        })
+        .collect();
+    let kept = surviving(&records);
+    let joined = |older: &Record, newer: &Record| {
+        after_gap(older.end.seq, newer.end.seq)
+            || (newer.end.seq == older.end.seq + 1
+                && newer.end.previous_hash == older.end.header_hash)
+    };
+    let top = records
+        .iter()
+        .rposition(Option::is_some)
+        .map_or(0, |i| i + 1);
+    assert_eq!(
+        kept.end, top,
+        "what is kept ends at the newest readable record"
+    );
+    let held: Vec<Record> = records[kept.clone()].iter().flatten().copied().collect();
+    assert_eq!(held.len(), kept.len(), "every kept record is readable");
+    assert!(held.windows(2).all(|w| joined(&w[0], &w[1])));
+    if kept.start > 0 && kept.start < kept.end {
+        if let (Some(below), Some(first)) = (records[kept.start - 1], held.first()) {
+            assert!(
+                !joined(&below, first),
+                "a record that joins what is kept was dropped"
+            );
+        }
+    }
+}
+
+/// A ledger hash the `surviving` body gives ledger `seq`.
+fn hash_of(seq: u32) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[..4].copy_from_slice(&seq.to_be_bytes());
+    h
+}
+
 /// The relay's session state machine: bytes become a sequence of inputs (lanes joining and
 /// dying, acks and resends of any ledger, streams ending, loads answered in every way, live
 /// items, joins, timeouts, control errors), and after each the outputs are checked:
@@ -718,6 +786,8 @@ mod tests {
         super::stored(&seed);
         super::stored(&stored_seed());
         super::stored_file(&stored_file_seed());
+        super::surviving(&seed);
+        super::surviving(&[1, 1, 0, 1, 3, 5, 1, 0, 0]);
         super::lake_batch(&seed);
         super::lake_names(&seed);
         super::lake_names(b"FFF0BDBF--1000000.xdr.zst");

@@ -36,6 +36,7 @@ use bytes::Bytes;
 use crate::checksum;
 use crate::compress::Codec;
 use crate::frame::{LedgerEnd, LEDGER_END_LEN};
+use crate::header::ChainVerifier;
 
 /// Stored format version; the ring refuses a store written with another one. Version 1 kept the
 /// parts in sled too; version 2 keeps them in one file per ledger.
@@ -278,6 +279,44 @@ pub enum StoredError {
         /// The end record's raw length.
         expected: u64,
     },
+}
+
+/// Whether ledger `seq` follows `newest` with at least one ledger missing between them: it
+/// starts a new run of the ring rather than continuing the newest one.
+pub fn after_gap(newest: u32, seq: u32) -> bool {
+    newest.checked_add(1).is_some_and(|next| seq > next)
+}
+
+/// Which of the ring's records survive a crash: `records` are the store's records in sequence
+/// order, `None` for one that does not decode; the result is the range of them kept.
+///
+/// From the newest down: unreadable records above the newest readable one are a torn tail and
+/// are skipped; then records are kept while each is readable and, with the one above it, either
+/// hash-linked (consecutive, the newer's previous hash the older's hash) or separated by a gap
+/// (a new run, see [`after_gap`]). The first record that breaks this ends what is kept: it and
+/// everything older go, and so does the torn tail. Whether the newest kept ledger's parts read
+/// back whole is the ring's next check, not this one's.
+pub fn surviving(records: &[Option<Record>]) -> std::ops::Range<usize> {
+    let top = records
+        .iter()
+        .rposition(Option::is_some)
+        .map_or(0, |i| i + 1);
+    let mut from = top;
+    while from > 0 {
+        let Some(older) = records[from - 1] else {
+            break;
+        };
+        if let Some(Some(newer)) = records.get(from).filter(|_| from < top) {
+            let linked = ChainVerifier::after(older.end.seq, older.end.header_hash)
+                .check_link((&newer.end).into())
+                .is_ok();
+            if !linked && !after_gap(older.end.seq, newer.end.seq) {
+                break;
+            }
+        }
+        from -= 1;
+    }
+    from..top
 }
 
 /// The key of ledger `seq`'s record.

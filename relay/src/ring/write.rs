@@ -7,11 +7,11 @@ use std::time::Instant;
 use ledger_relay_wire::frame::LedgerEnd;
 use ledger_relay_wire::header::ChainVerifier;
 use ledger_relay_wire::stored::{
-    check_chunks, encode_file, record_key, seal_u64, Record, META_EPOCH,
+    after_gap, check_chunks, encode_file, record_key, seal_u64, Record, META_EPOCH,
 };
 use tracing::info;
 
-use super::{after_gap, Held, Ring, RingConfig, RingError, StoredChunk, REOPEN_EVERY};
+use super::{Held, Ring, RingConfig, RingError, StoredChunk, REOPEN_EVERY};
 
 /// How an appended ledger must follow the newest one held.
 #[derive(Debug, Clone, Copy)]

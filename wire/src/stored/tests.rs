@@ -469,3 +469,41 @@ fn file_parts_stop_at_the_first_bad_length() {
     );
     assert_eq!(parts.next(), None);
 }
+
+/// A readable record of ledger `seq` whose previous hash is `previous`'s [`end`] hash.
+fn rec(seq: u32, previous: u32) -> Option<Record> {
+    let mut e = end(seq);
+    e.previous_hash = end(previous).header_hash;
+    Some(Record {
+        end: e,
+        parts: 3,
+        bytes: 100,
+    })
+}
+
+#[test]
+fn a_crash_keeps_the_linked_runs_below_a_torn_tail() {
+    assert_eq!(surviving(&[]), 0..0);
+    assert_eq!(surviving(&[None, None]), 0..0);
+    // 1-2-3 linked: all kept.
+    assert_eq!(surviving(&[rec(1, 0), rec(2, 1), rec(3, 2)]), 0..3);
+    // An unreadable newest record is a torn tail: skipped, the rest kept.
+    assert_eq!(surviving(&[rec(1, 0), rec(2, 1), None]), 0..2);
+    // A gap starts a new run: both runs kept.
+    assert_eq!(surviving(&[rec(1, 0), rec(2, 1), rec(9, 8)]), 0..3);
+    // 3 does not link to 2 (its previous hash is another's): 2 and older go.
+    assert_eq!(
+        surviving(&[rec(1, 0), rec(2, 1), rec(3, 7), rec(4, 3)]),
+        2..4
+    );
+    // An unreadable record in the middle ends what is kept.
+    assert_eq!(surviving(&[rec(1, 0), None, rec(3, 2), rec(4, 3)]), 2..4);
+}
+
+#[test]
+fn a_gap_is_a_later_ledger_than_the_next() {
+    assert!(!after_gap(5, 6));
+    assert!(after_gap(5, 7));
+    assert!(!after_gap(5, 5));
+    assert!(!after_gap(u32::MAX, 0));
+}
