@@ -56,6 +56,12 @@ struct Source {
     last_at: Instant,
 }
 
+/// What wakes the merge: a relay's next item, or the tick.
+enum Event {
+    Item(usize, Option<Item>),
+    Tick,
+}
+
 /// The merge behind a hedged [`Subscription`]: runs until the consumer goes away or no relay is
 /// left.
 pub(crate) async fn supervise(
@@ -63,123 +69,178 @@ pub(crate) async fn supervise(
     tx: mpsc::Sender<Item>,
     cancel: CancellationToken,
 ) {
-    let config = &shared.config;
-    let mut chain = match (config.anchor, config.start) {
-        (Some(anchor), Start::Seq(start)) if start == anchor.seq.wrapping_add(1) => {
-            ChainVerifier::after(anchor.seq, anchor.hash)
+    let mut merge = match Merge::start(shared) {
+        Ok(merge) => merge,
+        Err(e) => {
+            let _ = tx.send(Err(e)).await;
+            return;
         }
-        (_, Start::Seq(start)) => ChainVerifier::starting_at(start),
-        (_, Start::Tip) => ChainVerifier::new(),
     };
-    let mut recent: VecDeque<(u32, [u8; 32])> = VecDeque::with_capacity(RECENT);
-    let mut sources: Vec<Source> = Vec::new();
-    for relay in &config.relays {
-        let sub = match start_one(&shared, relay, chain.last()) {
-            Ok(sub) => sub,
-            Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return;
-            }
-        };
-        sources.push(Source {
-            relay: relay.clone(),
-            sub: Some(sub),
-            last_seq: 0,
-            last_at: Instant::now(),
-        });
-    }
-    let give_up_at = config.first_connect_timeout.map(|t| Instant::now() + t);
-    let mut last_error: Option<SubscribeError> = None;
     let mut turn = 0usize;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        if sources.iter().all(|s| s.sub.is_none()) {
-            if let Some(e) = last_error.take() {
-                shared.status().last_error = Some(ErrorChain(&e).to_string());
+        if merge.sources.iter().all(|s| s.sub.is_none()) {
+            if let Some(e) = merge.last_error.take() {
+                merge.shared.status().last_error = Some(ErrorChain(&e).to_string());
                 let _ = tx.send(Err(e)).await;
             }
             return;
         }
         turn = turn.wrapping_add(1);
-        let next = poll_fn(|cx| {
-            let n = sources.len();
-            for k in 0..n {
-                let i = (turn + k) % n;
-                if let Some(sub) = sources[i].sub.as_mut() {
-                    if let Poll::Ready(item) = sub.poll_next_unpin(cx) {
-                        return Poll::Ready((i, item));
-                    }
-                }
-            }
-            Poll::Pending
-        });
-        enum Event {
-            Item(usize, Option<Item>),
-            Tick,
-        }
+        let sources = &mut merge.sources;
+        let next = poll_fn(|cx| poll_sources(sources, turn, cx));
         let event = tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tx.closed() => return,
             (i, item) = next => Event::Item(i, item),
             _ = tick.tick() => Event::Tick,
         };
-        let (i, item) = match event {
-            Event::Item(i, item) => (i, item),
-            Event::Tick => {
-                refresh_status(&shared, &sources);
-                restart_behind(&shared, &mut sources, chain.last());
-                if let Some(at) = give_up_at {
-                    let status = shared.status().clone();
-                    if !status.reached && Instant::now() >= at {
-                        let e = SubscribeError::Unreachable {
-                            relays: config
-                                .relays
-                                .iter()
-                                .map(ToString::to_string)
-                                .collect::<Vec<_>>()
-                                .join(","),
-                            waited: config.first_connect_timeout.unwrap_or_default(),
-                            last_error: status.last_error,
-                        };
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
+        let ledger = match event {
+            Event::Tick => match merge.on_tick() {
+                Some(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
                 }
-                continue;
-            }
+                None => continue,
+            },
+            Event::Item(i, item) => match merge.accept(i, item) {
+                Some(ledger) => ledger,
+                None => continue,
+            },
         };
-        let source = &mut sources[i];
+        let (seq, relay) = (ledger.seq, ledger.relay);
+        tokio::select! {
+            sent = tx.send(Ok(ledger)) => if sent.is_err() { return },
+            _ = cancel.cancelled() => return,
+        }
+        let mut status = merge.shared.status();
+        status.last_delivered = seq;
+        status.delivered += 1;
+        status.relay = Some(relay);
+    }
+}
+
+/// The next item of any relay, taking them in turn from `turn` so that none starves the others.
+fn poll_sources(
+    sources: &mut [Source],
+    turn: usize,
+    cx: &mut std::task::Context<'_>,
+) -> Poll<(usize, Option<Item>)> {
+    let n = sources.len();
+    for k in 0..n {
+        let i = (turn + k) % n;
+        if let Some(sub) = sources[i].sub.as_mut() {
+            if let Poll::Ready(item) = sub.poll_next_unpin(cx) {
+                return Poll::Ready((i, item));
+            }
+        }
+    }
+    Poll::Pending
+}
+
+/// The state of a hedged subscription's merge: the one chain it follows, the relays, and the
+/// hashes of the last ledgers handed on.
+struct Merge {
+    shared: Arc<Shared>,
+    chain: ChainVerifier,
+    recent: VecDeque<(u32, [u8; 32])>,
+    sources: Vec<Source>,
+    last_error: Option<SubscribeError>,
+    /// When the merge gives up if no relay was reached.
+    give_up_at: Option<Instant>,
+}
+
+impl Merge {
+    /// Starts one plain subscription per relay.
+    fn start(shared: Arc<Shared>) -> Result<Merge, SubscribeError> {
+        let config = &shared.config;
+        let chain = match (config.anchor, config.start) {
+            (Some(anchor), Start::Seq(start)) if start == anchor.seq.wrapping_add(1) => {
+                ChainVerifier::after(anchor.seq, anchor.hash)
+            }
+            (_, Start::Seq(start)) => ChainVerifier::starting_at(start),
+            (_, Start::Tip) => ChainVerifier::new(),
+        };
+        let mut sources = Vec::new();
+        for relay in &config.relays {
+            sources.push(Source {
+                relay: relay.clone(),
+                sub: Some(start_one(&shared, relay, chain.last())?),
+                last_seq: 0,
+                last_at: Instant::now(),
+            });
+        }
+        Ok(Merge {
+            give_up_at: config.first_connect_timeout.map(|t| Instant::now() + t),
+            shared,
+            chain,
+            recent: VecDeque::with_capacity(RECENT),
+            sources,
+            last_error: None,
+        })
+    }
+
+    /// The periodic look at the relays; the error to end with when no relay was reached in
+    /// time.
+    fn on_tick(&mut self) -> Option<SubscribeError> {
+        refresh_status(&self.shared, &self.sources);
+        restart_behind(&self.shared, &mut self.sources, self.chain.last());
+        let at = self.give_up_at?;
+        let status = self.shared.status().clone();
+        if status.reached || Instant::now() < at {
+            return None;
+        }
+        let config = &self.shared.config;
+        Some(SubscribeError::Unreachable {
+            relays: config
+                .relays
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            waited: config.first_connect_timeout.unwrap_or_default(),
+            last_error: status.last_error,
+        })
+    }
+
+    /// Ends relay `i`'s part with `e`.
+    fn end(&mut self, i: usize, e: SubscribeError, why: &'static str) {
+        tracing::warn!(relay = %self.sources[i].relay, error = %ErrorChain(&e), "{why}");
+        self.sources[i].sub = None;
+        self.last_error = Some(e);
+    }
+
+    /// Relay `i`'s item: the ledger to hand on if it is the next link of the chain; `None` for
+    /// a losing copy, a relay restarted or ended.
+    fn accept(&mut self, i: usize, item: Option<Item>) -> Option<Ledger> {
         let ledger = match item {
             Some(Ok(ledger)) => ledger,
             Some(Err(e)) => {
-                tracing::warn!(relay = %source.relay, error = %ErrorChain(&e), "hedged relay failed; going on with the others");
-                shared.status().last_error = Some(ErrorChain(&e).to_string());
-                source.sub = None;
-                last_error = Some(e);
-                continue;
+                self.shared.status().last_error = Some(ErrorChain(&e).to_string());
+                self.end(i, e, "hedged relay failed; going on with the others");
+                return None;
             }
             None => {
-                source.sub = None;
-                continue;
+                self.sources[i].sub = None;
+                return None;
             }
         };
-        source.last_seq = ledger.seq;
-        source.last_at = Instant::now();
-        if let Some((last, _)) = chain.last() {
+        self.sources[i].last_seq = ledger.seq;
+        self.sources[i].last_at = Instant::now();
+        if let Some((last, _)) = self.chain.last() {
             if ledger.seq <= last {
                 // A losing copy: it must be the ledger that was handed on.
-                let same = recent
+                let same = self
+                    .recent
                     .iter()
                     .find(|(seq, _)| *seq == ledger.seq)
                     .is_none_or(|(_, hash)| *hash == ledger.header_hash);
                 if !same {
-                    let e = fork(&ledger, &recent);
-                    tracing::warn!(relay = %source.relay, error = %ErrorChain(&e), "hedged relay serves another chain; dropped");
-                    source.sub = None;
-                    last_error = Some(e);
+                    let e = fork(&ledger, &self.recent);
+                    self.end(i, e, "hedged relay serves another chain; dropped");
                 }
-                continue;
+                return None;
             }
         }
         let link = ChainLink {
@@ -187,40 +248,29 @@ pub(crate) async fn supervise(
             hash: ledger.header_hash,
             previous_hash: ledger.previous_hash,
         };
-        match chain.check_link(link) {
+        match self.chain.check_link(link) {
             Ok(()) => {}
             Err(ChainError::UnexpectedSequence { expected, got }) if got > expected => {
                 // This relay is past the next ledger (it started at a later tip, or resumed
                 // after a gap): start it again from the next ledger.
-                tracing::debug!(relay = %source.relay, expected, got, "hedged relay ahead of the next ledger; restarting it there");
-                restart(&shared, source, chain.last());
-                continue;
+                tracing::debug!(relay = %self.sources[i].relay, expected, got, "hedged relay ahead of the next ledger; restarting it there");
+                restart(&self.shared, &mut self.sources[i], self.chain.last());
+                return None;
             }
             Err(e) => {
                 let e = SubscribeError::Verify {
                     relay: ledger.relay,
                     source: VerifyError::Chain(e),
                 };
-                tracing::warn!(relay = %source.relay, error = %ErrorChain(&e), "hedged relay's ledger does not link; dropped");
-                source.sub = None;
-                last_error = Some(e);
-                continue;
+                self.end(i, e, "hedged relay's ledger does not link; dropped");
+                return None;
             }
         }
-        if recent.len() == RECENT {
-            recent.pop_front();
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
         }
-        recent.push_back((ledger.seq, ledger.header_hash));
-        let seq = ledger.seq;
-        let relay = ledger.relay;
-        tokio::select! {
-            sent = tx.send(Ok(ledger)) => if sent.is_err() { return },
-            _ = cancel.cancelled() => return,
-        }
-        let mut status = shared.status();
-        status.last_delivered = seq;
-        status.delivered += 1;
-        status.relay = Some(relay);
+        self.recent.push_back((ledger.seq, ledger.header_hash));
+        Some(ledger)
     }
 }
 
