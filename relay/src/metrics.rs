@@ -18,6 +18,18 @@ use tokio_util::sync::CancellationToken;
 
 use crate::health::Health;
 
+/// Writes the `# HELP` and `# TYPE` lines of metric `ledger_relay_{name}`: a counter when its
+/// name ends in `_total`, else a gauge.
+pub(crate) fn family(out: &mut String, name: &str, help: &str) {
+    let kind = if name.ends_with("_total") {
+        "counter"
+    } else {
+        "gauge"
+    };
+    let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
+    let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
+}
+
 macro_rules! counters {
     ($($name:ident: $help:literal),* $(,)?) => {
         /// Every counter and gauge of the relay.
@@ -39,11 +51,8 @@ macro_rules! counters {
         impl Metrics {
             fn render_counters(&self, out: &mut String) {
                 $(
-                    let name = concat!("ledger_relay_", stringify!($name));
-                    let _ = writeln!(out, "# HELP {name} {}", $help);
-                    let kind = if stringify!($name).ends_with("_total") { "counter" } else { "gauge" };
-                    let _ = writeln!(out, "# TYPE {name} {kind}");
-                    let _ = writeln!(out, "{name} {}", self.$name.load(Ordering::Relaxed));
+                    family(out, stringify!($name), $help);
+                    let _ = writeln!(out, "ledger_relay_{} {}", stringify!($name), self.$name.load(Ordering::Relaxed));
                 )*
             }
         }
@@ -228,19 +237,18 @@ impl Metrics {
     fn render_lanes(&self, out: &mut String) {
         let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
         type Field = fn(&LaneMetrics) -> f64;
-        let series: [(&str, &str, &str, Field); 8] = [
-            ("lane_bytes_sent_total", "counter", "UDP payload bytes sent, by lane number over all sessions.", |l| l.bytes_sent as f64),
-            ("lane_packets_sent_total", "counter", "UDP datagrams sent, by lane number over all sessions.", |l| l.packets_sent as f64),
-            ("lane_lost_packets_total", "counter", "Packets declared lost, by lane number over all sessions.", |l| l.lost_packets as f64),
-            ("lane_delivered_bytes_total", "counter", "Stream bytes acknowledged by subscribers, by lane number.", |l| l.delivered_bytes as f64),
-            ("lane_busy_seconds_total", "counter", "Time lanes had bytes outstanding, by lane number (busy fraction: its rate over wall time).", |l| l.busy_us as f64 / 1e6),
-            ("lane_rtt_seconds", "gauge", "Latest smoothed round trip reported on a lane of this number.", |l| l.rtt_us as f64 / 1e6),
-            ("lane_cwnd_bytes", "gauge", "Latest congestion window on a lane of this number.", |l| l.cwnd_bytes as f64),
-            ("lane_mtu_bytes", "gauge", "Latest path MTU on a lane of this number.", |l| l.mtu_bytes as f64),
+        let series: [(&str, &str, Field); 8] = [
+            ("lane_bytes_sent_total", "UDP payload bytes sent, by lane number over all sessions.", |l| l.bytes_sent as f64),
+            ("lane_packets_sent_total", "UDP datagrams sent, by lane number over all sessions.", |l| l.packets_sent as f64),
+            ("lane_lost_packets_total", "Packets declared lost, by lane number over all sessions.", |l| l.lost_packets as f64),
+            ("lane_delivered_bytes_total", "Stream bytes acknowledged by subscribers, by lane number.", |l| l.delivered_bytes as f64),
+            ("lane_busy_seconds_total", "Time lanes had bytes outstanding, by lane number (busy fraction: its rate over wall time).", |l| l.busy_us as f64 / 1e6),
+            ("lane_rtt_seconds", "Latest smoothed round trip reported on a lane of this number.", |l| l.rtt_us as f64 / 1e6),
+            ("lane_cwnd_bytes", "Latest congestion window on a lane of this number.", |l| l.cwnd_bytes as f64),
+            ("lane_mtu_bytes", "Latest path MTU on a lane of this number.", |l| l.mtu_bytes as f64),
         ];
-        for (name, kind, help, field) in series {
-            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
-            let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
+        for (name, help, field) in series {
+            family(out, name, help);
             for (lane, l) in lanes.iter() {
                 let _ = writeln!(out, "ledger_relay_{name}{{lane=\"{lane}\"}} {}", field(l));
             }

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use ledger_relay_lake::{ErrorKind, LakeStats};
 
+use crate::metrics::family;
+
 pub mod backfill;
 pub mod export;
 
@@ -63,82 +65,78 @@ impl LakeMetrics {
 
     /// Appends the Prometheus exposition; `source_newest` gives the export's lag.
     pub fn render(&self, out: &mut String, source_newest: u64) {
-        let gauge = |out: &mut String, name: &str, help: &str, v: u64| {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
-            let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
+        for (name, help, v) in self.scalars(source_newest) {
+            family(out, name, help);
             let _ = writeln!(out, "ledger_relay_{name} {v}");
-        };
+        }
+        self.render_per_lake(out);
+    }
+
+    /// The metrics that are one number each: name, help, value.
+    fn scalars(&self, source_newest: u64) -> [(&'static str, &'static str, u64); 10] {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let newest = load(&self.export_newest);
-        gauge(
-            out,
-            "lake_export_degraded",
-            "1 when the export lake is failing (live streaming goes on).",
-            u64::from(self.export_degraded.load(Ordering::Relaxed)),
-        );
-        gauge(
-            out,
-            "lake_export_newest",
-            "Newest ledger in the export lake.",
-            newest,
-        );
-        gauge(
-            out,
-            "lake_export_lag_ledgers",
-            "Ledgers read from the source but not yet in the export lake.",
-            if self.export_enabled.load(Ordering::Relaxed) {
-                source_newest.saturating_sub(newest)
-            } else {
-                0
-            },
-        );
-        gauge(
-            out,
-            "lake_export_queue_full_total",
-            "Ledgers the exporter had no room to queue; read back from the ring.",
-            load(&self.export_queue_full_total),
-        );
-        gauge(
-            out,
-            "lake_export_ring_reads_total",
-            "Ledgers the exporter read from the ring.",
-            load(&self.export_ring_reads_total),
-        );
-        gauge(
-            out,
-            "lake_export_gaps_total",
-            "Times ledgers were in neither the export queue nor the ring: a gap in the lake.",
-            load(&self.export_gaps_total),
-        );
-        gauge(
-            out,
-            "lake_export_retries_total",
-            "Failed export uploads, retried with backoff.",
-            load(&self.export_retries_total),
-        );
-        gauge(
-            out,
-            "lake_backfill_ledgers_total",
-            "Ledgers read from the backfill lake for sessions below the ring.",
-            load(&self.backfill_ledgers_total),
-        );
-        gauge(
-            out,
-            "lake_backfill_sessions",
-            "Sessions reading the backfill lake now (at most --backfill-sessions).",
-            load(&self.backfill_sessions),
-        );
-        gauge(
-            out,
-            "lake_backfill_busy_total",
-            "Backfill loads that waited for a reader slot.",
-            load(&self.backfill_busy_total),
-        );
+        let lag = if self.export_enabled.load(Ordering::Relaxed) {
+            source_newest.saturating_sub(newest)
+        } else {
+            0
+        };
+        [
+            (
+                "lake_export_degraded",
+                "1 when the export lake is failing (live streaming goes on).",
+                u64::from(self.export_degraded.load(Ordering::Relaxed)),
+            ),
+            (
+                "lake_export_newest",
+                "Newest ledger in the export lake.",
+                newest,
+            ),
+            (
+                "lake_export_lag_ledgers",
+                "Ledgers read from the source but not yet in the export lake.",
+                lag,
+            ),
+            (
+                "lake_export_queue_full_total",
+                "Ledgers the exporter had no room to queue; read back from the ring.",
+                load(&self.export_queue_full_total),
+            ),
+            (
+                "lake_export_ring_reads_total",
+                "Ledgers the exporter read from the ring.",
+                load(&self.export_ring_reads_total),
+            ),
+            (
+                "lake_export_gaps_total",
+                "Times ledgers were in neither the export queue nor the ring: a gap in the lake.",
+                load(&self.export_gaps_total),
+            ),
+            (
+                "lake_export_retries_total",
+                "Failed export uploads, retried with backoff.",
+                load(&self.export_retries_total),
+            ),
+            (
+                "lake_backfill_ledgers_total",
+                "Ledgers read from the backfill lake for sessions below the ring.",
+                load(&self.backfill_ledgers_total),
+            ),
+            (
+                "lake_backfill_sessions",
+                "Sessions reading the backfill lake now (at most --backfill-sessions).",
+                load(&self.backfill_sessions),
+            ),
+            (
+                "lake_backfill_busy_total",
+                "Backfill loads that waited for a reader slot.",
+                load(&self.backfill_busy_total),
+            ),
+        ]
+    }
+
+    /// The metrics kept per lake (export, backfill, source), and the errors by lake and kind.
+    fn render_per_lake(&self, out: &mut String) {
         let lakes = [
             ("export", &self.export),
             ("backfill", &self.backfill),
@@ -183,26 +181,17 @@ impl LakeMetrics {
             ),
         ];
         for (name, help, field) in per_lake {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
-            let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
+            family(out, name, help);
             for (lake, stats) in lakes {
-                let _ = writeln!(
-                    out,
-                    "ledger_relay_{name}{{lake=\"{lake}\"}} {}",
-                    load(field(stats))
-                );
+                let v = field(stats).load(Ordering::Relaxed);
+                let _ = writeln!(out, "ledger_relay_{name}{{lake=\"{lake}\"}} {v}");
             }
         }
-        let _ = writeln!(
+        family(
             out,
-            "# HELP ledger_relay_lake_errors_total Lake errors by lake and kind (missing, truncated, corrupt, wrong_network, unreachable, denied, ...)."
+            "lake_errors_total",
+            "Lake errors by lake and kind (missing, truncated, corrupt, wrong_network, unreachable, denied, ...).",
         );
-        let _ = writeln!(out, "# TYPE ledger_relay_lake_errors_total counter");
         for (lake, stats) in lakes {
             for kind in ErrorKind::ALL {
                 let _ = writeln!(
