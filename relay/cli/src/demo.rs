@@ -16,7 +16,7 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use ledger_relay_certs::CertDir;
 use ledger_relay_cli::cputime;
-use ledger_relay_subscriber::{connect, Credentials, RelayAddr, SubscribeConfig};
+use ledger_relay_subscriber::{connect, Credentials, Ledger, RelayAddr, SubscribeConfig};
 use ledger_relay_wire::frame::Start;
 use tokio_util::sync::CancellationToken;
 
@@ -107,36 +107,14 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
     certs.issue_client("demo", 60)?;
 
     let start = 2u32;
-    let spec = SyntheticSpec {
-        size,
-        ratio: args.ratio,
-        // Two more than are measured: the source and the pipeline are still running (and
-        // their threads listed) when the last measured ledger arrives.
-        count: Some(u64::from(args.ledgers) + 2),
-        start,
-        emit: None,
-        ..SyntheticSpec::default()
-    };
-    let mut config = RelayConfig::from_args(RunArgs {
-        listen: Some("127.0.0.1:0".parse()?),
-        certs: Some(certs.path().to_path_buf()),
-        data_dir: Some(tmp.path().join("data")),
-        source: Some("synthetic".into()),
-        cadence: Some(args.cadence.clone()),
-        codec: Some(args.codec.clone()),
-        retention: Some(args.retention),
-        chunk_size: args.chunk_size.clone(),
-        ..RunArgs::default()
-    })?;
-    config.source = SourceSpec::Synthetic(spec);
-    config.transport.set_mtu(args.max_mtu, args.min_mtu);
+    let config = relay_config(&args, size, start, &certs, tmp.path())?;
     eprintln!(
         "generating {} synthetic ledgers of {:.1} MiB (zstd ratio {}) ...",
         args.ledgers,
         size as f64 / (1 << 20) as f64,
         args.ratio
     );
-    let config_transport = config.transport.clone();
+    let transport = config.transport.clone();
     let relay_stop = shutdown.child_token();
     let relay = ledger_relay::Relay::start(config, relay_stop.clone()).await?;
     let mut sub_config = SubscribeConfig::new(
@@ -144,7 +122,7 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         Credentials::from_cert_dir(certs.path(), "demo")?,
     );
     sub_config.lanes = args.lanes;
-    sub_config.transport = config_transport;
+    sub_config.transport = transport;
     sub_config.start = Start::Seq(start);
     // The subscriber runs on a runtime of its own, so that its CPU is counted apart from the
     // relay's (the Stream is still read here).
@@ -159,30 +137,76 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
         connect(sub_config)?
     };
 
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let mut inter = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let (mut raw_total, mut wire_total, mut n) = (0u64, 0u64, 0u32);
-    let mut last_arrival: Option<u64> = None;
-    let mut cpu_at_warmup: Option<Duration> = None;
-    let mut threads_at_warmup = std::collections::BTreeMap::new();
+    let mut tally = Tally::new()?;
+    let outcome = receive(&mut sub, &mut tally, &args, &shutdown).await;
+    let cpu = tally.cpu_since_warmup();
+    sub.close().await;
+    // A runtime cannot be dropped (which blocks) from inside another one.
+    sub_runtime.shutdown_background();
+    relay_stop.cancel();
+    relay.wait().await;
+    tally.print_summary(&args, cpu);
+    outcome
+}
+
+/// The relay's configuration: the synthetic source from ledger `start`, on loopback.
+fn relay_config(
+    args: &DemoArgs,
+    size: u64,
+    start: u32,
+    certs: &CertDir,
+    dir: &std::path::Path,
+) -> anyhow::Result<RelayConfig> {
+    let spec = SyntheticSpec {
+        size,
+        ratio: args.ratio,
+        // Two more than are measured: the source and the pipeline are still running (and
+        // their threads listed) when the last measured ledger arrives.
+        count: Some(u64::from(args.ledgers) + 2),
+        start,
+        emit: None,
+        ..SyntheticSpec::default()
+    };
+    let mut config = RelayConfig::from_args(RunArgs {
+        listen: Some("127.0.0.1:0".parse()?),
+        certs: Some(certs.path().to_path_buf()),
+        data_dir: Some(dir.join("data")),
+        source: Some("synthetic".into()),
+        cadence: Some(args.cadence.clone()),
+        codec: Some(args.codec.clone()),
+        retention: Some(args.retention),
+        chunk_size: args.chunk_size.clone(),
+        ..RunArgs::default()
+    })?;
+    config.source = SourceSpec::Synthetic(spec);
+    config.transport.set_mtu(args.max_mtu, args.min_mtu);
+    Ok(config)
+}
+
+/// Prints a line per ledger until `--ledgers` arrived, the subscription failed or `shutdown`.
+async fn receive(
+    sub: &mut ledger_relay_subscriber::Subscription,
+    tally: &mut Tally,
+    args: &DemoArgs,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     println!(
         "{:>10} {:>10} {:>10} {:>7} {:>12}",
         "sequence", "size MiB", "wire MiB", "ratio", "delivery ms"
     );
-    let outcome: anyhow::Result<()> = loop {
+    loop {
         let item = tokio::select! {
             i = sub.next() => i,
-            _ = shutdown.cancelled() => break Ok(()),
+            _ = shutdown.cancelled() => return Ok(()),
             _ = tokio::time::sleep(Duration::from_secs(60)) => {
-                break Err(anyhow::anyhow!("no ledger for 60 s"));
+                anyhow::bail!("no ledger for 60 s");
             }
         };
         let ledger = match item {
             Some(Ok(l)) => l,
-            Some(Err(e)) => break Err(e.into()),
-            None => break Err(anyhow::anyhow!("subscription ended")),
+            Some(Err(e)) => return Err(e.into()),
+            None => anyhow::bail!("subscription ended"),
         };
-        n += 1;
         let delivery_us = ledger.received_ns.saturating_sub(ledger.relay_last_byte_ns) / 1000;
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         println!(
@@ -193,75 +217,120 @@ pub async fn run(args: DemoArgs, shutdown: CancellationToken) -> anyhow::Result<
             ledger.data.len() as f64 / ledger.wire_bytes.max(1) as f64,
             delivery_us as f64 / 1000.0
         );
-        if n > args.warmup {
-            hist.saturating_record(delivery_us.max(1));
-            if let Some(prev) = last_arrival {
-                inter.saturating_record((ledger.received_ns.saturating_sub(prev) / 1000).max(1));
+        if tally.record(&ledger, delivery_us, args.warmup) >= args.ledgers {
+            return Ok(());
+        }
+    }
+}
+
+/// What the summary reports: delivery and inter-arrival after the warm-up, bytes, and the
+/// process's CPU from the end of the warm-up.
+struct Tally {
+    delivery: Histogram<u64>,
+    inter: Histogram<u64>,
+    raw_total: u64,
+    wire_total: u64,
+    n: u32,
+    last_arrival: Option<u64>,
+    cpu_at_warmup: Option<Duration>,
+    threads_at_warmup: std::collections::BTreeMap<&'static str, Duration>,
+}
+
+/// The CPU the process spent after the warm-up: in all, and by thread group.
+struct Cpu {
+    total: Option<Duration>,
+    threads: Vec<(&'static str, Duration)>,
+}
+
+impl Tally {
+    fn new() -> anyhow::Result<Tally> {
+        Ok(Tally {
+            delivery: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?,
+            inter: Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?,
+            raw_total: 0,
+            wire_total: 0,
+            n: 0,
+            last_arrival: None,
+            cpu_at_warmup: None,
+            threads_at_warmup: Default::default(),
+        })
+    }
+
+    /// Counts a ledger; returns how many arrived.
+    fn record(&mut self, ledger: &Ledger, delivery_us: u64, warmup: u32) -> u32 {
+        self.n += 1;
+        if self.n > warmup {
+            self.delivery.saturating_record(delivery_us.max(1));
+            if let Some(prev) = self.last_arrival {
+                let gap_us = ledger.received_ns.saturating_sub(prev) / 1000;
+                self.inter.saturating_record(gap_us.max(1));
             }
-            raw_total += ledger.data.len() as u64;
-            wire_total += ledger.wire_bytes;
+            self.raw_total += ledger.data.len() as u64;
+            self.wire_total += ledger.wire_bytes;
         }
-        last_arrival = Some(ledger.received_ns);
-        if n == args.warmup.max(1) {
-            cpu_at_warmup = cputime::process_cpu();
-            threads_at_warmup = cputime::thread_cpu(thread_group);
+        self.last_arrival = Some(ledger.received_ns);
+        if self.n == warmup.max(1) {
+            self.cpu_at_warmup = cputime::process_cpu();
+            self.threads_at_warmup = cputime::thread_cpu(thread_group);
         }
-        if n >= args.ledgers {
-            break Ok(());
+        self.n
+    }
+
+    fn cpu_since_warmup(&self) -> Cpu {
+        Cpu {
+            total: match (self.cpu_at_warmup, cputime::process_cpu()) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                _ => None,
+            },
+            threads: cputime::since(&self.threads_at_warmup, cputime::thread_cpu(thread_group))
+                .into_iter()
+                .collect(),
         }
-    };
-    let cpu = match (cpu_at_warmup, cputime::process_cpu()) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-        _ => None,
-    };
-    let threads: Vec<(&str, Duration)> =
-        cputime::since(&threads_at_warmup, cputime::thread_cpu(thread_group))
-            .into_iter()
-            .collect();
-    sub.close().await;
-    // A runtime cannot be dropped (which blocks) from inside another one.
-    sub_runtime.shutdown_background();
-    relay_stop.cancel();
-    relay.wait().await;
-    let counted = hist.len();
-    if counted > 0 {
+    }
+
+    fn print_summary(&self, args: &DemoArgs, cpu: Cpu) {
+        let counted = self.delivery.len();
+        if counted == 0 {
+            return;
+        }
         let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let hist = &self.delivery;
         println!(
             "\n{counted} ledgers after {} warm-up, {} lanes, codec {}: delivery p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
             args.warmup,
             args.lanes,
             args.codec,
-            ms(&hist, 0.5),
-            ms(&hist, 0.9),
-            ms(&hist, 0.99),
+            ms(hist, 0.5),
+            ms(hist, 0.9),
+            ms(hist, 0.99),
             hist.max() as f64 / 1000.0
         );
-        if let Some(cpu) = cpu {
+        if let Some(total) = cpu.total {
             let per = |d: Duration| d.as_secs_f64() * 1000.0 / counted.max(1) as f64;
             println!(
                 "cpu (relay and subscriber together, this process): {:.1} ms per ledger",
-                per(cpu)
+                per(total)
             );
-            let listed: Duration = threads.iter().map(|(_, d)| *d).sum();
-            let parts: Vec<String> = threads
+            let listed: Duration = cpu.threads.iter().map(|(_, d)| *d).sum();
+            let parts: Vec<String> = cpu
+                .threads
                 .iter()
                 .map(|(g, d)| format!("{g} {:.1}", per(*d)))
                 .chain(std::iter::once(format!(
                     "exited threads {:.1}",
-                    per(cpu.saturating_sub(listed))
+                    per(total.saturating_sub(listed))
                 )))
                 .collect();
             println!("  of which, ms per ledger: {}", parts.join(", "));
         }
-        if !inter.is_empty() {
+        if !self.inter.is_empty() {
             println!(
                 "inter-arrival p50 {:.1} ms, max {:.1} ms; wire/raw {:.3} ({:.2}x)",
-                ms(&inter, 0.5),
-                inter.max() as f64 / 1000.0,
-                wire_total as f64 / raw_total.max(1) as f64,
-                raw_total as f64 / wire_total.max(1) as f64
+                ms(&self.inter, 0.5),
+                self.inter.max() as f64 / 1000.0,
+                self.wire_total as f64 / self.raw_total.max(1) as f64,
+                self.raw_total as f64 / self.wire_total.max(1) as f64
             );
         }
     }
-    outcome
 }
