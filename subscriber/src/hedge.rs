@@ -30,10 +30,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{connect_with, Subscription};
-use crate::config::{Anchor, RelayAddr};
+use crate::config::{Anchor, RelayAddr, SubscribeConfig};
 use crate::error::{ErrorChain, SubscribeError, VerifyError};
 use crate::ledger::{Item, Ledger, Shared};
+use crate::subscription::{spawn, Subscription};
 
 /// A relay this many ledgers behind the last one handed on ...
 pub const BEHIND_LEDGERS: u32 = 16;
@@ -54,6 +54,11 @@ struct Source {
     last_seq: u32,
     /// When it last delivered anything (or was started).
     last_at: Instant,
+}
+
+/// Starts a hedged subscription: one plain subscription per relay of `config`, merged.
+pub(crate) fn start(config: SubscribeConfig) -> Result<Subscription, SubscribeError> {
+    spawn(config, crate::LaneMonitor::default(), None, supervise)
 }
 
 /// What wakes the merge: a relay's next item, or the tick.
@@ -307,7 +312,7 @@ fn start_one(
         one.anchor = Some(Anchor { seq, hash });
     }
     // Every relay's lanes show in the hedged subscription's lane figures.
-    connect_with(one, shared.lanes.clone())
+    crate::resume::start(one, shared.lanes.clone(), None)
 }
 
 /// Starts `source`'s subscription again from the ledger after `last`.

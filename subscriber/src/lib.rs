@@ -93,10 +93,12 @@ pub mod error;
 pub mod hedge;
 pub mod lanestats;
 mod ledger;
+mod resume;
 mod session;
+mod subscription;
 pub mod verify;
 
-pub use client::{connect, connect_cut_through, Subscription, PREFIX_QUEUE};
+pub use client::{connect, connect_cut_through, PREFIX_QUEUE};
 pub use config::{Anchor, Credentials, ParseError, RelayAddr, SubscribeConfig};
 pub use error::{AuthReason, SubscribeError, Transient, VerifyError};
 pub use lanestats::{LaneMonitor, LaneStats};
@@ -104,3 +106,4 @@ pub use ledger::{Item, Ledger, Status};
 /// The frame types (for [`frame::Start`]), re-exported from `ledger-relay-wire`.
 pub use ledger_relay_wire::frame;
 pub use ledger_relay_wire::Limits;
+pub use subscription::Subscription;
