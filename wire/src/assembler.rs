@@ -33,8 +33,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::compress::CodecError;
 use crate::compress::{decompress_into, Codec};
-use crate::error::{AssemblyError, CodecError};
+use crate::error::AssemblyError;
 use crate::frame::{Chunk, LedgerEnd};
 use crate::limits::Limits;
 

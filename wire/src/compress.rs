@@ -9,7 +9,6 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::error::CodecError;
 use crate::limits::Limits;
 
 /// How a chunk's payload is encoded.
@@ -203,6 +202,41 @@ pub fn decompress_into(codec: Codec, payload: &[u8], out: &mut [u8]) -> Result<(
             }
         }
     }
+}
+
+/// A chunk payload could not be decompressed into its declared raw length.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// The payload is not valid data for its codec.
+    #[error("corrupt {codec} payload: {detail}")]
+    Corrupt {
+        /// Codec of the payload.
+        codec: Codec,
+        /// What the decoder reported.
+        detail: String,
+    },
+    /// The payload decompresses to another length than declared. Decompression stops at the
+    /// declared length, so a decompression bomb ends here without allocating more.
+    #[error("{codec} payload decodes to {got} bytes, declared {declared}{}", if *.exceeded { " or more" } else { "" })]
+    LengthMismatch {
+        /// Codec of the payload.
+        codec: Codec,
+        /// The declared raw length.
+        declared: u32,
+        /// Bytes produced before stopping.
+        got: u64,
+        /// True when decoding stopped because the output would have exceeded `declared`.
+        exceeded: bool,
+    },
+    /// The declared raw length exceeds `Limits::max_chunk_raw`.
+    #[error("declared raw length {raw_len} exceeds the limit of {max}")]
+    TooLong {
+        /// Declared raw length.
+        raw_len: u32,
+        /// Largest accepted.
+        max: u32,
+    },
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
-//! Typed errors for frames, codecs and reassembly.
+//! Typed errors for frames and reassembly.
 //!
-//! Record-marking and header errors live next to their code in [`crate::record`] and
-//! [`crate::header`].
+//! Codec, record-marking and header errors live next to their code in [`crate::compress`],
+//! [`crate::record`] and [`crate::header`].
 
-use crate::compress::Codec;
+use crate::compress::{Codec, CodecError};
 
 /// A frame could not be decoded. Each is a protocol violation by the peer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,41 +85,6 @@ pub enum FrameError {
         have: usize,
         /// Bytes the frame needs.
         need: usize,
-    },
-}
-
-/// A chunk payload could not be decompressed into its declared raw length.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CodecError {
-    /// The payload is not valid data for its codec.
-    #[error("corrupt {codec} payload: {detail}")]
-    Corrupt {
-        /// Codec of the payload.
-        codec: Codec,
-        /// What the decoder reported.
-        detail: String,
-    },
-    /// The payload decompresses to another length than declared. Decompression stops at the
-    /// declared length, so a decompression bomb ends here without allocating more.
-    #[error("{codec} payload decodes to {got} bytes, declared {declared}{}", if *.exceeded { " or more" } else { "" })]
-    LengthMismatch {
-        /// Codec of the payload.
-        codec: Codec,
-        /// The declared raw length.
-        declared: u32,
-        /// Bytes produced before stopping.
-        got: u64,
-        /// True when decoding stopped because the output would have exceeded `declared`.
-        exceeded: bool,
-    },
-    /// The declared raw length exceeds `Limits::max_chunk_raw`.
-    #[error("declared raw length {raw_len} exceeds the limit of {max}")]
-    TooLong {
-        /// Declared raw length.
-        raw_len: u32,
-        /// Largest accepted.
-        max: u32,
     },
 }
 
