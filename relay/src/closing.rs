@@ -3,11 +3,14 @@
 //! [`CloseReason`] alone; this only puts it on the connection, so that no caller writes a code
 //! or a message of its own.
 
+use std::time::Duration;
+
 use ledger_relay_transport::close_with_error;
 use ledger_relay_wire::sender::CloseReason;
 use quinn::{Connection, SendStream};
 
-use crate::session::CLOSE_LINGER;
+/// How long an ending session waits for its `Error` frame to be acknowledged.
+pub const CLOSE_LINGER: Duration = Duration::from_millis(500);
 
 /// Closes `conn` for `reason` without an `Error` frame (a lane other than lane 0, whose control
 /// stream carries the frame, or a connection with no control stream): the reason's close code

@@ -151,9 +151,6 @@ impl SessionHandle {
     }
 }
 
-/// How long an ending session waits for its `Error` frame to be acknowledged.
-pub const CLOSE_LINGER: Duration = Duration::from_millis(500);
-
 /// How often each lane's round trip is read from its connection and given to the sender.
 const LANE_REPORT_EVERY: Duration = Duration::from_millis(50);
 

@@ -19,7 +19,6 @@ use std::sync::{Mutex, PoisonError};
 use ledger_relay_wire::stored::{file_len, read_file, Record, StoredError};
 use tracing::warn;
 
-use super::read::ReadFail;
 use super::{RingError, StoredChunk};
 use ledger_relay_wire::frame::LedgerEnd;
 
@@ -263,6 +262,39 @@ impl Files {
             out.push((entry.path(), parsed));
         }
         Ok(out)
+    }
+}
+
+/// Why reading a ledger failed.
+pub(super) enum ReadFail {
+    Sled(sled::Error),
+    /// Reading the ledger's file failed (not: it is missing or short, which is corrupt).
+    Io(RingError),
+    Corrupt(StoredError),
+}
+
+impl From<sled::Error> for ReadFail {
+    fn from(e: sled::Error) -> Self {
+        ReadFail::Sled(e)
+    }
+}
+
+impl From<StoredError> for ReadFail {
+    fn from(e: StoredError) -> Self {
+        ReadFail::Corrupt(e)
+    }
+}
+
+impl ReadFail {
+    pub(super) fn into_error(self, seq: u32) -> RingError {
+        match self {
+            ReadFail::Sled(e) => RingError::Sled(e),
+            ReadFail::Io(e) => e,
+            ReadFail::Corrupt(e) => RingError::Corrupt {
+                seq,
+                detail: e.to_string(),
+            },
+        }
     }
 }
 

@@ -15,8 +15,9 @@ use ledger_relay_wire::stored::{
     unseal_u64, Record, META_EPOCH, META_FORMAT, META_NETWORK, RECORD_PREFIX,
 };
 
+use super::files::ReadFail;
 use super::files::{Files, Name};
-use super::read::{read_ledger, ReadFail};
+use super::read::read_ledger;
 use super::{
     sled_tuning, Held, Ring, RingConfig, RingError, State, CACHE_BYTES, FORMAT_VERSION,
     RELEASE_WAIT, SLED_FILE,

@@ -4,41 +4,8 @@
 use ledger_relay_wire::frame::LedgerEnd;
 use ledger_relay_wire::stored::{record_key, Record, StoredError};
 
-use super::files::Files;
+use super::files::{Files, ReadFail};
 use super::{Ring, RingError, StoredChunk};
-
-/// Why reading a ledger failed.
-pub(super) enum ReadFail {
-    Sled(sled::Error),
-    /// Reading the ledger's file failed (not: it is missing or short, which is corrupt).
-    Io(RingError),
-    Corrupt(StoredError),
-}
-
-impl From<sled::Error> for ReadFail {
-    fn from(e: sled::Error) -> Self {
-        ReadFail::Sled(e)
-    }
-}
-
-impl From<StoredError> for ReadFail {
-    fn from(e: StoredError) -> Self {
-        ReadFail::Corrupt(e)
-    }
-}
-
-impl ReadFail {
-    fn into_error(self, seq: u32) -> RingError {
-        match self {
-            ReadFail::Sled(e) => RingError::Sled(e),
-            ReadFail::Io(e) => e,
-            ReadFail::Corrupt(e) => RingError::Corrupt {
-                seq,
-                detail: e.to_string(),
-            },
-        }
-    }
-}
 
 impl Ring {
     /// Reads and verifies a held ledger: every value's checksum, the record's sequence, and a
