@@ -55,6 +55,7 @@ pub mod compress;
 pub mod content;
 pub mod error;
 pub mod frame;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod header;
 pub mod lake;

@@ -16,7 +16,8 @@
 //! - [`LakeError`]: one typed error per failure, with the object key and the reason, and
 //!   [`LakeStats`] counting them by kind.
 //!
-//! - [`testing`]: a real S3-protocol server (`moto_server`) on loopback for tests and benches.
+//! - `testing` (feature `testing`): a real S3-protocol server (`moto_server`) on loopback for tests
+//!   and benches.
 //!
 //! What it does not do: decode bytes itself (object names, the batch codec and the manifest
 //! are pure functions in `ledger_relay_wire::lake`, where they are bounded and fuzzed), know
@@ -30,6 +31,7 @@ pub mod cursor;
 pub mod error;
 pub mod export;
 pub mod store;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod url;
 

@@ -301,7 +301,7 @@ pub fn peek_object_range(object: &[u8]) -> Result<(u32, u32, u32), BatchError> {
     Ok((word(0), word(4), word(8)))
 }
 
-/// Decodes and checks a batch's XDR (see the [module docs](self)). The ledgers are slices of
+/// Decodes and checks a batch's XDR (see the [module docs](super)). The ledgers are slices of
 /// `xdr`.
 pub fn decode_batch(xdr: Bytes, limits: &BatchLimits) -> Result<Batch, BatchError> {
     use stellar_xdr::{LedgerCloseMeta, Limited, Limits, ReadXdr};
@@ -433,7 +433,7 @@ pub fn decode_batch(xdr: Bytes, limits: &BatchLimits) -> Result<Batch, BatchErro
 }
 
 /// Decompresses, decodes and checks an object read at the key for `key_first..=key_last`
-/// (see [`Schema::batch_range`]).
+/// (see [`Schema::batch_range`](super::Schema::batch_range)).
 ///
 /// The batch must end where its key's range ends and start inside it: Galexie's first batch
 /// of a network starts at ledger 2 in the range 0-63, and a writer that began mid-range (the
