@@ -1,6 +1,5 @@
 //! `ledger-bench cpu`: what a raw ledger costs in CPU at its real size, against the two
-//! transports a byte could take instead, measured in the same run on the same machine
-//! (issue 12, item 3).
+//! transports a byte could take instead, measured in the same run on the same machine.
 //!
 //! Three rows, each moving `--ledgers` incompressible ledgers of `--size` (default the Phase 3
 //! 14.5 MiB) over loopback at the same cadence, one ledger at a time, with both ends in one
@@ -10,15 +9,14 @@
 //!   transport settings (windows, MTU ceiling, GSO) and their mutual TLS 1.3 (the ring
 //!   provider, the same certificates): the cost of the bytes on QUIC with nothing of ours;
 //! - `tls-tcp`: one TLS 1.3-over-TCP flow (tokio + rustls, the same provider and certificates,
-//!   mutual): what the prototype's single flow costs;
+//!   mutual, the TCP yardstick's settings): what a single flow costs;
 //! - `relay`: `ledger-relay demo --ratio 1 --codec none`: the product end to end (source,
 //!   pipeline, ring, sessions, lanes, subscriber reassembly and verification), which prints its
 //!   own CPU per ledger split by thread group.
 //!
-//! Each row's figure is CPU milliseconds per ledger and MB (10^6 bytes) per CPU-second; the
-//! targets (a raw ledger at most 30 ms across both ends; the relay within 1.5x of bare quinn,
-//! as MB per CPU-second) are computed from the rows of the run. The two baselines read and
-//! discard the bytes: their receivers do no reassembly, which the relay's subscriber must.
+//! Each row's figure is CPU milliseconds per ledger and MB (10^6 bytes) per CPU-second. The
+//! two baselines read and discard the bytes: their receivers do no reassembly, which the
+//! relay's subscriber must.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -38,39 +36,36 @@ use crate::report::Col;
 
 /// `ledger-bench cpu` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
-#[command(mut_arg("warmup", |a| a.default_value("2")))]
-#[command(mut_arg("lanes", |a| a.help("Lanes of the relay row")))]
-#[command(mut_arg("chunk_bytes", |a| a.help("Raw bytes per chunk of the relay row (`ledger-relay demo --chunk-size`, whose default this is; `--chunk-size`, the old spelling, is kept): a stream, a frame and a completion per chunk")))]
-#[command(mut_arg("retention", |a| a.help("Ledgers the relay row's ring keeps (`ledger-relay demo --retention`, whose default this is). Fewer than the row's ledgers puts the ring at its steady state, where every append prunes the oldest, as in a relay whose ring is full")))]
 pub struct CpuArgs {
-    /// `--ledgers` and `--warmup` [default: 2].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub series: crate::cluster::Series,
-    /// `--size`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub size: crate::cluster::Size,
-    /// `--cadence`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub cadence: crate::cluster::Cadence,
-    /// `--lanes` of the relay row.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub lanes: crate::cluster::Lanes,
-    /// `--retention` of the relay row (`ledger-relay demo --retention`).
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub retention: crate::cluster::Retention,
-    /// `--chunk-bytes` of the relay row (`--chunk-size`, the old spelling, is kept).
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub chunk: crate::cluster::Chunk,
-    /// QUIC packet sizes of the quinn and relay rows.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub transport: crate::cluster::Transport,
+    /// Ledgers counted per row, after the warm-up.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ledgers: u32,
+    /// Ledgers left out at the start of each row.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u32,
+    /// Raw size of each ledger.
+    #[arg(long, value_name = "SIZE", default_value = "14.5MiB", value_parser = ledger_relay_transport::parse_size)]
+    pub size: u64,
+    /// Time between ledgers.
+    #[arg(long, value_name = "DURATION", default_value = "600ms", value_parser = ledger_relay_transport::parse_duration)]
+    #[serde(skip)]
+    pub cadence: Duration,
+    /// Lanes of the relay row.
+    #[arg(long, default_value_t = 4)]
+    pub lanes: u8,
+    /// Ledgers the relay row's ring keeps (`ledger-relay demo --retention`); fewer than the
+    /// row's ledgers puts the ring at its steady state, where every append prunes the oldest.
+    #[arg(long, default_value_t = 1000)]
+    pub retention: u32,
+    /// Raw bytes per chunk of the relay row (`ledger-relay demo --chunk-size`).
+    #[arg(long, value_name = "SIZE", default_value = "256KiB", value_parser = ledger_relay_transport::parse_size)]
+    pub chunk: u64,
+    /// Largest UDP payload of the quinn and relay rows.
+    #[arg(long)]
+    pub max_mtu: Option<u16>,
+    /// UDP payload the quinn and relay rows take the path to carry.
+    #[arg(long)]
+    pub min_mtu: Option<u16>,
     /// Generic segmentation offload in the quinn row (the `gso` transport setting; default on).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub gso: bool,
@@ -81,10 +76,10 @@ pub struct CpuArgs {
     /// Rows to run.
     #[arg(long, value_delimiter = ',', default_value = "quinn,tls-tcp,relay")]
     pub rows: Vec<CpuRow>,
-    /// `--json`.
+    /// `--csv`, `--json` (no plots).
     #[command(flatten)]
-    #[serde(flatten)]
-    pub json: crate::cluster::Json,
+    #[serde(skip)]
+    pub output: crate::report::Output,
 }
 
 /// A row of `ledger-bench cpu`.
@@ -131,13 +126,11 @@ impl Measured {
     }
 }
 
-/// Runs the rows and prints the table and the targets.
+/// Runs the rows and prints the table.
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
-    let size = a.size.ledger_bytes;
-    let cadence = Duration::from_secs_f64(a.cadence.cadence_ms / 1e3);
-    let size = usize::try_from(size).context("--size")?;
+    let size = usize::try_from(a.size).context("--size")?;
     let mut transport = TransportSettings::default();
-    transport.set_mtu(a.transport.max_mtu, a.transport.min_mtu);
+    transport.set_mtu(a.max_mtu, a.min_mtu);
     transport.gso = a.gso;
     transport.ack_eliciting_threshold = a.ack_threshold;
     let dir = tempfile::tempdir().context("temporary directory")?;
@@ -146,32 +139,39 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     certs.issue_client("bench", 1)?;
     let run = Run {
         size,
-        cadence,
-        warmup: a.series.warmup,
-        ledgers: a.series.count.ledgers,
+        cadence: a.cadence,
+        warmup: a.warmup,
+        ledgers: a.ledgers,
         transport,
         certs: certs.path().to_path_buf(),
     };
     let mut rows = Vec::new();
     for row in &a.rows {
         eprintln!("ledger-bench cpu: {} ...", row.name());
-        let m = match row {
+        rows.push(match row {
             CpuRow::Quinn => run.quinn()?,
             CpuRow::TlsTcp => run.tls_tcp()?,
             CpuRow::Relay => run.relay(a)?,
+        });
+    }
+    let csv = || {
+        let line = |m: &Measured| {
+            format!(
+                "{},{},{},{:.3},{:.1}\n",
+                m.row.name(),
+                m.ledgers,
+                m.size,
+                m.cpu_ms_per_ledger,
+                m.mb_per_cpu_s()
+            )
         };
-        rows.push(m);
-    }
-    crate::cluster::emit_json(&rows, &a.json)
+        "row,ledgers,size,cpu_ms_per_ledger,mb_per_cpu_s\n".to_owned()
+            + &rows.iter().map(line).collect::<String>()
+    };
+    a.output.emit(&table(&rows), csv, &rows)
 }
 
-impl crate::cluster::Table for Vec<Measured> {
-    fn table(&self) -> String {
-        table(self)
-    }
-}
-
-/// The table and the targets computed from `rows`.
+/// The rows' table.
 pub fn table(rows: &[Measured]) -> String {
     let cols: [Col<Measured>; 6] = [
         Col::l("row", 8, |m| m.row.name().into()),
@@ -186,33 +186,7 @@ pub fn table(rows: &[Measured]) -> String {
             format!(" {}", split.collect::<Vec<_>>().join(", "))
         }),
     ];
-    let mut out = "\n".to_string() + &crate::report::table_of(&cols, rows, (0, ""), |_| None);
-    let find = |r: CpuRow| rows.iter().find(|m| m.row == r);
-    out.push('\n');
-    if let Some(relay) = find(CpuRow::Relay) {
-        use crate::report::met;
-        out.push_str(&format!(
-            "target: raw ledger <= 30 ms of CPU across both ends: {:.1} ms, {}\n",
-            relay.cpu_ms_per_ledger,
-            met(relay.cpu_ms_per_ledger <= 30.0)
-        ));
-        if let Some(quinn) = find(CpuRow::Quinn) {
-            let ratio = quinn.mb_per_cpu_s() / relay.mb_per_cpu_s();
-            out.push_str(&format!(
-                "target: relay within 1.5x of bare quinn (MB per CPU-second): {:.0} against {:.0}, {ratio:.2}x, {}\n",
-                relay.mb_per_cpu_s(),
-                quinn.mb_per_cpu_s(),
-                met(ratio <= 1.5)
-            ));
-        }
-        if let Some(tcp) = find(CpuRow::TlsTcp) {
-            out.push_str(&format!(
-                "relay against one TLS-over-TCP flow: {:.2}x the CPU per byte\n",
-                tcp.mb_per_cpu_s() / relay.mb_per_cpu_s()
-            ));
-        }
-    }
-    out
+    crate::report::table_of(&cols, rows, 0, |_| None)
 }
 
 /// One row's settings.
@@ -250,7 +224,7 @@ impl Run {
 
     /// Incompressible bytes (xorshift), one ledger's worth, shared by every send.
     fn payload(&self) -> Bytes {
-        Bytes::from(crate::baseline::filler(self.size, 0x9e37_79b9_7f4a_7c15))
+        Bytes::from(crate::pipe::filler(self.size, 0x9e37_79b9_7f4a_7c15))
     }
 
     /// Starts the two ends on threads of their own (a single-threaded runtime each, named so
@@ -451,8 +425,8 @@ impl Run {
 
     /// One TLS 1.3-over-TCP flow, mutual, the same provider and certificates.
     fn tls_tcp(&self) -> anyhow::Result<Measured> {
-        // The relay's own TLS set-up for its TCP baseline, so this row is that flow.
-        let alpn = ledger_relay_wire::baseline::ALPN;
+        // The TCP yardstick's TLS set-up, so this row is that flow.
+        let alpn = crate::yardstick::message::ALPN;
         let (chain, key) = self.identity("relay")?;
         let server = tls::server_tls(chain, key, self.client_verifier()?, alpn)?;
         let ca = load_certs(&self.certs.join("ca.pem"))?;
@@ -517,15 +491,20 @@ impl Run {
 
     /// `ledger-relay demo --ratio 1 --codec none`, its CPU lines parsed.
     fn relay(&self, a: &CpuArgs) -> anyhow::Result<Measured> {
-        let mut cmd = crate::cluster::Cluster::demo(a.transport)?;
-        cmd.args(["--ratio", "1", "--codec", "none"])
+        let mut cmd = std::process::Command::new(crate::procs::sibling_binary("ledger-relay")?);
+        cmd.args(["demo", "--ratio", "1", "--codec", "none"])
             .args(["--ledgers", &self.total().to_string()])
             .args(["--warmup", &self.warmup.to_string()])
-            .args(["--lanes", &a.lanes.lanes.to_string()])
-            .args(["--size", &a.size.ledger_bytes.to_string()])
-            .args(["--cadence", &format!("{}ms", a.cadence.cadence_ms)])
-            .args(["--retention", &a.retention.retention.to_string()])
-            .args(["--chunk-size", &a.chunk.chunk_bytes.to_string()]);
+            .args(["--lanes", &a.lanes.to_string()])
+            .args(["--size", &a.size.to_string()])
+            .args(["--cadence", &format!("{}ms", a.cadence.as_secs_f64() * 1e3)])
+            .args(["--retention", &a.retention.to_string()])
+            .args(["--chunk-size", &a.chunk.to_string()]);
+        for (flag, mtu) in [("--max-mtu", a.max_mtu), ("--min-mtu", a.min_mtu)] {
+            if let Some(m) = mtu {
+                cmd.args([flag, &m.to_string()]);
+            }
+        }
         let out = cmd
             .stderr(std::process::Stdio::inherit())
             .output()
@@ -621,46 +600,4 @@ fn spawn_named<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> anyhow::Result<std::thread::JoinHandle<T>> {
     Ok(std::thread::Builder::new().name(name.into()).spawn(f)?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const DEMO: &str = "\n28 ledgers after 2 warm-up, 4 lanes, codec none: delivery p50 1.0 ms\n\
-cpu (relay and subscriber together, this process): 195.9 ms per ledger\n  of which, ms per \
-ledger: pipeline 7.2, relay 41.2, ring 86.9, source 0.0, subscriber 51.4, exited threads 9.2\n";
-
-    #[test]
-    fn the_demos_cpu_lines_are_read() {
-        let m = parse_demo(DEMO, 28, 15_204_352).unwrap();
-        assert_eq!(m.cpu_ms_per_ledger, 195.9);
-        assert_eq!(m.split_ms["ring"], 86.9);
-        assert_eq!(m.split_ms["exited threads"], 9.2);
-        assert_eq!(m.split_ms.len(), 6);
-        assert!(parse_demo("nothing", 1, 1).is_err());
-    }
-
-    #[test]
-    fn targets_follow_the_rows() {
-        let row = |row, ms| Measured {
-            row,
-            ledgers: 20,
-            size: 15_204_352,
-            cpu_ms_per_ledger: ms,
-            split_ms: BTreeMap::new(),
-        };
-        let t = table(&[
-            row(CpuRow::Quinn, 20.0),
-            row(CpuRow::TlsTcp, 10.0),
-            row(CpuRow::Relay, 40.0),
-        ]);
-        assert!(t.contains("40.0 ms, MISSED"), "{t}");
-        assert!(t.contains("2.00x, MISSED"), "{t}");
-        let t = table(&[row(CpuRow::Quinn, 20.0), row(CpuRow::Relay, 28.0)]);
-        assert!(t.contains("28.0 ms, met"), "{t}");
-        assert!(t.contains("1.40x, met"), "{t}");
-        // 15.2 MB in 20 ms.
-        assert_eq!(row(CpuRow::Quinn, 20.0).mb_per_cpu_s().round(), 760.0);
-    }
 }
