@@ -26,8 +26,6 @@
 //!   with every checksum, key and length checked (bytes read back from disk are hostile too).
 //! - [`lake`]: SEP-54 data lakes (what Galexie writes): object names, the bounded
 //!   `LedgerCloseMetaBatch` codec and the `.config.json` manifest.
-//! - [`baseline`]: the messages of the relay's TCP baseline (one TLS-over-TCP flow a benchmark
-//!   compares the lanes with), bounded like the rest, and the NTP-style clock-offset estimate.
 //!
 //! What it does not do: open connections, spawn tasks, read clocks, touch the disk or the
 //! network. The shells in `ledger-relay` and `ledger-relay-subscriber` carry its decisions out.
@@ -47,7 +45,6 @@
 #![warn(missing_docs)]
 
 pub mod assembler;
-pub mod baseline;
 pub mod chunker;
 pub mod compress;
 pub mod content;
