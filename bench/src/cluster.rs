@@ -132,39 +132,24 @@ impl Cluster {
     ) -> anyhow::Result<RelayProc> {
         std::fs::create_dir_all(dir)?;
         let ip = ns.map_or("127.0.0.1", |n| n.1);
-        let addr: SocketAddr = format!(
-            "{ip}:{}",
-            UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port()
-        )
-        .parse()?;
+        let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
+        let addr: SocketAddr = format!("{ip}:{port}").parse()?;
         let metrics: SocketAddr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let log = dir.join("relay.log");
         let mut cmd = Self::command(ns.map(|n| n.0), "ledger-relay")?;
-        cmd.args([
-            "run",
-            "--listen",
-            &addr.to_string(),
-            "--name",
-            "relay",
-            "--certs",
-        ])
-        .arg(&self.certs)
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--source", source, "--codec", &s.codec])
-        .args([
-            "--cadence",
-            &format!("{}ms", s.cadence_ms),
-            "--emit",
-            &format!("{}ms", s.emit_ms),
-        ])
-        .args([
-            "--chunk-size",
-            &s.chunk.to_string(),
-            "--retention",
-            &s.retention.to_string(),
-        ])
-        .args(["--metrics", &metrics.to_string()]);
+        // Every word but the paths and the source is ours and holds no space.
+        let (c, e, k, r) = (s.cadence_ms, s.emit_ms, s.chunk, s.retention);
+        let words = format!(
+            "run --listen {addr} --name relay --codec {} --cadence {c}ms --emit {e}ms \
+             --chunk-size {k} --retention {r} --metrics {metrics}",
+            s.codec
+        );
+        cmd.args(words.split_whitespace())
+            .arg("--certs")
+            .arg(&self.certs)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--source", source]);
         if self.max_mtu.is_some() || self.min_mtu.is_some() {
             let config = dir.join("relay-transport.toml");
             let mut table = String::from("[transport]\n");
@@ -417,23 +402,6 @@ impl Scrape {
             Some((labels, *v))
         })
     }
-}
-
-/// The value of label `key` in `a="x",b="y"` (quotes unescaped).
-pub fn label(labels: &str, key: &str) -> Option<String> {
-    let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
-    let (mut out, mut chars) = (String::new(), labels[start..].chars());
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => out.push(match chars.next()? {
-                'n' => '\n',
-                other => other,
-            }),
-            '"' => return Some(out),
-            c => out.push(c),
-        }
-    }
-    None
 }
 
 /// The last `n` lines of a log, newest first, joined by ` | ` (for error messages).

@@ -380,58 +380,24 @@ impl Run {
     }
 
     fn quinn_server(&self) -> anyhow::Result<quinn::ServerConfig> {
-        let (chain, key) = self.identity("relay")?;
-        Ok(tls::server_config(
-            chain,
-            key,
-            self.client_verifier()?,
-            &self.transport,
-        )?)
+        let chain = load_certs(&self.certs.join("relay.pem"))?;
+        let key = load_key(&self.certs.join("relay.key"))?;
+        let verifier = crate::yardstick::serve::verifier(&self.certs)?;
+        Ok(tls::server_config(chain, key, verifier, &self.transport)?)
     }
 
     fn quinn_client(&self) -> anyhow::Result<quinn::ClientConfig> {
-        let (chain, key) = self.identity("bench")?;
         let ca = load_certs(&self.certs.join("ca.pem"))?;
+        let chain = load_certs(&self.certs.join("bench.pem"))?;
+        let key = load_key(&self.certs.join("bench.key"))?;
         Ok(tls::client_config(&ca, &[], chain, key, &self.transport)?)
-    }
-
-    fn identity(
-        &self,
-        name: &str,
-    ) -> anyhow::Result<(
-        Vec<rustls::pki_types::CertificateDer<'static>>,
-        rustls::pki_types::PrivateKeyDer<'static>,
-    )> {
-        Ok((
-            load_certs(&self.certs.join(format!("{name}.pem")))?,
-            load_key(&self.certs.join(format!("{name}.key")))?,
-        ))
-    }
-
-    /// Client certificates from the CA, as the relay verifies them (without its allow-list).
-    fn client_verifier(
-        &self,
-    ) -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in load_certs(&self.certs.join("ca.pem"))? {
-            roots.add(ca)?;
-        }
-        Ok(rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots),
-            tls::crypto_provider(),
-        )
-        .build()?)
     }
 
     /// One TLS 1.3-over-TCP flow, mutual, the same provider and certificates.
     fn tls_tcp(&self) -> anyhow::Result<Measured> {
         // The TCP yardstick's TLS set-up, so this row is that flow.
-        let alpn = crate::yardstick::message::ALPN;
-        let (chain, key) = self.identity("relay")?;
-        let server = tls::server_tls(chain, key, self.client_verifier()?, alpn)?;
-        let ca = load_certs(&self.certs.join("ca.pem"))?;
-        let (chain, key) = self.identity("bench")?;
-        let client = tls::client_tls(&ca, &[], chain, key, alpn)?;
+        let server = crate::yardstick::serve::server_config(&self.certs, "relay")?;
+        let client = crate::yardstick::client::client_config(&self.certs, "bench")?;
         let payload = self.payload();
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
         // The sender is the TLS server, as the relay is.
@@ -492,14 +458,18 @@ impl Run {
     /// `ledger-relay demo --ratio 1 --codec none`, its CPU lines parsed.
     fn relay(&self, a: &CpuArgs) -> anyhow::Result<Measured> {
         let mut cmd = std::process::Command::new(crate::procs::sibling_binary("ledger-relay")?);
-        cmd.args(["demo", "--ratio", "1", "--codec", "none"])
-            .args(["--ledgers", &self.total().to_string()])
-            .args(["--warmup", &self.warmup.to_string()])
-            .args(["--lanes", &a.lanes.to_string()])
-            .args(["--size", &a.size.to_string()])
-            .args(["--cadence", &format!("{}ms", a.cadence.as_secs_f64() * 1e3)])
-            .args(["--retention", &a.retention.to_string()])
-            .args(["--chunk-size", &a.chunk.to_string()]);
+        let words = format!(
+            "demo --ratio 1 --codec none --ledgers {} --warmup {} --lanes {} --size {} \
+             --cadence {}ms --retention {} --chunk-size {}",
+            self.total(),
+            self.warmup,
+            a.lanes,
+            a.size,
+            a.cadence.as_secs_f64() * 1e3,
+            a.retention,
+            a.chunk
+        );
+        cmd.args(words.split_whitespace());
         for (flag, mtu) in [("--max-mtu", a.max_mtu), ("--min-mtu", a.min_mtu)] {
             if let Some(m) = mtu {
                 cmd.args([flag, &m.to_string()]);

@@ -59,14 +59,13 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
             )
         })
         .collect();
-    let mut files = vec![chart(
-        dir,
+    let cdf_labels = [
         "delivery-cdf",
         "Delivery CDF after the warm-up",
         "log10 delivery ms",
         "fraction of ledgers",
-        &cdf,
-    )?];
+    ];
+    let mut files = vec![chart(dir, cdf_labels, &cdf)?];
     let by = |x: fn(&Row) -> f64, y: fn(&Row) -> Option<f64>| {
         let mut series: Vec<Series> = Vec::new();
         for r in &ok {
@@ -90,42 +89,42 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
     };
     let goodput = by(
         |r| f64::from(r.scenario.lanes),
-        |r| r.delivery.as_ref().map(|s| s.transfer_mib_s),
+        |r| Some(r.delivery.as_ref()?.transfer_mib_s),
     );
-    if !goodput.is_empty() {
-        files.push(chart(
-            dir,
-            "goodput-vs-lanes",
-            "Whole-transfer goodput against lanes",
-            "lanes",
-            "MiB/s",
-            &goodput,
-        )?);
-    }
     let cpu = by(
         |r| f64::from(r.scenario.subscribers),
-        |r| r.cpu.as_ref().map(|c| c.relay_ms),
+        |r| Some(r.cpu.as_ref()?.relay_ms),
     );
-    if !cpu.is_empty() {
-        files.push(chart(
-            dir,
-            "relay-cpu-vs-subscribers",
-            "Relay CPU per ledger against subscribers",
-            "subscribers",
-            "ms per ledger",
-            &cpu,
-        )?);
+    let charts = [
+        (
+            [
+                "goodput-vs-lanes",
+                "Whole-transfer goodput against lanes",
+                "lanes",
+                "MiB/s",
+            ],
+            goodput,
+        ),
+        (
+            [
+                "relay-cpu-vs-subscribers",
+                "Relay CPU per ledger against subscribers",
+                "subscribers",
+                "ms per ledger",
+            ],
+            cpu,
+        ),
+    ];
+    for (labels, series) in charts.iter().filter(|c| !c.1.is_empty()) {
+        files.push(chart(dir, *labels, series)?);
     }
     Ok(files)
 }
 
-/// A line chart of `series` in `dir/NAME.svg`; returns the file.
+/// A line chart of `series` in `dir/NAME.svg`, with its caption and axes; returns the file.
 fn chart(
     dir: &Path,
-    name: &str,
-    caption: &str,
-    x: &str,
-    y: &str,
+    [name, caption, x, y]: [&str; 4],
     series: &[Series],
 ) -> anyhow::Result<String> {
     let path = dir.join(format!("{name}.svg"));

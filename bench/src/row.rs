@@ -93,7 +93,7 @@ impl Taken {
 }
 
 /// One measured row.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Row {
     /// The scenario.
     pub scenario: Scenario,
@@ -138,23 +138,41 @@ pub fn model_bound_ms(
     (ms(wire, capacity_bps) - emit_ms).max(ms(chunk_wire, flow_bps.min(capacity_bps)))
 }
 
+/// The model bound of a live direct row on the emulated network with summary `s`: its
+/// subscriber's share of the capacity (its lanes' caps, or one flow's for the yardstick, at
+/// most its share of the aggregate), the last chunk on one flow.
+fn bound(sc: &Scenario, s: &Summary) -> Option<f64> {
+    let Network::Emulated(shape) = sc.network() else {
+        return None;
+    };
+    if sc.topology() != Topology::Direct || sc.mode == Mode::CatchUp {
+        return None;
+    }
+    let lanes = if sc.carrier == Carrier::Tcp {
+        1.0
+    } else {
+        f64::from(sc.lanes)
+    };
+    let per_sub = shape.aggregate_bps as f64 / f64::from(sc.subscribers);
+    let cap = (lanes * shape.flow_bps as f64).min(per_sub);
+    let chunk_wire = (sc.chunk as f64 / s.ratio.max(1.0)).min(s.wire_bytes);
+    Some(model_bound_ms(
+        s.wire_bytes,
+        chunk_wire,
+        cap,
+        shape.flow_bps as f64,
+        sc.emit,
+    ))
+}
+
 impl Row {
     /// The row of `sc` from what the runner took (or why it could not), delivery moved by
     /// `offset_ms` (another host's clock).
     pub fn finish(sc: &Scenario, taken: anyhow::Result<Taken>, offset_ms: f64) -> Row {
         let mut row = Row {
             scenario: sc.clone(),
-            error: None,
-            delivery: None,
-            bound_ms: None,
-            spread: None,
-            added_ms: None,
-            cpu: None,
-            memory: None,
-            lanes: Vec::new(),
             span_s: f64::NAN,
-            export: None,
-            delivery_ms: Vec::new(),
+            ..Row::default()
         };
         let mut t = match taken {
             Ok(t) => t,
@@ -176,25 +194,7 @@ impl Row {
         let s = summarize(&t.records, warm, sc.emit);
         row.delivery_ms = kept.iter().flatten().map(|r| r.delivery_ms).collect();
         row.delivery_ms.sort_by(f64::total_cmp);
-        if let (Network::Emulated(shape), Topology::Direct, true) =
-            (sc.network(), sc.topology(), sc.mode != Mode::CatchUp)
-        {
-            let lanes = if sc.carrier == Carrier::Tcp {
-                1.0
-            } else {
-                f64::from(sc.lanes)
-            };
-            let per_sub = shape.aggregate_bps as f64 / f64::from(sc.subscribers);
-            let cap = (lanes * shape.flow_bps as f64).min(per_sub);
-            let chunk_wire = (sc.chunk as f64 / s.ratio.max(1.0)).min(s.wire_bytes);
-            row.bound_ms = Some(model_bound_ms(
-                s.wire_bytes,
-                chunk_wire,
-                cap,
-                shape.flow_bps as f64,
-                sc.emit,
-            ));
-        }
+        row.bound_ms = bound(sc, &s);
         if kept.len() > 1 {
             row.spread = Some(spread(&kept));
         }

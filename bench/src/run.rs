@@ -70,8 +70,9 @@ pub struct RunArgs {
     /// Print the built-in presets and exit.
     #[arg(long)]
     pub list: bool,
-    /// Run only the rows with these names (repeatable).
-    #[arg(long, value_name = "ROW")]
+    /// Run only these rows (repeatable): a row's name, or `FIELD=VALUE` for the rows whose field
+    /// has that value in the preset (`--only network=loopback`).
+    #[arg(long, value_name = "ROW|FIELD=VALUE")]
     pub only: Vec<String>,
     /// Set any field of every row (repeatable): `--set receive_only=true`.
     #[arg(long, value_name = "FIELD=VALUE", value_parser = assignment)]

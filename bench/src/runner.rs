@@ -241,11 +241,7 @@ fn tcp(
         Network::Emulated(shape) => Some(Netem::create("t", shape)?),
         _ => None,
     };
-    let ip = if netem.is_some() {
-        RELAY_ADDR
-    } else {
-        "127.0.0.1"
-    };
+    let ip = netem.as_ref().map_or("127.0.0.1", |_| RELAY_ADDR);
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -256,22 +252,16 @@ fn tcp(
     let bench = crate::procs::sibling_binary("ledger-bench")
         .or_else(|_| std::env::current_exe().context("locating ledger-bench"))?;
     let log = dir.join("yardstick.log");
+    let words = format!(
+        "yardstick --listen {ip}:{port} --source {} --cadence {}ms --emit {}ms",
+        s.synthetic_source(),
+        s.cadence_ms,
+        s.emit_ms
+    );
     let mut server = Netem::exec_in(netem.as_ref().map(|n| n.relay_ns.as_str()), &bench)
-        .args([
-            "yardstick",
-            "--listen",
-            &format!("{ip}:{port}"),
-            "--source",
-            &s.synthetic_source(),
-            "--certs",
-        ])
+        .args(words.split_whitespace())
+        .arg("--certs")
         .arg(&env.certs)
-        .args([
-            "--cadence",
-            &format!("{}ms", s.cadence_ms),
-            "--emit",
-            &format!("{}ms", s.emit_ms),
-        ])
         .stdin(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()
@@ -485,12 +475,8 @@ fn start_relays(
             p.relays.push(root);
             for e in 0..edges {
                 let name = format!("sub-{}", sc.processes() + 1 + e);
-                let mut extra = vec![
-                    "--upstream-name".into(),
-                    name,
-                    "--upstream-lanes".into(),
-                    sc.lanes.to_string(),
-                ];
+                let words = format!("--upstream-name {name} --upstream-lanes {}", sc.lanes);
+                let mut extra: Vec<String> = words.split_whitespace().map(String::from).collect();
                 if cut_through {
                     extra.push("--cut-through".into());
                 }

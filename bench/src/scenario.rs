@@ -480,7 +480,8 @@ impl Preset {
         toml::from_str(&text).with_context(|| format!("preset {name}"))
     }
 
-    /// The rows named in `only` (all when empty), each with `set` applied and multiplied by
+    /// The rows `only` selects (all when empty; each entry a row's name, or `FIELD=VALUE` for
+    /// the rows whose field has that value in the preset), each with `set` applied and multiplied by
     /// the sweeps (the preset's, then `sweeps`, a key given twice taking the later values): a
     /// swept row is named `ROW/KEY=VALUE`.
     pub fn expand(
@@ -507,7 +508,11 @@ impl Preset {
                 .and_then(toml::Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
-            if !only.is_empty() && !only.contains(&name) {
+            let selects = |o: &String| match assignment(o) {
+                Ok((k, v)) if o != &name => base.get(&k) == Some(&v),
+                _ => o == &name,
+            };
+            if !only.is_empty() && !only.iter().any(selects) {
                 continue;
             }
             base.extend(set.iter().cloned());

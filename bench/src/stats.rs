@@ -227,16 +227,3 @@ pub fn spread(subs: &[Vec<Record>]) -> Spread {
         last_share: last_count.into_iter().max().unwrap_or(0) as f64 / n,
     }
 }
-
-/// Least-squares slope of (x, y) points; `None` with fewer than 2 distinct x.
-pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
-    let n = points.len() as f64;
-    if points.len() < 2 {
-        return None;
-    }
-    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    (sxx > 0.0).then(|| sxy / sxx)
-}

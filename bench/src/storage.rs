@@ -159,8 +159,6 @@ pub struct RingRun {
     pub process_cpu_ms: f64,
     /// The ring's CPU per ledger (the process less the threads that are not the ring's), ms.
     pub ring_cpu_ms: f64,
-    /// CPU seconds by thread family at the end.
-    pub threads: BTreeMap<String, f64>,
     /// Every sample.
     pub samples: Vec<Sample>,
 }
@@ -212,6 +210,54 @@ fn peak(v: impl Iterator<Item = f64>) -> Option<f64> {
     v.reduce(f64::max)
 }
 
+/// Samples `relay`'s disk until ledger `last` is in its ring and `a.idle` has passed, then
+/// stops it: the samples, the seconds until the ring held `last`, and the process's CPU
+/// seconds, CPU seconds by thread and bytes written at the end.
+#[allow(clippy::type_complexity)]
+fn sample(
+    a: &StorageArgs,
+    mut relay: crate::cluster::RelayProc,
+    data: &Path,
+    last: u64,
+    limit: Duration,
+) -> anyhow::Result<(Vec<Sample>, f64, (f64, BTreeMap<String, f64>, u64))> {
+    let every = Duration::from_secs_f64(a.sample_interval.max(50.0) / 1e3);
+    let (t0, mut samples, mut done_at, mut write_s) =
+        (Instant::now(), Vec::new(), None::<Instant>, 0.0);
+    loop {
+        relay.check_alive()?;
+        let m = relay.scrape()?;
+        let idle = m.get("ring_newest") as u64 >= last;
+        if idle && done_at.is_none() {
+            (done_at, write_s) = (Some(Instant::now()), t0.elapsed().as_secs_f64());
+        }
+        let (live_bytes, ledgers) = (m.get("ring_bytes") as u64, m.get("ring_ledgers") as u64);
+        let (t_s, disk_bytes) = (t0.elapsed().as_secs_f64(), du_sb(data)?);
+        samples.push(Sample {
+            t_s,
+            disk_bytes,
+            live_bytes,
+            ledgers,
+            idle,
+        });
+        if done_at.is_some_and(|d| d.elapsed().as_secs_f64() * 1e3 >= a.idle) {
+            let pid = relay.pid;
+            let cpu = crate::procs::cpu_seconds(pid).unwrap_or(f64::NAN);
+            let end = (
+                cpu,
+                crate::procs::thread_cpu_seconds(pid),
+                written_bytes(pid).unwrap_or(0),
+            );
+            relay.stop();
+            return Ok((samples, write_s, end));
+        }
+        if t0.elapsed() > limit {
+            bail!("the ring did not hold ledger {last} within {limit:?}");
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// One ring run: the relay, sampled until its last ledger is in the ring and `a.idle` has
 /// passed.
 fn ring_run(
@@ -231,45 +277,11 @@ fn ring_run(
         retention: a.retention,
         ..RelaySettings::endless(a.size, a.ratio, cadence_ms)
     };
-    let mut relay = c.relay_in(None, &dir.join(name), &s, &s.synthetic_source(), &[])?;
-    let data = dir.join(name).join("data");
-    let (t0, every) = (
-        Instant::now(),
-        Duration::from_secs_f64(a.sample_interval.max(50.0) / 1e3),
-    );
+    let relay = c.relay_in(None, &dir.join(name), &s, &s.synthetic_source(), &[])?;
     // Generous: the source's own time, plus a minute per 100 ledgers of a slow disk.
     let limit = Duration::from_secs_f64(f64::from(ledgers) * (cadence_ms / 1e3 + 0.6) + 60.0);
-    let (mut samples, mut done_at) = (Vec::new(), None::<Instant>);
-    let mut write_s = 0.0;
-    let end = loop {
-        relay.check_alive()?;
-        let m = relay.scrape()?;
-        let idle = m.get("ring_newest") as u64 >= last;
-        if idle && done_at.is_none() {
-            (done_at, write_s) = (Some(Instant::now()), t0.elapsed().as_secs_f64());
-        }
-        let (live_bytes, ledgers_held) = (m.get("ring_bytes") as u64, m.get("ring_ledgers") as u64);
-        samples.push(Sample {
-            t_s: t0.elapsed().as_secs_f64(),
-            disk_bytes: du_sb(&data)?,
-            live_bytes,
-            ledgers: ledgers_held,
-            idle,
-        });
-        if done_at.is_some_and(|d| d.elapsed().as_secs_f64() * 1e3 >= a.idle) {
-            let pid = relay.pid;
-            break (
-                crate::procs::cpu_seconds(pid).unwrap_or(f64::NAN),
-                thread_cpu(pid),
-                written_bytes(pid).unwrap_or(0),
-            );
-        }
-        if t0.elapsed() > limit {
-            bail!("{name}: the ring did not hold ledger {last} within {limit:?}");
-        }
-        std::thread::sleep(every);
-    };
-    relay.stop();
+    let sampled = sample(a, relay, &dir.join(name).join("data"), last, limit);
+    let (samples, write_s, end) = sampled.with_context(|| format!("the {name} run"))?;
     let (process_cpu, threads, wchar) = end;
     let full = |s: &&Sample| s.ledgers >= u64::from(a.retention);
     let steady: Vec<f64> = samples
@@ -283,18 +295,7 @@ fn ring_run(
         .position(|s| full(&s))
         .unwrap_or(samples.len());
     let last_sample = samples.last().copied();
-    let mut by_family: BTreeMap<String, f64> = BTreeMap::new();
-    for (name, cpu) in threads.values() {
-        // Numbered threads (compress-0, sled-io-3) are summed by family.
-        *by_family
-            .entry(
-                name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
-                    .to_owned(),
-            )
-            .or_default() += cpu;
-    }
-    let not_ring: f64 = threads
-        .values()
+    let not_ring: f64 = (threads.iter())
         .filter(|(n, _)| !is_ring_thread(n))
         .map(|(_, c)| c)
         .sum();
@@ -313,27 +314,8 @@ fn ring_run(
         written_per_stored: wchar as f64 / f64::from(ledgers) / stored_per_ledger.max(1.0),
         process_cpu_ms: process_cpu * 1e3 / f64::from(ledgers),
         ring_cpu_ms: (process_cpu - not_ring) * 1e3 / f64::from(ledgers),
-        threads: by_family,
         samples,
     })
-}
-
-/// CPU seconds of each live thread of `pid`, by thread id, with its name.
-fn thread_cpu(pid: u32) -> BTreeMap<u32, (String, f64)> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten();
-    tasks
-        .filter_map(|e| {
-            let tid = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let cpu = crate::procs::stat_cpu_seconds(
-                &std::fs::read_to_string(e.path().join("stat")).ok()?,
-            )?;
-            let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-            Some((tid, (name.trim().to_owned(), cpu)))
-        })
-        .collect()
 }
 
 /// The ring runs' table.

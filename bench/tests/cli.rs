@@ -57,7 +57,7 @@ fn the_remote_command_line_is_the_contracts() {
         ]
     );
     rows.iter().for_each(|r| r.check().unwrap());
-    // No old spellings.
+    // Flags of the earlier subcommands are refused, not taken as aliases.
     for old in [
         ["--cadence-ms", "300"],
         ["--ledger-bytes", "1024"],

@@ -18,13 +18,41 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use ledger_relay_bench::cluster::{
-    label, make_certs, Cluster, RelayProc, RelaySettings, Scrape, SubSpec,
-};
+use ledger_relay_bench::cluster::{make_certs, Cluster, RelayProc, RelaySettings, Scrape, SubSpec};
 use ledger_relay_bench::procs::{
     kill_all, mib, sibling_binary, status_kib, stop, wait_with_cpu, RssSampler,
 };
-use ledger_relay_bench::stats::{read_lenient, slope, summarize, Record};
+use ledger_relay_bench::stats::{read_lenient, summarize, Record};
+
+/// The value of label `key` in `a="x",b="y"` (quotes unescaped).
+pub(crate) fn label(labels: &str, key: &str) -> Option<String> {
+    let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
+    let (mut out, mut chars) = (String::new(), labels[start..].chars());
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(match chars.next()? {
+                'n' => '\n',
+                other => other,
+            }),
+            '"' => return Some(out),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// Least-squares slope of (x, y) points; `None` with fewer than 2 distinct x.
+pub(crate) fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return None;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
+}
 
 fn binaries_missing() -> Option<String> {
     let missing = ["ledger-relay", "ledger-subscribe"]

@@ -54,8 +54,8 @@ mod stats {
         let pts: Vec<(f64, f64)> = (0..10)
             .map(|i| (f64::from(i), 3.0 + 2.0 * f64::from(i)))
             .collect();
-        assert!((slope(&pts).unwrap() - 2.0).abs() < 1e-9);
-        assert_eq!(slope(&[(1.0, 1.0), (1.0, 2.0)]), None);
+        assert!((crate::soak::slope(&pts).unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(crate::soak::slope(&[(1.0, 1.0), (1.0, 2.0)]), None);
     }
 }
 
@@ -191,8 +191,14 @@ mod cluster {
         assert_eq!((m.get("lagged_total"), m.get("absent")), (2.0, 0.0));
         let lanes: Vec<_> = m.labelled("subscriber_lanes").collect();
         assert_eq!(lanes, [("session=\"3\",identity=\"sub-\\\"8\"", 4.0)]);
-        assert_eq!(label(lanes[0].0, "identity").as_deref(), Some("sub-\"8"));
-        assert_eq!(label(lanes[0].0, "session").as_deref(), Some("3"));
+        assert_eq!(
+            crate::soak::label(lanes[0].0, "identity").as_deref(),
+            Some("sub-\"8")
+        );
+        assert_eq!(
+            crate::soak::label(lanes[0].0, "session").as_deref(),
+            Some("3")
+        );
         let rtt: Vec<_> = m.labelled("lane_rtt_seconds").collect();
         assert_eq!(rtt, [("lane=\"1\"", 0.002)]);
         let s = RelaySettings {

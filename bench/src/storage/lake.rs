@@ -35,6 +35,7 @@ use ledger_relay_lake::{
 };
 use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::header::peek_header;
+use ledger_relay_wire::record::{Records, DEFAULT_MAX_RECORD_LEN};
 
 use crate::cluster::{Cluster, RelaySettings, SubSpec};
 use crate::procs::{mib, RssSampler};
@@ -154,24 +155,19 @@ pub fn run(p: &Params, work: &Path) -> anyhow::Result<LakeReport> {
     };
     let file = std::fs::File::open(p.testdata.join(TESTNET))
         .with_context(|| format!("{TESTNET} under {}", p.testdata.display()))?;
-    let testnet = ledger_relay_wire::record::Records::new(
-        file,
-        ledger_relay_wire::record::DEFAULT_MAX_RECORD_LEN,
-    );
-    let mut sets = Vec::new();
-    let synthetic = synthetic_ledgers(&spec)
-        .map(batch)
-        .collect::<anyhow::Result<_>>()?;
+    let testnet = Records::new(file, DEFAULT_MAX_RECORD_LEN).map(|r| batch(r?));
+    let synthetic = synthetic_ledgers(&spec).map(batch);
     let name = format!(
         "synthetic {:.1} MiB x{}",
         p.size as f64 / f64::from(1 << 20),
         p.ledgers
     );
+    let mut sets = Vec::new();
     for (name, ledgers) in [
-        (name, synthetic),
+        (name, synthetic.collect::<anyhow::Result<_>>()?),
         (
             "testnet x320".into(),
-            testnet.map(|r| batch(r?)).collect::<anyhow::Result<_>>()?,
+            testnet.collect::<anyhow::Result<_>>()?,
         ),
     ] {
         let bucket = unique_bucket("backfill");
@@ -201,12 +197,13 @@ pub fn run(p: &Params, work: &Path) -> anyhow::Result<LakeReport> {
     drop(rt);
     if p.sessions {
         let certs = work.join("certs");
-        let mut c = Cluster {
+        let relay_extra = vec!["--network".into(), "testnet".into()];
+        let c = Cluster {
             certs,
             relay_env: server.env(),
+            relay_extra,
             ..Cluster::default()
         };
-        c.relay_extra = vec!["--network".into(), "testnet".into()];
         for (set, source) in sets.iter().zip([None, Some(p.testdata.join(TESTNET))]) {
             for depth in std::iter::once(None).chain(p.depths.iter().map(|d| Some(*d))) {
                 let r = session(&c, work, set, source.as_deref(), p, depth)?;

@@ -73,10 +73,7 @@ impl Yardstick {
         name: &str,
         server_name: &str,
     ) -> anyhow::Result<Yardstick> {
-        let ca = ledger_relay_certs::load_certs(&certs.join("ca.pem"))?;
-        let chain = ledger_relay_certs::load_certs(&certs.join(format!("{name}.pem")))?;
-        let key = ledger_relay_certs::load_key(&certs.join(format!("{name}.key")))?;
-        let config = ledger_relay_transport::tls::client_tls(&ca, &[], chain, key, ALPN)?;
+        let config = client_config(certs, name)?;
         let server_name = ServerName::try_from(server_name.to_owned())
             .with_context(|| format!("{server_name:?} is not a DNS name or an IP address"))?;
         Ok(Yardstick {
@@ -194,6 +191,20 @@ pub fn host_of(addr: &str) -> anyhow::Result<String> {
         }
         _ => bail!("{addr:?}: expected HOST:PORT"),
     }
+}
+
+/// The yardstick's client TLS: certificate `name` of `certs`, trusting its CA.
+pub fn client_config(certs: &Path, name: &str) -> anyhow::Result<rustls::ClientConfig> {
+    let ca = ledger_relay_certs::load_certs(&certs.join("ca.pem"))?;
+    let chain = ledger_relay_certs::load_certs(&certs.join(format!("{name}.pem")))?;
+    let key = ledger_relay_certs::load_key(&certs.join(format!("{name}.key")))?;
+    Ok(ledger_relay_transport::tls::client_tls(
+        &ca,
+        &[],
+        chain,
+        key,
+        ALPN,
+    )?)
 }
 
 fn what(r: &Reply) -> String {

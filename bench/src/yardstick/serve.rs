@@ -111,20 +111,27 @@ pub fn main(a: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The server's TLS: certificate `name` of `certs`, clients verified against its CA.
-fn server_config(certs: &Path, name: &str) -> anyhow::Result<rustls::ServerConfig> {
+/// Client certificates of the CA in `certs` (`ca.pem`), verified as the relay does (without
+/// its allow-list and CRL).
+pub fn verifier(
+    certs: &Path,
+) -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
     let mut roots = rustls::RootCertStore::empty();
     for ca in load_certs(&certs.join("ca.pem"))? {
         roots.add(ca)?;
     }
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        tls::crypto_provider(),
+    let provider = tls::crypto_provider();
+    Ok(
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()?,
     )
-    .build()?;
+}
+
+/// The yardstick's server TLS: certificate `name` of `certs`, clients of its CA.
+pub fn server_config(certs: &Path, name: &str) -> anyhow::Result<rustls::ServerConfig> {
     let chain = load_certs(&certs.join(format!("{name}.pem")))?;
     let key = load_key(&certs.join(format!("{name}.key")))?;
-    Ok(tls::server_tls(chain, key, verifier, ALPN)?)
+    Ok(tls::server_tls(chain, key, verifier(certs)?, ALPN)?)
 }
 
 /// Builds each ledger ahead of its time, then holds it from its start plus the emit window on
