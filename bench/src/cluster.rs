@@ -285,9 +285,16 @@ impl RelayProc {
         Ok(Scrape::parse(&text))
     }
 
-    /// Stops the relay (SIGINT, then SIGKILL after 10 s); its exit status if it stopped.
+    /// Stops the relay (SIGINT, then SIGKILL after 10 s); its exit status if it stopped by
+    /// itself. (Dropped without a stop, as when a test fails, it is killed.)
     pub fn stop(mut self) -> Option<ExitStatus> {
         crate::procs::stop(&mut self.child, Duration::from_secs(10)).map(|(st, _)| st)
+    }
+}
+
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        kill_all(std::slice::from_mut(&mut self.child));
     }
 }
 

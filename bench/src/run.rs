@@ -133,7 +133,6 @@ pub fn run(a: &RunArgs) -> anyhow::Result<Report> {
         eprintln!("ledger-bench: row {} of {}: {}", i + 1, rows.len(), sc.name);
         out.push(Row::finish(sc, crate::runner::take(&mut env, sc), 0.0));
     }
-    env.keep_if_asked();
     Ok(Report {
         preset: a.preset.clone(),
         load: [load, crate::procs::load_average()],

@@ -92,14 +92,6 @@ impl Env {
             index: 0,
         })
     }
-
-    /// Keeps the scratch space (logs and all) when `LEDGER_BENCH_KEEP` is set.
-    pub fn keep_if_asked(&mut self) {
-        if std::env::var_os("LEDGER_BENCH_KEEP").is_some() {
-            self.tmp.disable_cleanup(true);
-            eprintln!("ledger-bench: logs kept in {}", self.tmp.path().display());
-        }
-    }
 }
 
 /// Ledgers of a row: subscribers take `first..=last`; the window runs from `mark` to `last`.

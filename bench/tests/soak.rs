@@ -114,7 +114,8 @@ fn slow_run(
         spec.extra = vec!["--consume-delay".into(), format!("{ms}ms")];
         specs.push(spec);
     }
-    let mut kids: Vec<Child> = specs
+    let mut kids = Kids(Vec::new());
+    kids.0 = specs
         .iter()
         .map(|spec| c.subscriber(None, &relay.addr.to_string(), spec).unwrap())
         .collect();
@@ -123,13 +124,14 @@ fn slow_run(
     );
     let (t0, mut codes, mut seen, mut scrape) = (
         Instant::now(),
-        vec![None; kids.len()],
+        vec![None; kids.0.len()],
         false,
         Scrape::default(),
     );
     while codes.iter().any(Option::is_none) {
         relay.check_alive().unwrap();
         for (k, code) in kids
+            .0
             .iter_mut()
             .zip(codes.iter_mut())
             .filter(|(_, c)| c.is_none())
@@ -256,6 +258,26 @@ fn a_slow_subscriber_reads_the_ring_and_catches_up_within_the_memory_bound() {
         "{} ledgers",
         got.len()
     );
+}
+
+/// Subscriber processes, killed when dropped (a failed assertion leaves none running).
+struct Kids(Vec<Child>);
+
+impl Drop for Kids {
+    fn drop(&mut self) {
+        kill_all(&mut self.0);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        kill_all(
+            self.child
+                .as_mut()
+                .map(std::slice::from_mut)
+                .unwrap_or_default(),
+        );
+    }
 }
 
 /// A subscriber of the load: its processes' `--from` and stats files, and how each ended.
