@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// Finds `name` next to the running executable (`target/release/` for `ledger-bench`; one
@@ -89,31 +89,35 @@ pub fn load_average() -> Option<[f64; 3]> {
     Some([*v.first()?, *v.get(1)?, *v.get(2)?])
 }
 
+/// Whether `child` has exited, without reaping it (its `/proc/PID/stat` stays readable): its
+/// exit code (-1: ended by a signal), or `None` while it runs.
+pub fn peek_exit(child: &Child) -> anyhow::Result<Option<i32>> {
+    let pid = Pid::from_raw(child.id() as i32);
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+    match waitid(Id::Pid(pid), flags) {
+        Ok(WaitStatus::StillAlive) => Ok(None),
+        Ok(WaitStatus::Exited(_, code)) => Ok(Some(code)),
+        Ok(_) => Ok(Some(-1)),
+        Err(e) => bail!("waiting for pid {pid}: {e}"),
+    }
+}
+
 /// Waits for `child` to exit until `deadline`; on exit reads its CPU seconds before reaping it
 /// (a zombie's `/proc/PID/stat` still holds its totals). `None` on timeout (still running).
 pub fn wait_with_cpu(
     child: &mut Child,
     deadline: Instant,
 ) -> anyhow::Result<Option<(ExitStatus, f64)>> {
-    let pid = Pid::from_raw(child.id() as i32);
-    loop {
-        // WNOWAIT: look without reaping, so /proc/PID/stat stays readable.
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
-        match waitid(Id::Pid(pid), flags) {
-            Ok(nix::sys::wait::WaitStatus::StillAlive) => {}
-            Ok(_) => {
-                let cpu = cpu_seconds(child.id()).unwrap_or(f64::NAN);
-                let status = child.wait().context("reaping a child")?;
-                untrack(child.id());
-                return Ok(Some((status, cpu)));
-            }
-            Err(e) => bail!("waiting for pid {pid}: {e}"),
-        }
+    while peek_exit(child)?.is_none() {
         if Instant::now() >= deadline {
             return Ok(None);
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+    let cpu = cpu_seconds(child.id()).unwrap_or(f64::NAN);
+    let status = child.wait().context("reaping a child")?;
+    untrack(child.id());
+    Ok(Some((status, cpu)))
 }
 
 /// Sends SIGINT (graceful stop) to `child`, waits up to `grace`, then SIGKILL; the exit status

@@ -585,18 +585,14 @@ fn subscribers(
 
 /// Waits until every stats file holds ledger `seq` (or a later one); fails after `limit`,
 /// or when a subscriber exits with an error first.
-fn wait_all(
-    stats: &[PathBuf],
-    subs: &mut [Child],
-    seq: u32,
-    limit: Duration,
-) -> anyhow::Result<()> {
+fn wait_all(stats: &[PathBuf], subs: &[Child], seq: u32, limit: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     let has = |p: &PathBuf| read_lenient(p).is_ok_and(|r| r.last().is_some_and(|r| r.seq >= seq));
     while !stats.iter().all(has) {
-        for (i, c) in subs.iter_mut().enumerate() {
-            if let Some(st) = c.try_wait()?.filter(|st| !st.success()) {
-                bail!("subscriber process {i} exited with {st} before ledger {seq}");
+        for (i, c) in subs.iter().enumerate() {
+            // Looked at without reaping: its CPU is read when it is reaped.
+            if let Some(code) = crate::procs::peek_exit(c)?.filter(|c| *c != 0) {
+                bail!("subscriber process {i} exited with {code} before ledger {seq}");
             }
         }
         if start.elapsed() > limit {
@@ -668,10 +664,10 @@ fn window(
     );
     let mut all: Vec<PathBuf> = stats.to_vec();
     all.extend(reference.map(Path::to_path_buf));
-    wait_all(&all, &mut p.subs, sp.mark, limit)?;
+    wait_all(&all, &p.subs, sp.mark, limit)?;
     let before = marks(p);
     let sampler = RssSampler::start(p.relays[0].pid, Duration::from_millis(100), 1_000_000);
-    let reached = wait_all(&all, &mut p.subs, sp.last, limit);
+    let reached = wait_all(&all, &p.subs, sp.last, limit);
     let after = marks(p);
     let rss = sampler.finish();
     reached?;
@@ -752,7 +748,7 @@ fn idle(
     p.subs = kids;
     wait_all(
         &stats,
-        &mut p.subs,
+        &p.subs,
         last,
         Duration::from_secs(60) + Duration::from_millis(500) * u32::from(sc.processes()),
     )?;

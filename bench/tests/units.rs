@@ -179,6 +179,33 @@ mod procs {
     }
 }
 
+mod children {
+    use ledger_relay_bench::procs::{peek_exit, wait_with_cpu};
+    use std::time::{Duration, Instant};
+
+    /// A child seen exiting is not reaped by the look, so its CPU can still be read when it is
+    /// reaped: a subscriber that finished before the others still has its CPU counted.
+    #[test]
+    fn a_look_at_a_child_leaves_it_to_be_reaped() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let code = loop {
+            if let Some(code) = peek_exit(&child).unwrap() {
+                break code;
+            }
+            assert!(Instant::now() < deadline, "sh did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!((code, peek_exit(&child).unwrap()), (3, Some(3)));
+        let (status, cpu) = wait_with_cpu(&mut child, Instant::now()).unwrap().unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert!(cpu.is_finite() && cpu >= 0.0, "{cpu}");
+    }
+}
+
 mod cluster {
     use ledger_relay_bench::cluster::*;
 
