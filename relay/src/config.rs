@@ -190,6 +190,11 @@ pub struct RunArgs {
     /// resume). The ring keeps only verified ledgers either way.
     #[arg(long = "cut-through")]
     pub cut_through: bool,
+    /// With --source relay:...: a trusted ledger, SEQ:HASH (its header hash, 64 hex digits),
+    /// that a relay with an empty ring starts at: the upstream's ledger SEQ must have this hash
+    /// (without it, an empty ring trusts the upstream's first ledger).
+    #[arg(long = "upstream-anchor", value_name = "SEQ:HASH")]
+    pub upstream_anchor: Option<String>,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -242,6 +247,7 @@ struct FileConfig {
     upstream_name: Option<String>,
     upstream_lanes: Option<u8>,
     cut_through: Option<bool>,
+    upstream_anchor: Option<String>,
     transport: Option<TransportSettings>,
 }
 
@@ -309,6 +315,9 @@ pub struct UpstreamConfig {
     pub lanes: u8,
     /// Pass ledgers on as their chunks arrive (`--cut-through`).
     pub cut_through: bool,
+    /// The trusted ledger (sequence, header hash) an empty ring starts at
+    /// (`--upstream-anchor SEQ:HASH`).
+    pub anchor: Option<(u32, [u8; 32])>,
 }
 
 /// Lanes of the subscription to an upstream relay without `--upstream-lanes`.
@@ -591,16 +600,27 @@ impl RelayConfig {
                 if !(1..=64).contains(&lanes) {
                     bail!("--upstream-lanes {lanes}: expected 1..=64");
                 }
+                let anchor = match pick!(upstream_anchor) {
+                    Some(a) => Some(
+                        ledger_relay_wire::header::parse_anchor(&a)
+                            .map_err(|reason| anyhow::anyhow!("--upstream-anchor {a}: {reason}"))?,
+                    ),
+                    None => None,
+                };
                 Some(UpstreamConfig {
                     name,
                     lanes,
                     cut_through,
+                    anchor,
                 })
             }
             _ => {
-                if pick!(upstream_name).is_some() || pick!(upstream_lanes).is_some() || cut_through
+                if pick!(upstream_name).is_some()
+                    || pick!(upstream_lanes).is_some()
+                    || pick!(upstream_anchor).is_some()
+                    || cut_through
                 {
-                    bail!("--upstream-name, --upstream-lanes and --cut-through go with --source relay:ADDR[,ADDR...]");
+                    bail!("--upstream-name, --upstream-lanes, --upstream-anchor and --cut-through go with --source relay:ADDR[,ADDR...]");
                 }
                 None
             }

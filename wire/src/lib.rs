@@ -26,6 +26,8 @@
 //!   with every checksum, key and length checked (bytes read back from disk are hostile too).
 //! - [`lake`]: SEP-54 data lakes (what Galexie writes): object names, the bounded
 //!   `LedgerCloseMetaBatch` codec and the `.config.json` manifest.
+//! - [`text`]: text a peer chose (error messages, close reasons, certificate names) escaped
+//!   before it reaches a log line or a terminal.
 //!
 //! What it does not do: open connections, spawn tasks, read clocks, touch the disk or the
 //! network. The shells in `ledger-relay` and `ledger-relay-subscriber` carry its decisions out.
@@ -57,6 +59,7 @@ pub mod limits;
 pub mod record;
 pub mod sender;
 pub mod stored;
+pub mod text;
 
 pub use assembler::{AssembledLedger, Missing, Prefix, Reassembler};
 pub use chunker::{Chunker, LedgerSummary, RawChunk};

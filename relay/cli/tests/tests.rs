@@ -13,6 +13,11 @@ macro_rules! testdata {
 mod architecture;
 mod backfill;
 mod cli;
+/// The subscriber's fake relay: real QUIC on loopback, and knobs to misbehave (an upstream
+/// that lies, for a tier).
+#[allow(dead_code)] // shared with the subscriber's tests, which use more of it
+#[path = "../../../subscriber/tests/support/fake_relay.rs"]
+mod fake_relay;
 mod flood;
 mod go_client;
 mod handshakes;

@@ -21,15 +21,18 @@ pub enum StreamEnd {
     Stopped,
 }
 
-/// Subscribes with `config`, writes each ledger record-marked to file descriptor `fd` (opened
-/// as `/dev/fd/N`), flushed, then records it in `state_dir` as the last closed ledger; stops
-/// after `count` ledgers or when `shutdown` completes. Returns the ledgers written and why it
-/// stopped.
+/// Subscribes with `config`, writes each ledger from `write_from` on record-marked to file
+/// descriptor `fd` (opened as `/dev/fd/N`), flushed, then records it in `state_dir` as the
+/// last closed ledger; stops after `count` ledgers written or when `shutdown` completes.
+/// Ledgers before `write_from` (between an anchor and the start, see
+/// [`super::anchored_start`]) are verified by the subscription and not written. Returns the
+/// ledgers written and why it stopped.
 pub async fn stream(
     config: SubscribeConfig,
     count: Option<u64>,
     fd: i32,
     state_dir: &Path,
+    write_from: u32,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(u64, StreamEnd), CaptiveError> {
     let path = format!("/dev/fd/{fd}");
@@ -50,6 +53,7 @@ pub async fn stream(
         }
         tokio::select! {
             item = sub.next() => match item {
+                Some(Ok(ledger)) if ledger.seq < write_from => {}
                 Some(Ok(ledger)) => {
                     let state = State { ledger: ledger.seq, hash: Some(ledger.header_hash) };
                     // A pipe's reader decides the pace (as it does core's): block this worker.
