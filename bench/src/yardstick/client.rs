@@ -1,7 +1,7 @@
 //! The TCP yardstick's client: clock probes and one stream of ledgers over one TLS-over-TCP
 //! flow, blocking, on the calling thread (the timestamps are taken as bytes are read).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use ledger_relay_transport::now_ns;
 use ledger_relay_wire::record::DEFAULT_MAX_RECORD_LEN;
 use rustls::pki_types::ServerName;
 
-use super::message::{best_sample, ClockSample, Reply, ReplyDecoder, Request, ALPN};
+use super::message::{best_sample, read_reply, ClockSample, Reply, Request, ALPN};
 use crate::stats::Record;
 
 /// Time allowed to connect and for the handshake, and the longest wait for a message.
@@ -37,11 +37,9 @@ pub struct Yardstick {
     config: Arc<rustls::ClientConfig>,
 }
 
-/// A connection and what has been read of it.
+/// A connection.
 struct Conn {
     tls: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
-    decoder: ReplyDecoder,
-    buf: Vec<u8>,
 }
 
 impl Conn {
@@ -51,16 +49,7 @@ impl Conn {
     }
 
     fn next_reply(&mut self) -> anyhow::Result<Reply> {
-        loop {
-            if let Some(r) = self.decoder.next_reply().context("bad message")? {
-                return Ok(r);
-            }
-            let n = self.tls.read(&mut self.buf).context("reading")?;
-            if n == 0 {
-                bail!("the server closed the connection");
-            }
-            self.decoder.feed(&self.buf[..n]);
-        }
+        Ok(read_reply(&mut self.tls, DEFAULT_MAX_RECORD_LEN)?)
     }
 }
 
@@ -98,11 +87,7 @@ impl Yardstick {
                 .complete_io(&mut tls.sock)
                 .context("TLS handshake")?;
         }
-        Ok(Conn {
-            tls,
-            decoder: ReplyDecoder::new(DEFAULT_MAX_RECORD_LEN),
-            buf: vec![0u8; 256 << 10],
-        })
+        Ok(Conn { tls })
     }
 
     /// Sends `probes` clock probes one after another and keeps the one with the shortest round

@@ -1,6 +1,4 @@
-//! The yardstick's messages, and a bounded decoder of the server's (it reads another host's
-//! bytes). The client asks; the server answers each `Clock` at once and, to a `Stream`, sends
-//! `count` ledgers and closes:
+//! The yardstick's messages, and a bounded reader of the server's (another host's bytes):
 //!
 //! ```text
 //! client -> server  0x01 Clock  | t0 u64                        (client clock, ns)
@@ -10,10 +8,10 @@
 //!                   0x83 Error  | len u16 | UTF-8 message
 //! ```
 //!
-//! `record` is the ledger in core's record marking (a 4-byte mark with the last-fragment bit,
-//! then the body). Integers are big-endian; times are ns since the Unix epoch by the sender's
-//! clock. A ledger body is buffered only as its bytes arrive, after its length was checked
-//! against the limit; an error message is at most [`MAX_ERROR_LEN`] bytes.
+//! `record` is the ledger in core's record marking. Integers are big-endian; times are ns since
+//! the Unix epoch by the sender's clock.
+
+use std::io::Read;
 
 use ledger_relay_wire::record::{record_header, RecordError, LAST_FRAGMENT};
 
@@ -56,6 +54,15 @@ pub enum MessageError {
         /// Its declared length.
         len: usize,
     },
+    /// The connection failed or ended inside a message.
+    #[error("reading: {0}")]
+    Io(std::io::ErrorKind),
+}
+
+impl From<std::io::Error> for MessageError {
+    fn from(e: std::io::Error) -> MessageError {
+        MessageError::Io(e.kind())
+    }
 }
 
 /// What a client asks.
@@ -201,111 +208,59 @@ pub fn best_sample(samples: &[ClockSample]) -> Option<ClockSample> {
     samples.iter().copied().min_by_key(ClockSample::rtt_ns)
 }
 
-/// Decodes the server's messages from bytes in pieces of any size (the caller reads the
-/// socket and feeds it).
-#[derive(Debug)]
-pub struct ReplyDecoder {
-    max_len: u32,
-    buf: Vec<u8>,
-    /// Inside a ledger: its head's fields, its length and what has arrived of its body.
-    body: Option<(u32, u64, u64, usize, Vec<u8>)>,
-}
-
-impl ReplyDecoder {
-    /// A decoder that refuses ledgers longer than `max_len` bytes.
-    pub fn new(max_len: u32) -> ReplyDecoder {
-        ReplyDecoder {
-            max_len,
-            buf: Vec::new(),
-            body: None,
+/// Reads the server's next message from `r`. A ledger's length is checked against `max_len`
+/// before its body is read, and the body grows with the bytes that arrive, never by the
+/// declared length alone.
+pub fn read_reply(r: &mut impl Read, max_len: u32) -> Result<Reply, MessageError> {
+    fn read_n(r: &mut impl Read, n: usize) -> Result<Vec<u8>, MessageError> {
+        let mut b = Vec::new();
+        r.take(n as u64).read_to_end(&mut b)?;
+        if b.len() < n {
+            return Err(MessageError::Io(std::io::ErrorKind::UnexpectedEof));
         }
+        Ok(b)
     }
-
-    /// Adds bytes read from the connection.
-    pub fn feed(&mut self, bytes: &[u8]) {
-        self.buf.extend_from_slice(bytes);
-    }
-
-    /// Whether the decoder holds part of a message (a connection that ends now ended early).
-    pub fn in_message(&self) -> bool {
-        !self.buf.is_empty() || self.body.is_some()
-    }
-
-    /// The next whole message, `None` until one is; after an error the caller drops the
-    /// connection.
-    pub fn next_reply(&mut self) -> Result<Option<Reply>, MessageError> {
-        if let Some((seq, first, last, len, mut body)) = self.body.take() {
-            // Grows with the bytes that arrived, never by the declared length alone.
-            let take = (len - body.len()).min(self.buf.len());
-            body.extend(self.buf.drain(..take));
-            if body.len() < len {
-                self.body = Some((seq, first, last, len, body));
-                return Ok(None);
+    let u64_at = |b: &[u8], i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    let u32_at = |b: &[u8], i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+    match read_n(r, 1)?[0] {
+        CLOCK_REPLY => {
+            let b = read_n(r, 24)?;
+            Ok(Reply::Clock(ClockSample {
+                t0_ns: u64_at(&b, 0),
+                t1_ns: u64_at(&b, 8),
+                t2_ns: u64_at(&b, 16),
+                t3_ns: 0,
+            }))
+        }
+        ERROR => {
+            let b = read_n(r, 2)?;
+            let len = usize::from(u16::from_be_bytes([b[0], b[1]]));
+            if len > MAX_ERROR_LEN {
+                return Err(MessageError::ErrorTooLong { len });
             }
-            return Ok(Some(Reply::Ledger {
+            Ok(Reply::Error(
+                String::from_utf8_lossy(&read_n(r, len)?).into_owned(),
+            ))
+        }
+        LEDGER => {
+            let h = read_n(r, LEDGER_HEAD_LEN - 1)?;
+            let (seq, mark) = (u32_at(&h, 0), u32_at(&h, 20));
+            let len = mark & !LAST_FRAGMENT;
+            let bad = |source| Err(MessageError::Record { seq, source });
+            if mark & LAST_FRAGMENT == 0 {
+                return bad(RecordError::NotLastFragment { header: mark });
+            } else if len == 0 {
+                return bad(RecordError::Empty);
+            } else if len > max_len {
+                return bad(RecordError::TooLong { len, max: max_len });
+            }
+            Ok(Reply::Ledger {
                 seq,
-                first_byte_ns: first,
-                last_byte_ns: last,
-                body,
-            }));
+                first_byte_ns: u64_at(&h, 4),
+                last_byte_ns: u64_at(&h, 12),
+                body: read_n(r, len as usize)?,
+            })
         }
-        let Some(&ty) = self.buf.first() else {
-            return Ok(None);
-        };
-        let u64_at =
-            |b: &[u8], i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap_or_default());
-        match ty {
-            CLOCK_REPLY => {
-                let Some(b) = self.buf.get(..25) else {
-                    return Ok(None);
-                };
-                let sample = ClockSample {
-                    t0_ns: u64_at(b, 1),
-                    t1_ns: u64_at(b, 9),
-                    t2_ns: u64_at(b, 17),
-                    t3_ns: 0,
-                };
-                self.buf.drain(..25);
-                Ok(Some(Reply::Clock(sample)))
-            }
-            ERROR => {
-                let Some(b) = self.buf.get(1..3) else {
-                    return Ok(None);
-                };
-                let len = usize::from(u16::from_be_bytes([b[0], b[1]]));
-                if len > MAX_ERROR_LEN {
-                    return Err(MessageError::ErrorTooLong { len });
-                }
-                let Some(msg) = self.buf.get(3..3 + len) else {
-                    return Ok(None);
-                };
-                let msg = String::from_utf8_lossy(msg).into_owned();
-                self.buf.drain(..3 + len);
-                Ok(Some(Reply::Error(msg)))
-            }
-            LEDGER => {
-                let Some(h) = self.buf.get(..LEDGER_HEAD_LEN) else {
-                    return Ok(None);
-                };
-                let seq = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
-                let mark = u32::from_be_bytes([h[21], h[22], h[23], h[24]]);
-                let len = mark & !LAST_FRAGMENT;
-                let bad = |source| Err(MessageError::Record { seq, source });
-                if mark & LAST_FRAGMENT == 0 {
-                    return bad(RecordError::NotLastFragment { header: mark });
-                } else if len == 0 {
-                    return bad(RecordError::Empty);
-                } else if len > self.max_len {
-                    return bad(RecordError::TooLong {
-                        len,
-                        max: self.max_len,
-                    });
-                }
-                self.body = Some((seq, u64_at(h, 5), u64_at(h, 13), len as usize, Vec::new()));
-                self.buf.drain(..LEDGER_HEAD_LEN);
-                self.next_reply()
-            }
-            other => Err(MessageError::UnknownType(other)),
-        }
+        other => Err(MessageError::UnknownType(other)),
     }
 }
