@@ -256,14 +256,33 @@ impl Cluster {
 impl RelayProc {
     /// Waits until the relay's log holds `what`; fails if it exits or `within` passes first.
     pub fn wait_log(&mut self, what: &str, within: Duration) -> anyhow::Result<()> {
+        let log = self.log.clone();
+        self.wait_until(&format!("{what:?} in its log"), within, move |_| {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains(what))
+        })
+    }
+
+    /// Waits until the relay's ring holds ledger `seq`; returns its newest.
+    pub fn wait_newest(&mut self, seq: u32, within: Duration) -> anyhow::Result<u32> {
+        let newest = |r: &RelayProc| r.scrape().map_or(0, |m| m.get("ring_newest") as u32);
+        self.wait_until(&format!("ledger {seq} in its ring"), within, |r| {
+            newest(r) >= seq
+        })?;
+        Ok(newest(self))
+    }
+
+    /// Polls `ready` every 20 ms; fails if the relay exits or `within` passes first.
+    fn wait_until(
+        &mut self,
+        what: &str,
+        within: Duration,
+        mut ready: impl FnMut(&RelayProc) -> bool,
+    ) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
-        while !std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .contains(what)
-        {
+        while !ready(self) {
             self.check_alive()?;
             if Instant::now() > deadline {
-                bail!("the relay's log did not show {what:?} within {within:?}");
+                bail!("the relay did not show {what} within {within:?}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }

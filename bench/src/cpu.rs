@@ -1,22 +1,15 @@
-//! `ledger-bench cpu`: what a raw ledger costs in CPU at its real size, against the two
-//! transports a byte could take instead, measured in the same run on the same machine.
+//! `ledger-bench cpu`: CPU per raw ledger at its real size, against the two transports a byte
+//! could take instead, in the same run on the same machine. Each row moves `--ledgers`
+//! incompressible ledgers of `--size` over loopback at one cadence, both ends in one process,
+//! and counts that process's CPU over the ledgers after the warm-up:
 //!
-//! Three rows, each moving `--ledgers` incompressible ledgers of `--size` (default the Phase 3
-//! 14.5 MiB) over loopback at the same cadence, one ledger at a time, with both ends in one
-//! process and the CPU of that process counted over the ledgers after the warm-up:
+//! - `quinn`: bare quinn, one connection and one stream, with the lanes' transport settings and
+//!   mutual TLS 1.3 (same provider and certificates): the bytes on QUIC with nothing of ours;
+//! - `tls-tcp`: one TLS 1.3-over-TCP flow with the TCP yardstick's TLS: what a single flow costs;
+//! - `relay`: `ledger-relay demo --ratio 1 --codec none`, the product end to end, which prints
+//!   its own CPU per ledger split by thread group.
 //!
-//! - `quinn`: bare quinn bulk transfer, one connection and one stream, with the lanes' own
-//!   transport settings (windows, MTU ceiling, GSO) and their mutual TLS 1.3 (the ring
-//!   provider, the same certificates): the cost of the bytes on QUIC with nothing of ours;
-//! - `tls-tcp`: one TLS 1.3-over-TCP flow (tokio + rustls, the same provider and certificates,
-//!   mutual, the TCP yardstick's settings): what a single flow costs;
-//! - `relay`: `ledger-relay demo --ratio 1 --codec none`: the product end to end (source,
-//!   pipeline, ring, sessions, lanes, subscriber reassembly and verification), which prints its
-//!   own CPU per ledger split by thread group.
-//!
-//! Each row's figure is CPU milliseconds per ledger and MB (10^6 bytes) per CPU-second. The
-//! two baselines read and discard the bytes: their receivers do no reassembly, which the
-//! relay's subscriber must.
+//! The two baselines' receivers read and discard the bytes; the relay's subscriber reassembles.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -154,20 +147,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
             CpuRow::Relay => run.relay(a)?,
         });
     }
-    let csv = || {
-        let line = |m: &Measured| {
-            format!(
-                "{},{},{},{:.3},{:.1}\n",
-                m.row.name(),
-                m.ledgers,
-                m.size,
-                m.cpu_ms_per_ledger,
-                m.mb_per_cpu_s()
-            )
-        };
-        "row,ledgers,size,cpu_ms_per_ledger,mb_per_cpu_s\n".to_owned()
-            + &rows.iter().map(line).collect::<String>()
-    };
+    let csv = || crate::report::csv(&rows, &[]);
     a.output.emit(&table(&rows), csv, &rows)
 }
 

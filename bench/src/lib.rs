@@ -1,15 +1,11 @@
 //! `ledger-bench`: what lanes buy and what they cost.
 //!
-//! One measurement with parameters, not a program per question. `run` takes scenarios as data
-//! ([`scenario`]: presets in `bench/scenarios/*.toml`, fields set by flags, sweeps), runs the
-//! real `ledger-relay run` and `ledger-subscribe` binaries (found next to this executable) with
-//! an ephemeral CA through one runner ([`runner`]), on loopback or an emulated cloud network
-//! (two network namespaces, per-flow caps, [`netem`]), and prints one kind of row ([`row`]):
-//! delivery p50/p90/p99/max after the warm-up, inter-arrival, goodput, compression, CPU over
-//! the measured ledgers, memory and each lane. `remote` runs the same rows against a relay on
-//! another host, beside the bench's own TCP yardstick ([`yardstick`]), which `yardstick`
-//! serves there. `cpu` measures transport cost in one process, `storage` the ring's disk and
-//! the data lake's writes and backfill.
+//! `run` takes scenarios as data ([`scenario`]: presets, fields set by flags, sweeps) through
+//! one runner ([`runner`]) with the real `ledger-relay` and `ledger-subscribe` binaries, on
+//! loopback or an emulated cloud network ([`netem`]), and prints one kind of row ([`row`]).
+//! `remote` runs such rows against a relay on another host beside the bench's TCP yardstick
+//! ([`yardstick`]), which `yardstick` serves there. `cpu` measures transport cost in one
+//! process, `storage` the ring's disk and a data lake's writes and backfill.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

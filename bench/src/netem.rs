@@ -1,13 +1,8 @@
 //! The emulated cloud network: two network namespaces joined by a veth pair, addresses from
 //! 198.18.0.0/15 (RFC 2544's benchmarking range), and on the relay's side an HTB qdisc with an
-//! aggregate class and one class per flow, keyed by a UDP or TCP port, so that a rate cap is
-//! per 5-tuple as EC2's per-flow limit is.
-//!
-//! Everything is done with the `ip` and `tc` commands (HTB and u32 filters; `fq`, `netem` and
-//! `sfq` are not needed). [`Netem`] removes its namespaces when dropped, and
-//! [`cleanup_registered`] (the Ctrl-C handler) removes every namespace this process created.
-//! [`in_ns`] runs a closure on a thread that has joined a namespace, so the bench's own
-//! clients (the TCP yardstick's reader, metrics scrapes) cross the same path.
+//! aggregate class and one class per flow keyed by a port, so that a cap is per 5-tuple as
+//! EC2's is. [`Netem`] removes its namespaces when dropped, [`cleanup_registered`] on Ctrl-C;
+//! [`in_ns`] runs a closure on a thread inside a namespace.
 
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};

@@ -1,19 +1,12 @@
-//! `ledger-bench remote`: single flow against lanes on a real network, against a relay on
-//! another host (`ledger-relay run --source synthetic:...`) and, with `--tcp`, the bench's TCP
-//! yardstick on that host (`ledger-bench yardstick` with the same source): a row per lane count
-//! (`ledger-subscribe` from the tip) and one over the yardstick, through the runner, in the
-//! same table, CSV, JSON and plots as the rows of one machine.
+//! `ledger-bench remote`: single flow against lanes on a real network: a row per lane count
+//! (`ledger-subscribe` from the tip) against a relay on another host and, with `--tcp`, one over
+//! the bench's TCP yardstick there (`ledger-bench yardstick` with the relay's source).
 //!
-//! **Clocks.** Delivery is the subscriber's clock when it holds a whole ledger minus the
-//! relay's when it read the ledger's last byte; on two hosts those clocks differ. With `--tcp`
-//! the offset is estimated as NTP does, over the yardstick: probes carry this host's send time
-//! t0, the server stamps its receipt t1 and its answer t2, the answer arrives at t3; its clock
-//! minus ours is ((t1 - t0) + (t2 - t3)) / 2, exact when both directions take equally long and
-//! wrong by at most half the round trip otherwise. Of `--clock-probes` probes the one with the
-//! shortest round trip is kept, before the rows and after them; the mean of the two is added
-//! to every delivery, and the header line gives both, the bound and the drift. (The yardstick
-//! runs on the relay's host, so its clock is the relay's.) Without `--tcp` delivery is left as
-//! the clocks say. Inter-arrival, throughput and transfer goodput use this host's clock alone.
+//! **Clocks.** Delivery compares the two hosts' clocks. With `--tcp` their offset is estimated
+//! as NTP does over the yardstick (which runs on the relay's host): ((t1 - t0) + (t2 - t3)) / 2,
+//! wrong by at most half the round trip; of `--clock-probes` probes the shortest round trip is
+//! kept, before the rows and after; the mean is added to every delivery. Without `--tcp`
+//! delivery is left as the clocks say. Inter-arrival and throughput use this host's clock.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -201,8 +194,11 @@ pub fn main(a: &RemoteArgs) -> anyhow::Result<()> {
         report.clock.describe(),
         crate::row::table(&report.rows)
     );
-    a.output
-        .emit(&table, || crate::row::csv(&report.rows), &report)?;
+    a.output.emit(
+        &table,
+        || crate::report::csv(&report.rows, &["delivery_ms"]),
+        &report,
+    )?;
     crate::plots::draw(&a.output, &report.rows);
     if report.rows.iter().all(|r| r.error.is_some()) {
         bail!("every row failed");

@@ -95,3 +95,69 @@ pub fn table_of<R>(
     }
     s
 }
+
+/// `v`'s scalars by their path (`delivery.p99_ms`); a list's values joined by `;` under one
+/// path (`lanes.delivered_bytes`); absent values left out.
+fn flatten(path: String, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    use serde_json::Value;
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match v {
+        Value::Null => {}
+        Value::Object(m) => m.iter().for_each(|(k, v)| flatten(join(k), v, out)),
+        Value::Array(items) => {
+            let mut cols: Vec<(String, String)> = Vec::new();
+            for item in items {
+                let mut one = Vec::new();
+                flatten(path.clone(), item, &mut one);
+                for (k, v) in one {
+                    match cols.iter_mut().find(|c| c.0 == k) {
+                        Some(c) => c.1 = format!("{};{v}", c.1),
+                        None => cols.push((k, v)),
+                    }
+                }
+            }
+            out.extend(cols);
+        }
+        Value::String(t) => out.push((path, t.replace([',', '\n'], ";"))),
+        other => out.push((path, other.to_string())),
+    }
+}
+
+/// One CSV line per row: every figure, named by its path in the JSON (`delivery.p99_ms`,
+/// `cpu.relay_ms`, `lanes.delivered_bytes`), empty where the row has none; the top-level
+/// fields in `skip` are in the JSON only.
+pub fn csv(rows: &[impl serde::Serialize], skip: &[&str]) -> String {
+    let flat: Vec<Vec<(String, String)>> = (rows.iter())
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let Some(m) = v.as_object_mut() {
+                skip.iter().for_each(|k| drop(m.remove(*k)));
+            }
+            let mut out = Vec::new();
+            flatten(String::new(), &v, &mut out);
+            out
+        })
+        .collect();
+    let mut cols: Vec<&str> = Vec::new();
+    for (k, _) in flat.iter().flatten() {
+        if !cols.contains(&k.as_str()) {
+            cols.push(k);
+        }
+    }
+    let mut s = cols.join(",") + "\n";
+    for row in &flat {
+        let cell = |c: &&str| {
+            row.iter()
+                .find(|(k, _)| k == c)
+                .map_or("", |(_, v)| v.as_str())
+        };
+        s += &(cols.iter().map(cell).collect::<Vec<_>>().join(",") + "\n");
+    }
+    s
+}

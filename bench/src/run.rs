@@ -164,8 +164,11 @@ pub fn main(a: &RunArgs) -> anyhow::Result<()> {
         fmt(report.load[1])
     );
     let table = head + &crate::row::table(&report.rows);
-    a.output
-        .emit(&table, || crate::row::csv(&report.rows), &report)?;
+    a.output.emit(
+        &table,
+        || crate::report::csv(&report.rows, &["delivery_ms"]),
+        &report,
+    )?;
     crate::plots::draw(&a.output, &report.rows);
     if report.rows.iter().all(|r| r.error.is_some()) {
         bail!("every row failed");

@@ -1,19 +1,12 @@
-//! The one runner: a [`Scenario`] in, what it measured ([`Taken`]) out, whatever the network,
-//! topology, carrier or mode.
+//! The one runner: a [`Scenario`] in, what it measured ([`Taken`]) out.
 //!
-//! A relay row starts its relays (in the emulated network's relay namespace when there is one,
-//! its flows capped: each lane's port on a direct row, the root's sending port on a tier, each
-//! relay's on a hedge), the synthetic or file source running from ledger 2 (a file: from its
-//! first ledger). Subscribers ask for `first..=last`: live, `first` is far enough ahead for
-//! every process to be connected when it is published (the relays wait for it,
-//! `--start-wait`); from the ring, they start once the source finished, at its first ledger.
-//! The measured window runs from when every subscriber holds its last warm-up ledger to when
-//! every one holds `last`: the relays' CPU over it (and the delivery path's, without the
-//! threads off it), each subscriber process's, and the first relay's memory sampled every
-//! 100 ms. With `baseline_ledgers`, the relay's CPU and memory with no subscriber come first;
-//! with `idle`, as many sessions then wait at the tip and their memory and CPU are read. The
-//! relay's per-lane counters are read at the end; every subscriber's stats file must hold
-//! exactly its ledgers, in order.
+//! A relay row starts its relays (in the emulated network's relay namespace, flows capped, when
+//! there is one). Subscribers ask for `first..=last`: live, `first` is far enough ahead for every
+//! process to connect before it is published (`--start-wait`); from the ring, they start once
+//! the source finished. The measured window runs from when every subscriber holds its last
+//! warm-up ledger to when every one holds `last`: the relays' and subscribers' CPU over it and
+//! the first relay's memory sampled every 100 ms; `baseline_ledgers` and `idle` add the relay
+//! alone and with idle sessions. Every subscriber's stats file must hold exactly its ledgers.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -28,7 +21,7 @@ use crate::procs::{
     cpu_seconds, kill_all, status_kib, thread_cpu_seconds, wait_with_cpu, RssSampler,
 };
 use crate::row::{Cpu, Lane, Memory, Taken};
-use crate::scenario::{Carrier, Export, HedgeTo, Mode, Network, Scenario, Source, Topology};
+use crate::scenario::{Carrier, Export, HedgeTo, Mode, Network, Scenario, TopoKind};
 use crate::stats::{read_lenient, Record};
 use crate::yardstick::client::Yardstick;
 
@@ -112,7 +105,7 @@ impl Span {
         let lead = match sc.mode {
             Mode::CatchUp => 0,
             _ => {
-                let tier = matches!(sc.topology(), Topology::Tier { .. });
+                let tier = sc.topology == TopoKind::Tier;
                 let connect_s =
                     2.0 + 0.1 * f64::from(sc.processes() + sc.edges) + if tier { 3.0 } else { 0.0 };
                 let k = ((connect_s * 1e3 / cadence).ceil() as u32 + 1).min(32);
@@ -361,12 +354,13 @@ fn relay_flags(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Vec<Strin
 
 /// A relay row (see the module documentation).
 fn relays(env: &Env, sc: &Scenario, dir: &Path, net: Network) -> anyhow::Result<Taken> {
-    let (start, source, count_max) = match sc.source(&env.testdata) {
-        Source::File(p) => {
+    let (start, source, count_max) = match sc.source.strip_prefix("file:") {
+        Some(p) => {
+            let p = env.testdata.join(p);
             let (first, n) = file_span(&p)?;
             (first, format!("file:{}", p.display()), n)
         }
-        Source::Synthetic { .. } => (2, String::new(), u32::MAX),
+        None => (2, String::new(), u32::MAX),
     };
     let sp = Span::of(sc, start);
     if sp.last - start + 1 > count_max {
@@ -444,8 +438,8 @@ fn start_relays(
         Network::Emulated(shape) => Some(shape),
         _ => None,
     };
-    match sc.topology() {
-        Topology::Direct => {
+    match sc.topology {
+        TopoKind::Direct => {
             p.relays
                 .push(c.relay_in(ns, &dir.join("relay"), s, source, &[])?);
             if let (Some(n), Some(shape)) = (&mut p.netem, shape) {
@@ -455,9 +449,7 @@ fn start_relays(
                 }
             }
         }
-        Topology::Tier {
-            edges, cut_through, ..
-        } => {
+        TopoKind::Tier => {
             let root = c.relay_in(ns, &dir.join("root"), s, source, &[])?;
             if let (Some(n), Some(shape)) = (&mut p.netem, shape) {
                 n.cap_source_port(root.addr.port(), shape.aggregate_bps)?;
@@ -465,11 +457,11 @@ fn start_relays(
             let edge_ns = p.netem.as_ref().map(|n| (n.sub_ns.clone(), "127.0.0.1"));
             let upstream = format!("relay:{}", root.addr);
             p.relays.push(root);
-            for e in 0..edges {
+            for e in 0..sc.edges {
                 let name = format!("sub-{}", sc.processes() + 1 + e);
                 let words = format!("--upstream-name {name} --upstream-lanes {}", sc.lanes);
                 let mut extra: Vec<String> = words.split_whitespace().map(String::from).collect();
-                if cut_through {
+                if sc.cut_through {
                     extra.push("--cut-through".into());
                 }
                 let ns = edge_ns.as_ref().map(|(n, ip)| (n.as_str(), *ip));
@@ -482,9 +474,9 @@ fn start_relays(
                 )?);
             }
         }
-        Topology::Hedge { degrade, .. } => {
+        TopoKind::Hedge => {
             let healthy = f64::from(sc.lanes) * shape.map_or(0, |s| s.flow_bps) as f64;
-            for (name, bps) in [("a", healthy), ("b", healthy / degrade)] {
+            for (name, bps) in [("a", healthy), ("b", healthy / sc.degrade)] {
                 let relay = c.relay_in(ns, &dir.join(name), s, source, &[])?;
                 if let Some(n) = &mut p.netem {
                     n.cap_source_port(relay.addr.port(), bps as u64)?;
@@ -545,29 +537,24 @@ fn subscribers(
     let started = (|| {
         for i in 0..sc.processes() {
             let sessions = per.min(sc.subscribers - i * per);
-            let (relays, extra) = match sc.topology() {
-                Topology::Direct if p.netem.is_some() => (
+            let (relays, extra) = match (sc.topology, sc.hedge_to) {
+                (TopoKind::Direct, _) if p.netem.is_some() => (
                     addr(0),
                     vec![
                         "--lane-ports".into(),
                         (LANE_PORTS + i * u16::from(sc.lanes)).to_string(),
                     ],
                 ),
-                Topology::Direct => (addr(0), vec![]),
-                Topology::Tier { edges, .. } => (addr(1 + usize::from(i % edges)), vec![]),
-                Topology::Hedge { to: HedgeTo::A, .. } => (addr(0), vec![]),
-                Topology::Hedge { to: HedgeTo::B, .. } => (addr(1), vec![]),
-                Topology::Hedge {
-                    to: HedgeTo::Both, ..
-                } => (format!("{},{}", addr(0), addr(1)), vec!["--hedge".into()]),
+                (TopoKind::Direct, _) | (TopoKind::Hedge, HedgeTo::A) => (addr(0), vec![]),
+                (TopoKind::Tier, _) => (addr(1 + usize::from(i % sc.edges)), vec![]),
+                (TopoKind::Hedge, HedgeTo::B) => (addr(1), vec![]),
+                (TopoKind::Hedge, HedgeTo::Both) => {
+                    (format!("{},{}", addr(0), addr(1)), vec!["--hedge".into()])
+                }
             };
             stats.extend(spawn(i, relays, sessions, extra, &mut kids)?.stats_files());
         }
-        if let Topology::Tier {
-            root_subscriber: true,
-            ..
-        } = sc.topology()
-        {
+        if sc.topology == TopoKind::Tier && sc.root_subscriber {
             return Ok(Some(
                 spawn(sc.processes(), addr(0), 1, vec![], &mut kids)?.stats,
             ));
@@ -710,17 +697,9 @@ fn window(
 fn alone(sc: &Scenario, relay: &mut RelayProc, sp: Span, t: &mut Taken) -> anyhow::Result<()> {
     let limit =
         Duration::from_secs_f64(sc.cadence_ms() / 1e3 * f64::from(sc.baseline_ledgers + 3) + 60.0);
-    let newest = |r: &RelayProc| r.scrape().map_or(0, |s| s.get("ring_newest") as u32);
     let wait = |r: &mut RelayProc, seq: u32| -> anyhow::Result<(f64, u32)> {
-        let start = Instant::now();
-        while newest(r) < seq {
-            r.check_alive()?;
-            if start.elapsed() > limit {
-                bail!("the relay's ring did not reach ledger {seq} within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok((cpu_seconds(r.pid).context("the relay's CPU")?, newest(r)))
+        let newest = r.wait_newest(seq, limit)?;
+        Ok((cpu_seconds(r.pid).context("the relay's CPU")?, newest))
     };
     let (c0, n0) = wait(relay, sp.start + 1)?;
     let (c1, n1) = wait(relay, sp.start + sc.baseline_ledgers.max(3) - 1)?;
@@ -783,8 +762,8 @@ fn idle(
 
 /// The relay's per-lane counters, with each lane's cap on a direct emulated row.
 fn lanes(sc: &Scenario, m: &Scrape) -> Vec<Lane> {
-    let cap = match (sc.network(), sc.topology()) {
-        (Network::Emulated(shape), Topology::Direct) => Some(shape.flow_bps as f64 / 1e6),
+    let cap = match (sc.network(), sc.topology) {
+        (Network::Emulated(shape), TopoKind::Direct) => Some(shape.flow_bps as f64 / 1e6),
         _ => None,
     };
     (0..sc.lanes)

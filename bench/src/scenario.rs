@@ -1,17 +1,9 @@
-//! A scenario is one row of a run, as data: the network, the relays' topology, the source,
-//! the codec, lanes, subscribers, the delivery mode and the number of ledgers. Presets are
-//! files of scenarios (`bench/scenarios/*.toml`, built in); a flag or a sweep sets any field of
-//! every row, so one runner measures what used to be a program per question.
-//!
-//! A preset file holds `about` (one line), `[defaults]` (fields every row starts from),
-//! `[sweep]` (fields whose values multiply the rows, as `--sweep` does) and `[[row]]` tables
-//! (each with a `name`). Fields are flat, so that `--set flow_mbit=100` or
-//! `--sweep lanes=1,2,4` reaches any of them; [`Scenario::network`], [`Scenario::topology`]
-//! and [`Scenario::source`] give the typed view the runner works from. Durations are strings
-//! in the duration grammar of every command (`600ms`, `1.5s`) or numbers of milliseconds;
-//! sizes are strings (`594KiB`, `14.5MiB`) or numbers of bytes.
-
-use std::path::{Path, PathBuf};
+//! A scenario is one row of a run, as data: network, topology, source, codec, lanes,
+//! subscribers, delivery mode, ledgers. A preset file (`bench/scenarios/*.toml`, built in) holds
+//! `about`, `[defaults]`, `[sweep]` (fields whose values multiply the rows, as `--sweep` does)
+//! and `[[row]]` tables, each with a `name`. Fields are flat, so `--set` and `--sweep` reach any
+//! of them. Durations are `600ms`-style strings or milliseconds; sizes `594KiB`-style strings
+//! or bytes.
 
 use anyhow::{bail, Context};
 use serde::de::Error as _;
@@ -266,43 +258,6 @@ pub enum Network {
     },
 }
 
-/// The topology of a row, typed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Topology {
-    /// One relay.
-    Direct,
-    /// A root and edges.
-    Tier {
-        /// Edge relays.
-        edges: u16,
-        /// Edges pass ledgers on as chunks arrive.
-        cut_through: bool,
-        /// A reference subscriber on the root.
-        root_subscriber: bool,
-    },
-    /// Relays A and B, B degraded.
-    Hedge {
-        /// B's path this many times narrower.
-        degrade: f64,
-        /// Which relays the subscribers take.
-        to: HedgeTo,
-    },
-}
-
-/// The source of a row, typed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Source {
-    /// Synthetic ledgers.
-    Synthetic {
-        /// Bytes per ledger.
-        size: u64,
-        /// zstd-1 ratio.
-        ratio: f64,
-    },
-    /// A record-marked dump.
-    File(PathBuf),
-}
-
 impl Scenario {
     /// The typed network.
     pub fn network(&self) -> Network {
@@ -319,33 +274,6 @@ impl Scenario {
             NetKind::Remote => Network::Remote {
                 relay: self.relay.clone().unwrap_or_default(),
                 tcp: self.tcp.clone(),
-            },
-        }
-    }
-
-    /// The typed topology.
-    pub fn topology(&self) -> Topology {
-        match self.topology {
-            TopoKind::Direct => Topology::Direct,
-            TopoKind::Tier => Topology::Tier {
-                edges: self.edges,
-                cut_through: self.cut_through,
-                root_subscriber: self.root_subscriber,
-            },
-            TopoKind::Hedge => Topology::Hedge {
-                degrade: self.degrade,
-                to: self.hedge_to,
-            },
-        }
-    }
-
-    /// The typed source, a relative file under `testdata`.
-    pub fn source(&self, testdata: &Path) -> Source {
-        match self.source.strip_prefix("file:") {
-            Some(p) => Source::File(testdata.join(p)),
-            None => Source::Synthetic {
-                size: self.size,
-                ratio: self.ratio,
             },
         }
     }

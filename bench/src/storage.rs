@@ -1,17 +1,12 @@
 //! `ledger-bench storage`: what the relay's storage costs and gives.
 //!
-//! - **paced** and **burst** (the ring's disk): the real `ledger-relay run` on loopback with a
-//!   synthetic source and no subscriber, one ledger every `--paced-cadence` (the network's
-//!   pace) and then as fast as the relay takes them (`--burst-cadence`, a catch-up from core).
-//!   Every `--sample-interval`, `du -sb` of the whole data directory against the ring's live
-//!   bytes (`ledger_relay_ring_bytes`): the ratio once the ring is full while the source runs
-//!   (mean and peak), its peak after the ring first filled, and `--idle` after the source
-//!   stopped; the bytes the process wrote (`/proc/PID/io` `wchar`) per byte stored; CPU per
-//!   ledger, the whole process's and the ring's (the process's less every thread that is not
-//!   the ring's, [`is_ring_thread`]).
+//! - **paced** and **burst** (the ring's disk): `ledger-relay run` with a synthetic source and no
+//!   subscriber, at the network's pace and then as fast as it takes them. Sampled: `du -sb` of
+//!   the data directory against the ring's live bytes (`ledger_relay_ring_bytes`) while running
+//!   and after `--idle`; bytes written (`/proc/PID/io` `wchar`) per byte stored; CPU per
+//!   ledger, the process's and the ring's (the process less every other thread).
 //! - **backfill** and **sessions** (a SEP-54 data lake, [`lake`]): writing a lake, then reading
-//!   it back (backfill) against catch-up from the ring, in this process and through a real
-//!   relay and subscriber.
+//!   it back against catch-up from the ring, in this process and through a relay and subscriber.
 
 pub mod lake;
 

@@ -4,7 +4,7 @@
 
 use clap::Parser;
 use ledger_relay_bench::scenario::{
-    Carrier, Mode, NetKind, Network, Preset, Scenario, Topology, PRESETS,
+    Carrier, Mode, NetKind, Network, Preset, Scenario, TopoKind, PRESETS,
 };
 use ledger_relay_bench::{Cli, Command};
 
@@ -71,13 +71,10 @@ fn every_built_in_preset_expands_into_rows_that_can_run() {
     assert_eq!(fanout[3].cadence_ms(), 64.0 * 40.0);
     assert_eq!(fanout[7].cadence_ms(), 64.0 * 80.0);
     let tree = rows(&["--preset", "tiers", "--only", "tree-4x4"]).unwrap();
+    let t = &tree[0];
     assert_eq!(
-        tree[0].topology(),
-        Topology::Tier {
-            edges: 4,
-            cut_through: false,
-            root_subscriber: false
-        }
+        (t.topology, t.edges, t.cut_through, t.root_subscriber),
+        (TopoKind::Tier, 4, false, false)
     );
 }
 

@@ -131,7 +131,8 @@ mod row {
         assert!((row.span_s - (1.2 + 0.09)).abs() < 1e-9, "{}", row.span_s);
         let failed = Row::finish(&sc, Err(anyhow::anyhow!("no relay")), 0.0);
         assert!(table(&[row, failed.clone()]).contains("FAILED: no relay"));
-        assert_eq!(csv(&[failed]).lines().count(), 2);
+        let csv = ledger_relay_bench::report::csv(&[failed], &["delivery_ms"]);
+        assert_eq!(csv.lines().count(), 2);
         // 1 MB over 8 Mbit/s (97% usable) less a 10 ms emit window.
         let b = model_bound_ms(1e6, 1e4, 8e6, 8e6, 10.0);
         assert!((b - (1e6 / (8e6 * 0.97 / 8.0) * 1e3 - 10.0)).abs() < 1e-9);
@@ -282,8 +283,12 @@ mod message {
         out
     }
 
+    fn read(bytes: &[u8], max_len: u32) -> Result<Reply, MessageError> {
+        read_reply(&mut std::io::Cursor::new(bytes), max_len)
+    }
+
     #[test]
-    fn replies_decode_from_pieces_of_any_size_and_every_prefix_is_incomplete() {
+    fn replies_are_read_in_turn_and_a_message_cut_short_is_an_error() {
         let bytes = replies();
         let want = vec![
             Reply::Clock(ClockSample {
@@ -300,62 +305,45 @@ mod message {
             },
             Reply::Error("bye".into()),
         ];
-        for piece in [1, 2, 3, 7, 64] {
-            let mut d = ReplyDecoder::new(1 << 20);
-            let mut got = Vec::new();
-            for p in bytes.chunks(piece) {
-                d.feed(p);
-                while let Some(r) = d.next_reply().unwrap() {
-                    got.push(r);
-                }
-            }
-            assert!(!d.in_message());
-            assert_eq!(got, want, "pieces of {piece}");
-        }
-        for n in 0..bytes.len() {
-            let mut d = ReplyDecoder::new(1 << 20);
-            d.feed(&bytes[..n]);
-            while d.next_reply().unwrap().is_some() {}
-            assert_eq!(d.in_message(), n != 0 && n != 25 && n != 55, "prefix {n}");
+        let mut r = std::io::Cursor::new(&bytes[..]);
+        let got: Vec<Reply> = (0..3)
+            .map(|_| read_reply(&mut r, 1 << 20).unwrap())
+            .collect();
+        assert_eq!(got, want);
+        let eof = MessageError::Io(std::io::ErrorKind::UnexpectedEof);
+        assert_eq!(read_reply(&mut r, 1 << 20), Err(eof.clone()));
+        // Every cut inside the ledger's message (bytes 25..55) leaves it unread.
+        for n in 26..55 {
+            assert_eq!(read(&bytes[25..n], 1 << 20), Err(eof.clone()), "cut at {n}");
         }
     }
 
     #[test]
     fn bad_replies_are_typed_errors_and_arbitrary_bytes_never_panic() {
         let mut head = ledger_head(9, 0, 0, 100).unwrap();
-        let mut d = ReplyDecoder::new(99);
-        d.feed(&head);
         let too_long = MessageError::Record {
             seq: 9,
             source: RecordError::TooLong { len: 100, max: 99 },
         };
-        assert_eq!(d.next_reply(), Err(too_long));
+        assert_eq!(read(&head, 99), Err(too_long));
         head[21] &= 0x7f;
-        let mut d = ReplyDecoder::new(1 << 20);
-        d.feed(&head);
         assert!(matches!(
-            d.next_reply(),
+            read(&head, 1 << 20),
             Err(MessageError::Record {
                 source: RecordError::NotLastFragment { .. },
                 ..
             })
         ));
-        let mut d = ReplyDecoder::new(1 << 20);
-        d.feed(&[0x83, 0xff, 0xff]);
         assert_eq!(
-            d.next_reply(),
+            read(&[0x83, 0xff, 0xff], 1 << 20),
             Err(MessageError::ErrorTooLong { len: 65535 })
         );
         assert!(ledger_head(1, 0, 0, 0).is_err(), "no empty record");
         let long = error_message(&"é".repeat(MAX_ERROR_LEN));
-        let mut d = ReplyDecoder::new(1);
-        d.feed(&long);
-        assert!(matches!(d.next_reply(), Ok(Some(Reply::Error(m))) if m.len() == MAX_ERROR_LEN));
-        // Whatever arrives, the decoder answers with a message, a wait or an error, never a
-        // panic.
+        assert!(matches!(read(&long, 1), Ok(Reply::Error(m)) if m.len() == MAX_ERROR_LEN));
+        // Whatever arrives, the reader answers with a message or an error, never a panic.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..2000 {
-            let mut d = ReplyDecoder::new(4096);
             let bytes: Vec<u8> = (0..64)
                 .map(|_| {
                     x ^= x << 13;
@@ -364,8 +352,8 @@ mod message {
                     [0x81, 0x82, 0x83, x as u8][(x >> 40) as usize % 4]
                 })
                 .collect();
-            d.feed(&bytes);
-            while let Ok(Some(_)) = d.next_reply() {}
+            let mut r = std::io::Cursor::new(&bytes[..]);
+            while read_reply(&mut r, 4096).is_ok() {}
         }
     }
 

@@ -1,20 +1,12 @@
-//! A SEP-54 data lake on a loopback S3-protocol server (`moto_server`, Python, on the same
-//! cores: its CPU is part of what is measured): the same ledgers written to the lake (as the
-//! exporter writes them) and to a ring; then the rate at which a session's source side gets
-//! them, in this process: `Ring::get` into the relay's chunked form (catch-up from the ring),
-//! and the backfill API (`Backfill::cursor` and `fetch`: fetch, decompress, decode and check a
-//! batch, then chunk and compress as the pipeline does) at each prefetch depth, with what the
-//! prefetch held at its peak against its stated bound, and the lake read without chunking.
-//! Synthetic ledgers and the 320 real testnet ledgers (small objects, where per-request
-//! latency dominates) both.
+//! A SEP-54 data lake on a loopback S3-protocol server (`moto_server`, on the same cores: its
+//! CPU is part of what is measured), for synthetic ledgers and the 320 testnet ledgers.
 //!
-//! Through sessions: the release relay with `--backfill` on that lake and a ring smaller than
-//! the history, and a `ledger-subscribe` (4 lanes, verifying everything) from the lake's first
-//! ledger, against the same relay with a ring holding it all. The relay's source is the lake's
-//! own ledgers and [`TAIL`] more, read before the subscriber starts, so the subscription
-//! crosses from the lake into the ring. Timed from the first ledger received to the last of
-//! the lake's; the relay's memory sampled every 20 ms against one backfilling session's bound,
-//! `(depth + 1) x` the largest decoded batch.
+//! In this process: catch-up from a ring (`Ring::get`) against the backfill API (fetch,
+//! decompress, decode, check, chunk) at each prefetch depth, with the prefetch's peak against
+//! its bound, and the lake read without chunking. Through sessions: a relay with `--backfill`
+//! and a ring smaller than the history, and a `ledger-subscribe` from the lake's first ledger
+//! into the ring ([`TAIL`] more), against the same relay with a ring holding it all; the
+//! relay's memory sampled against a session's bound, `(depth + 1) x` the largest batch.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -380,14 +372,8 @@ fn session(
         ]
     });
     let mut relay = c.relay_in(None, &dir, &s, &source, &extra)?;
-    let (t, last) = (Instant::now(), first + total - 1);
-    while (relay.scrape()?.get("ring_newest") as u32) < last {
-        relay.check_alive()?;
-        if t.elapsed() > Duration::from_secs(600) {
-            bail!("the relay did not read its source within 600 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let last = first + total - 1;
+    relay.wait_newest(last, Duration::from_secs(600))?;
     let rss = RssSampler::start(relay.pid, Duration::from_millis(20), 100_000);
     let spec = SubSpec::new("sub-0", first, Some(total), 4, &dir, "sub");
     let ran = c.run_subscriber(
