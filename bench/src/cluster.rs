@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::netem::{Netem, RELAY_ADDR};
-use crate::procs::{kill_all, sibling_binary, track, wait_with_cpu};
+use crate::procs::{kill_all, log_tail, sibling_binary, track, wait_with_cpu};
 use crate::stats::Record;
 
 /// Creates an ephemeral CA in `dir`: a relay certificate for loopback and the emulated
@@ -256,10 +256,7 @@ impl Cluster {
 impl RelayProc {
     /// Waits until the relay's log holds `what`; fails if it exits or `within` passes first.
     pub fn wait_log(&mut self, what: &str, within: Duration) -> anyhow::Result<()> {
-        let log = self.log.clone();
-        self.wait_until(&format!("{what:?} in its log"), within, move |_| {
-            std::fs::read_to_string(&log).is_ok_and(|t| t.contains(what))
-        })
+        crate::procs::wait_log(&mut self.child, &self.log, what, within).context("the relay")
     }
 
     /// Waits until the relay's ring holds ledger `seq`; returns its newest.
@@ -428,10 +425,4 @@ impl Scrape {
             Some((labels, *v))
         })
     }
-}
-
-/// The last `n` lines of a log, newest first, joined by ` | ` (for error messages).
-pub fn log_tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines().rev().take(n).collect::<Vec<_>>().join(" | ")
 }

@@ -88,12 +88,10 @@ pub enum CpuRow {
 }
 
 impl CpuRow {
-    fn name(self) -> &'static str {
-        match self {
-            CpuRow::Quinn => "quinn",
-            CpuRow::TlsTcp => "tls-tcp",
-            CpuRow::Relay => "relay",
-        }
+    fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
     }
 }
 
@@ -154,7 +152,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
 /// The rows' table.
 pub fn table(rows: &[Measured]) -> String {
     let cols: [Col<Measured>; 6] = [
-        Col::l("row", 8, |m| m.row.name().into()),
+        Col::l("row", 8, |m| m.row.name()),
         Col::r("ledgers", 8, |m| m.ledgers.to_string()),
         Col::r("MiB", 10, |m| format!("{:.1}", m.size as f64 / 1048576.0)),
         Col::r("CPU ms/ledger", 14, |m| {
@@ -197,6 +195,14 @@ fn baseline_group(comm: &str) -> &'static str {
 /// thread can take the CPU readings at the warm-up's end and at the last ledger.
 type Progress = std::sync::mpsc::Sender<u32>;
 
+/// Tells `progress` of each whole ledger of `size` bytes in the `got` bytes received so far.
+fn count(got: usize, size: usize, done: &mut u32, progress: &Progress) {
+    while got >= size * (*done as usize + 1) {
+        *done += 1;
+        let _ = progress.send(*done);
+    }
+}
+
 impl Run {
     fn total(&self) -> u32 {
         self.warmup + self.ledgers
@@ -219,26 +225,30 @@ impl Run {
     {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (progress_tx, progress_rx) = std::sync::mpsc::channel();
-        // Each end stays alive until the last reading is taken, so its thread's CPU shows in
-        // the split even when it finished first (a TCP flow ends within microseconds).
-        let release = Release::default();
-        let recv = spawn_named(RECEIVER, {
-            let release = release.clone();
-            move || release.after(receiver(addr_rx, progress_tx))
+        // Each end holds its thread until the last reading is taken (the gate opens), so its
+        // CPU shows in the split even when it finished first (a TCP flow ends within
+        // microseconds).
+        let gate = Arc::new(std::sync::RwLock::new(()));
+        let held = gate.write().unwrap_or_else(|e| e.into_inner());
+        let g = gate.clone();
+        let recv = spawn_named(RECEIVER, move || {
+            let r = receiver(addr_rx, progress_tx);
+            drop(g.read());
+            r
         })?;
-        let send = spawn_named(SENDER, {
-            let release = release.clone();
-            move || release.after(sender(addr_tx))
+        let g = gate.clone();
+        let send = spawn_named(SENDER, move || {
+            let r = sender(addr_tx);
+            drop(g.read());
+            r
         })?;
         let limit = self.cadence * (self.total() + 10) + Duration::from_secs(60);
         let deadline = Instant::now() + limit;
-        let mut start = None;
-        let mut end = None;
+        let (mut start, mut end) = (None, None);
         while end.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
-            let n = match progress_rx.recv_timeout(left) {
-                Ok(n) => n,
-                Err(_) => break,
+            let Ok(n) = progress_rx.recv_timeout(left) else {
+                break;
             };
             let reading = (cputime::process_cpu(), cputime::thread_cpu(baseline_group));
             if n == self.warmup {
@@ -247,37 +257,28 @@ impl Run {
                 end = Some(reading);
             }
         }
-        release.release();
+        drop(held);
         // Either end may be stuck (a failed handshake leaves the other waiting): join only
-        // what finished within a grace period, and report the first error, so a broken row
-        // fails with its cause instead of hanging the bench.
+        // what finished within a grace period, so a broken row fails with its cause.
         let grace = Instant::now() + Duration::from_secs(30);
         while !(send.is_finished() && recv.is_finished()) && Instant::now() < grace {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let mut stuck = Vec::new();
+        let (name, mut stuck) = (row.name(), Vec::new());
         for (side, handle) in [("sender", send), ("receiver", recv)] {
             if !handle.is_finished() {
                 stuck.push(side);
                 continue;
             }
-            match handle.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e.context(format!("{} {side}", row.name()))),
-                Err(_) => bail!("{} {side} panicked", row.name()),
-            }
+            let joined = handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
+            joined?.with_context(|| format!("{name} {side}"))?;
         }
-        if !stuck.is_empty() {
+        let (true, Some((Some(c0), t0)), Some((Some(c1), t1))) = (stuck.is_empty(), start, end)
+        else {
             bail!(
-                "{}: the {} did not finish within {limit:?} and 30 s more",
-                row.name(),
-                stuck.join(" and ")
-            );
-        }
-        let (Some((Some(c0), t0)), Some((Some(c1), t1))) = (start, end) else {
-            bail!(
-                "{}: the receiver did not report {} ledgers within {limit:?}",
-                row.name(),
+                "{name}: the receiver did not report {} ledgers within {limit:?} (stuck: {stuck:?})",
                 self.total()
             );
         };
@@ -296,7 +297,13 @@ impl Run {
 
     /// Bare quinn: one connection, one unidirectional stream carrying every ledger.
     fn quinn(&self) -> anyhow::Result<Measured> {
-        let (server, client) = (self.quinn_server()?, self.quinn_client()?);
+        let c = |f: &str| self.certs.join(f);
+        let verifier = crate::yardstick::serve::verifier(&self.certs)?;
+        let (chain, key) = (load_certs(&c("relay.pem"))?, load_key(&c("relay.key"))?);
+        let server = tls::server_config(chain, key, verifier, &self.transport)?;
+        let (chain, key) = (load_certs(&c("bench.pem"))?, load_key(&c("bench.key"))?);
+        let client =
+            tls::client_config(&load_certs(&c("ca.pem"))?, &[], chain, key, &self.transport)?;
         let transport = self.transport.clone();
         let payload = self.payload();
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
@@ -339,38 +346,18 @@ impl Run {
                 endpoint.set_default_client_config(client);
                 let conn = endpoint.connect(peer, "localhost")?.await?;
                 let mut stream = conn.accept_uni().await?;
-                let mut got = 0usize;
-                let mut done = 0u32;
+                let (mut got, mut done) = (0, 0);
                 while let Some(chunk) = stream.read_chunk(usize::MAX, true).await? {
                     got += chunk.bytes.len();
-                    while got >= size * (done as usize + 1) {
-                        done += 1;
-                        let _ = progress.send(done);
-                    }
+                    count(got, size, &mut done, &progress);
                 }
-                if done != total {
-                    bail!("received {done} of {total} ledgers");
-                }
+                anyhow::ensure!(done == total, "received {done} of {total} ledgers");
                 conn.close(0u32.into(), b"done");
                 endpoint.wait_idle().await;
                 Ok(())
             })
         };
         self.measure(CpuRow::Quinn, sender, receiver)
-    }
-
-    fn quinn_server(&self) -> anyhow::Result<quinn::ServerConfig> {
-        let chain = load_certs(&self.certs.join("relay.pem"))?;
-        let key = load_key(&self.certs.join("relay.key"))?;
-        let verifier = crate::yardstick::serve::verifier(&self.certs)?;
-        Ok(tls::server_config(chain, key, verifier, &self.transport)?)
-    }
-
-    fn quinn_client(&self) -> anyhow::Result<quinn::ClientConfig> {
-        let ca = load_certs(&self.certs.join("ca.pem"))?;
-        let chain = load_certs(&self.certs.join("bench.pem"))?;
-        let key = load_key(&self.certs.join("bench.key"))?;
-        Ok(tls::client_config(&ca, &[], chain, key, &self.transport)?)
     }
 
     /// One TLS 1.3-over-TCP flow, mutual, the same provider and certificates.
@@ -413,22 +400,16 @@ impl Run {
                     .connect(name, tcp)
                     .await?;
                 let mut buf = vec![0u8; 256 << 10];
-                let mut got = 0usize;
-                let mut done = 0u32;
+                let (mut got, mut done) = (0, 0);
                 loop {
                     let n = tls.read(&mut buf).await?;
                     if n == 0 {
                         break;
                     }
                     got += n;
-                    while got >= size * (done as usize + 1) {
-                        done += 1;
-                        let _ = progress.send(done);
-                    }
+                    count(got, size, &mut done, &progress);
                 }
-                if done != total {
-                    bail!("received {done} of {total} ledgers");
-                }
+                anyhow::ensure!(done == total, "received {done} of {total} ledgers");
                 Ok(())
             })
         };
@@ -522,27 +503,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
-}
-
-/// Holds the ends' threads after their work until the main thread has its readings.
-#[derive(Clone, Default)]
-struct Release(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
-
-impl Release {
-    /// Waits (at most 5 minutes, so a bench that failed elsewhere still ends) until released,
-    /// then hands back `result`.
-    fn after<T>(&self, result: T) -> T {
-        let (lock, cv) = &*self.0;
-        let held = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = cv.wait_timeout_while(held, Duration::from_secs(300), |released| !*released);
-        result
-    }
-
-    fn release(&self) {
-        let (lock, cv) = &*self.0;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_all();
-    }
 }
 
 fn spawn_named<T: Send + 'static>(

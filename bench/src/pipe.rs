@@ -66,7 +66,7 @@ pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Re
             wire_bytes: buf.len() as u64,
             delivery_ms: received - last,
             inter_arrival_ms: prev.map(|p| received - p),
-            received_unix_ms: Some(received),
+            received_unix_ms: received,
         });
         prev = Some(received);
     }

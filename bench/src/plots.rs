@@ -87,15 +87,9 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
             .for_each(|s| s.1.sort_by(|a, b| a.0.total_cmp(&b.0)));
         series
     };
-    let goodput = by(
-        |r| f64::from(r.scenario.lanes),
-        |r| Some(r.delivery.as_ref()?.transfer_mib_s),
-    );
-    let cpu = by(
-        |r| f64::from(r.scenario.subscribers),
-        |r| Some(r.cpu.as_ref()?.relay_ms),
-    );
-    let charts = [
+    type Axis = fn(&Row) -> f64;
+    type Value = fn(&Row) -> Option<f64>;
+    let charts: [([&str; 4], Axis, Value); 2] = [
         (
             [
                 "goodput-vs-lanes",
@@ -103,7 +97,8 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
                 "lanes",
                 "MiB/s",
             ],
-            goodput,
+            |r| f64::from(r.scenario.lanes),
+            |r| Some(r.delivery.as_ref()?.transfer_mib_s),
         ),
         (
             [
@@ -112,11 +107,15 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
                 "subscribers",
                 "ms per ledger",
             ],
-            cpu,
+            |r| f64::from(r.scenario.subscribers),
+            |r| Some(r.cpu.as_ref()?.relay_ms),
         ),
     ];
-    for (labels, series) in charts.iter().filter(|c| !c.1.is_empty()) {
-        files.push(chart(dir, *labels, series)?);
+    for (labels, x, y) in charts {
+        let series = by(x, y);
+        if !series.is_empty() {
+            files.push(chart(dir, labels, &series)?);
+        }
     }
     Ok(files)
 }

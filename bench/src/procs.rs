@@ -33,6 +33,28 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     )
 }
 
+/// Waits until `child`'s log holds `what`; fails, with the log's end, if it exits or `within`
+/// passes first.
+pub fn wait_log(child: &mut Child, log: &Path, what: &str, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)) {
+        if let Some(st) = child.try_wait()? {
+            bail!("exited ({st}): {}", log_tail(log, 5));
+        }
+        if Instant::now() > deadline {
+            bail!("no {what:?} within {within:?}: {}", log_tail(log, 5));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The last `n` lines of a log, newest first, joined by ` | ` (for error messages).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().rev().take(n).collect::<Vec<_>>().join(" | ")
+}
+
 /// User plus system CPU seconds in the text of a `/proc/PID/stat` (or `.../task/TID/stat`).
 pub fn stat_cpu_seconds(stat: &str) -> Option<f64> {
     // The command name (field 2) may hold spaces: fields are counted after its last ')'.
@@ -72,7 +94,12 @@ pub fn thread_cpu_seconds(pid: u32) -> BTreeMap<String, f64> {
 
 /// A `/proc/PID/status` field in KiB (`VmRSS`, `VmHWM`), or `None` when the process is gone.
 pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    proc_value(pid, "status", field)
+}
+
+/// The number of field `field` in `/proc/PID/FILE` (`io`'s `wchar`).
+pub fn proc_value(pid: u32, file: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())

@@ -209,15 +209,8 @@ impl Row {
                 .collect();
             row.added_ms = Some(p50_p99_max(added));
         }
-        if let Some(first) = t.records.first() {
-            let at =
-                |r: Option<&Record>| r.and_then(|r| r.received_unix_ms.map(|t| t - r.delivery_ms));
-            if let (Some(a), Some(b)) = (
-                at(first.first()),
-                first.last().and_then(|r| r.received_unix_ms),
-            ) {
-                row.span_s = (b - a) / 1e3;
-            }
+        if let Some((a, b)) = t.records.first().and_then(|v| v.first().zip(v.last())) {
+            row.span_s = (b.received_unix_ms - (a.received_unix_ms - a.delivery_ms)) / 1e3;
         }
         (row.delivery, row.cpu, row.memory, row.lanes, row.export) =
             (Some(s), t.cpu, t.memory, t.lanes, t.export);

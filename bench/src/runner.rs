@@ -150,11 +150,7 @@ impl Procs {
 /// Measures `sc`.
 pub fn take(env: &mut Env, sc: &Scenario) -> anyhow::Result<Taken> {
     env.index += 1;
-    let name: String = sc
-        .name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
+    let name = sc.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
     let dir = env.tmp.path().join(format!("{}-{name}", env.index));
     std::fs::create_dir_all(&dir)?;
     let net = sc.network();
@@ -253,19 +249,9 @@ fn tcp(
         .context("starting ledger-bench yardstick")?;
     crate::procs::track(&server);
     let got = (|| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("listening")
-        {
-            if server.try_wait()?.is_some() || Instant::now() > deadline {
-                bail!(
-                    "the yardstick did not start: {}",
-                    crate::cluster::log_tail(&log, 3)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let started =
+            crate::procs::wait_log(&mut server, &log, "listening", Duration::from_secs(30));
+        started.context("the yardstick")?;
         let first = sp.first;
         in_ns(netem.as_ref().map(|n| n.sub_ns.as_str()), move || {
             read(format!("{ip}:{port}"), first)

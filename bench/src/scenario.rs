@@ -345,10 +345,15 @@ fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     match NumOrText::deserialize(d)? {
         NumOrText::Num(n) if n >= 0.0 => Ok(n),
         NumOrText::Num(n) => Err(D::Error::custom(format!("a duration of {n} ms"))),
-        NumOrText::Text(t) => ledger_relay_transport::parse_duration(&t)
-            .map(|d| d.as_secs_f64() * 1e3)
-            .map_err(D::Error::custom),
+        NumOrText::Text(t) => ms(&t).map_err(D::Error::custom),
     }
+}
+
+/// A duration in the grammar of every command (`600ms`, `1.5s`), in milliseconds.
+pub fn ms(text: &str) -> Result<f64, String> {
+    ledger_relay_transport::parse_duration(text)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .map_err(|e| e.to_string())
 }
 
 /// A preset: rows of scenarios and the fields they share.

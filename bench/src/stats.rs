@@ -19,11 +19,11 @@ pub struct Record {
     /// Time since the previous ledger arrived (`None` for the first).
     pub inter_arrival_ms: Option<f64>,
     /// When the ledger was complete at the subscriber, ms since the Unix epoch by its clock.
-    pub received_unix_ms: Option<f64>,
+    pub received_unix_ms: f64,
 }
 
-/// Parses a stats CSV (`seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms`, optionally
-/// `,received_unix_ms`).
+/// Parses a stats CSV (`seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms,received_unix_ms`;
+/// the first ledger's inter-arrival is empty).
 pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -31,26 +31,20 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
             continue;
         }
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if f.len() != 5 && f.len() != 6 {
-            bail!("line {}: expected 5 or 6 fields, got {line:?}", i + 1);
+        if f.len() != 6 {
+            bail!("line {}: expected 6 fields, got {line:?}", i + 1);
         }
         let n = |k: usize| -> anyhow::Result<f64> {
             f[k].parse::<f64>()
                 .with_context(|| format!("line {}: field {}", i + 1, k + 1))
-        };
-        let maybe = |k: usize| -> anyhow::Result<Option<f64>> {
-            match f.get(k) {
-                Some(v) if !v.is_empty() => n(k).map(Some),
-                _ => Ok(None),
-            }
         };
         out.push(Record {
             seq: n(0)? as u32,
             raw_bytes: n(1)? as u64,
             wire_bytes: n(2)? as u64,
             delivery_ms: n(3)?,
-            inter_arrival_ms: maybe(4)?,
-            received_unix_ms: maybe(5)?,
+            inter_arrival_ms: if f[4].is_empty() { None } else { Some(n(4)?) },
+            received_unix_ms: n(5)?,
         });
     }
     Ok(out)

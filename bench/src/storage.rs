@@ -20,6 +20,7 @@ use ledger_relay::ring::SLED_TUNING_ENV;
 
 use crate::cluster::{make_certs, Cluster, RelaySettings};
 use crate::report::{opt, table_of, Col};
+use crate::scenario::ms;
 
 /// The parts of `ledger-bench storage`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -100,12 +101,6 @@ pub struct StorageArgs {
     pub output: crate::report::Output,
 }
 
-fn ms(s: &str) -> Result<f64, String> {
-    ledger_relay_transport::parse_duration(s)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .map_err(|e| e.to_string())
-}
-
 /// One disk sample.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Sample {
@@ -177,14 +172,6 @@ pub fn is_ring_thread(name: &str) -> bool {
         .any(|p| name.starts_with(p))
 }
 
-/// `wchar` of `/proc/PID/io`.
-fn written_bytes(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("wchar:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// `du -sb PATH`: apparent bytes of everything under it.
 pub fn du_sb(path: &Path) -> anyhow::Result<u64> {
     let out = Command::new("du")
@@ -199,10 +186,6 @@ pub fn du_sb(path: &Path) -> anyhow::Result<u64> {
         .next()
         .and_then(|v| v.parse().ok())
         .with_context(|| format!("du -sb {}: {text:?}", path.display()))
-}
-
-fn peak(v: impl Iterator<Item = f64>) -> Option<f64> {
-    v.reduce(f64::max)
 }
 
 /// Samples `relay`'s disk until ledger `last` is in its ring and `a.idle` has passed, then
@@ -241,7 +224,7 @@ fn sample(
             let end = (
                 cpu,
                 crate::procs::thread_cpu_seconds(pid),
-                written_bytes(pid).unwrap_or(0),
+                crate::procs::proc_value(pid, "io", "wchar").unwrap_or(0),
             );
             relay.stop();
             return Ok((samples, write_s, end));
@@ -302,8 +285,8 @@ fn ring_run(
         cadence_ms,
         write_s,
         steady_mean: (!steady.is_empty()).then(|| steady.iter().sum::<f64>() / steady.len() as f64),
-        steady_peak: peak(steady.into_iter()),
-        peak: peak(samples[first_full..].iter().filter_map(Sample::ratio)),
+        steady_peak: steady.into_iter().reduce(f64::max),
+        peak: (samples[first_full..].iter().filter_map(Sample::ratio)).reduce(f64::max),
         after: last_sample.and_then(|s| s.ratio()),
         end_bytes: (live, disk),
         written_per_stored: wchar as f64 / f64::from(ledgers) / stored_per_ledger.max(1.0),
@@ -370,17 +353,8 @@ pub fn main(a: &StorageArgs) -> anyhow::Result<()> {
             ring.push(ring_run(a, &c, tmp.path(), name, n, cadence)?);
         }
     }
-    let params = lake::Params {
-        size: a.size,
-        ratio: a.ratio,
-        ledgers: a.backfill_ledgers,
-        depths: a.depths.clone(),
-        testdata: a.testdata.clone(),
-        in_process: a.parts.contains(&Part::Backfill),
-        sessions: a.parts.contains(&Part::Sessions),
-    };
-    let lake = if params.in_process || params.sessions {
-        lake::run(&params, tmp.path())?
+    let lake = if a.parts.contains(&Part::Backfill) || a.parts.contains(&Part::Sessions) {
+        lake::run(a, tmp.path())?
     } else {
         lake::LakeReport::default()
     };

@@ -7,8 +7,8 @@ mod stats {
 
     #[test]
     fn parses_and_summarizes() {
-        let text = "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms\n\
-                    2,1000,500,9.000,\n3,1000,500,1.000,600.000\n4,1000,250,3.000,600.000\n";
+        let text = "seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms,received_unix_ms\n\
+                    2,1000,500,9.000,,1\n3,1000,500,1.000,600.000,601\n4,1000,250,3.000,600.000,1201\n";
         let r = parse_csv(text).unwrap();
         assert_eq!((r.len(), r[0].inter_arrival_ms), (3, None));
         let s = summarize(&[r], 1, 0.0);
@@ -21,7 +21,7 @@ mod stats {
         assert!((s.throughput_mib_s - want).abs() < 1e-12);
         assert!((s.transfer_mib_s - want).abs() < 1e-12);
         // Uneven arrivals: throughput takes the median gap, transfer goodput the whole span.
-        let uneven = "2,1000,1000,1,\n3,1000,1000,1,100\n4,1000,1000,1,100\n5,1000,1000,1,400\n";
+        let uneven = "2,1000,1000,1,,0\n3,1000,1000,1,100,100\n4,1000,1000,1,100,200\n5,1000,1000,1,400,600\n";
         let s = summarize(&[parse_csv(uneven).unwrap()], 0, 0.0);
         let mib = 1000.0 / f64::from(1 << 20);
         assert!((s.throughput_mib_s - mib / 0.1).abs() < 1e-9);
@@ -40,7 +40,7 @@ mod stats {
             wire_bytes: 1,
             delivery_ms: d,
             inter_arrival_ms: None,
-            received_unix_ms: None,
+            received_unix_ms: 0.0,
         };
         // Subscriber 1 is last on ledgers 5 and 6, subscriber 0 on 7; 8 is not everyone's.
         let subs = vec![
@@ -89,7 +89,7 @@ mod row {
             wire_bytes: 500,
             delivery_ms: d,
             inter_arrival_ms: Some(600.0),
-            received_unix_ms: Some(1e6 + f64::from(seq) * 600.0),
+            received_unix_ms: 1e6 + f64::from(seq) * 600.0,
         }
     }
 

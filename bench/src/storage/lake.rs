@@ -8,7 +8,7 @@
 //! into the ring ([`TAIL`] more), against the same relay with a ring holding it all; the
 //! relay's memory sampled against a session's bound, `(depth + 1) x` the largest batch.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +29,7 @@ use ledger_relay_wire::compress::Compressor;
 use ledger_relay_wire::header::peek_header;
 use ledger_relay_wire::record::{Records, DEFAULT_MAX_RECORD_LEN};
 
+use super::{Part, StorageArgs};
 use crate::cluster::{Cluster, RelaySettings, SubSpec};
 use crate::procs::{mib, RssSampler};
 use crate::report::{table_of, Col};
@@ -38,25 +39,6 @@ pub const TAIL: u32 = 20;
 
 /// The testnet dump, under the testdata directory.
 const TESTNET: &str = "testnet/testnet-1410048-1410367.lcm-v0.framed.xdr";
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct Params {
-    /// Synthetic ledger size.
-    pub size: u64,
-    /// Their zstd-1 ratio.
-    pub ratio: f64,
-    /// Synthetic ledgers in the lake.
-    pub ledgers: u32,
-    /// Prefetch depths.
-    pub depths: Vec<usize>,
-    /// Where the testnet dump is.
-    pub testdata: PathBuf,
-    /// The reads in this process.
-    pub in_process: bool,
-    /// The reads through a relay and a subscriber.
-    pub sessions: bool,
-}
 
 /// One write or read of a whole set.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -136,13 +118,13 @@ fn batch(raw: Vec<u8>) -> anyhow::Result<BatchLedger> {
 }
 
 /// Runs the parts `p` asks for, the lake on a loopback S3 server started here.
-pub fn run(p: &Params, work: &Path) -> anyhow::Result<LakeReport> {
+pub fn run(p: &StorageArgs, work: &Path) -> anyhow::Result<LakeReport> {
     let server =
         S3Server::start().context("the loopback S3 server (pip install 'moto[server]')")?;
     let spec = SyntheticSpec {
         size: p.size,
         ratio: p.ratio,
-        count: Some(u64::from(p.ledgers)),
+        count: Some(u64::from(p.backfill_ledgers)),
         ..SyntheticSpec::default()
     };
     let file = std::fs::File::open(p.testdata.join(TESTNET))
@@ -152,7 +134,7 @@ pub fn run(p: &Params, work: &Path) -> anyhow::Result<LakeReport> {
     let name = format!(
         "synthetic {:.1} MiB x{}",
         p.size as f64 / f64::from(1 << 20),
-        p.ledgers
+        p.backfill_ledgers
     );
     let mut sets = Vec::new();
     for (name, ledgers) in [
@@ -180,14 +162,14 @@ pub fn run(p: &Params, work: &Path) -> anyhow::Result<LakeReport> {
         .build()?;
     for set in &sets {
         report.writes.push(rt.block_on(write(set, &opts))?);
-        if p.in_process {
+        if p.parts.contains(&Part::Backfill) {
             report
                 .reads
                 .extend(rt.block_on(reads(p, set, &opts, work))?);
         }
     }
     drop(rt);
-    if p.sessions {
+    if p.parts.contains(&Part::Sessions) {
         let certs = work.join("certs");
         let relay_extra = vec!["--network".into(), "testnet".into()];
         let c = Cluster {
@@ -242,7 +224,7 @@ async fn write(set: &Set, opts: &LakeOptions) -> anyhow::Result<ReadRun> {
 /// Catch-up from a ring holding `set`, then backfill from its lake at each depth, then the
 /// lake alone.
 async fn reads(
-    p: &Params,
+    p: &StorageArgs,
     set: &Set,
     opts: &LakeOptions,
     work: &Path,
@@ -344,7 +326,7 @@ fn session(
     work: &Path,
     set: &Set,
     file: Option<&Path>,
-    p: &Params,
+    p: &StorageArgs,
     depth: Option<usize>,
 ) -> anyhow::Result<ReadRun> {
     let (n, first) = (
@@ -393,12 +375,7 @@ fn session(
         );
     }
     let timed = &records[..n as usize];
-    let at = |i: usize| {
-        timed[i]
-            .received_unix_ms
-            .context("a stats file without received_unix_ms")
-    };
-    let secs = (at(timed.len() - 1)? - at(0)?) / 1e3;
+    let secs = (timed[timed.len() - 1].received_unix_ms - timed[0].received_unix_ms) / 1e3;
     // The first ledger's own bytes arrive before its receipt time: count the others.
     let rest = &timed[1..];
     let what = depth.map_or("ring catch-up".into(), |d| format!("lake, prefetch {d}"));

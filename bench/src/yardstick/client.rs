@@ -155,10 +155,8 @@ impl Yardstick {
                 raw_bytes: body.len() as u64,
                 wire_bytes: body.len() as u64,
                 delivery_ms: (received as f64 - last_byte_ns as f64) / 1e6,
-                inter_arrival_ms: prev
-                    .and_then(|p| p.received_unix_ms)
-                    .map(|p| received as f64 / 1e6 - p),
-                received_unix_ms: Some(received as f64 / 1e6),
+                inter_arrival_ms: prev.map(|p| received as f64 / 1e6 - p.received_unix_ms),
+                received_unix_ms: received as f64 / 1e6,
             });
         }
         Ok(records)

@@ -169,16 +169,20 @@ fn ledger(shared: &Shared, seq: u32) -> anyhow::Result<Arc<Ledger>> {
     let deadline = Instant::now() + TIMEOUT;
     let mut held = lock.lock().unwrap_or_else(|e| e.into_inner());
     loop {
-        let (oldest, newest) = (
-            held.ledgers.front().map_or(0, |l| l.seq),
-            held.ledgers.back().map_or(0, |l| l.seq),
-        );
-        match held.ledgers.back() {
-            Some(l) if seq == 0 => return Ok(l.clone()),
-            Some(_) if seq < oldest => bail!("ledger {seq} is no longer held (oldest {oldest})"),
-            Some(_) if seq <= newest => return Ok(held.ledgers[(seq - oldest) as usize].clone()),
-            _ if held.ended => bail!("the source ended at ledger {newest}"),
-            _ => {}
+        let oldest = held.ledgers.front().map_or(0, |l| l.seq);
+        let want = if seq == 0 {
+            held.ledgers.back()
+        } else {
+            seq.checked_sub(oldest)
+                .and_then(|i| held.ledgers.get(i as usize))
+        };
+        match want {
+            Some(l) => return Ok(l.clone()),
+            None if seq != 0 && seq < oldest => {
+                bail!("ledger {seq} is no longer held (oldest {oldest})")
+            }
+            None if held.ended => bail!("the source ended before ledger {seq}"),
+            None => {}
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
