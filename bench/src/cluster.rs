@@ -269,7 +269,7 @@ impl RelayProc {
     }
 
     /// Polls `ready` every 20 ms; fails if the relay exits or `within` passes first.
-    fn wait_until(
+    pub fn wait_until(
         &mut self,
         what: &str,
         within: Duration,

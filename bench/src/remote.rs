@@ -189,19 +189,6 @@ pub fn run(a: &RemoteArgs) -> anyhow::Result<RemoteReport> {
 /// The whole command: runs, prints the clock line and the tables, writes the files.
 pub fn main(a: &RemoteArgs) -> anyhow::Result<()> {
     let report = run(a)?;
-    let table = format!(
-        "{}\n{}",
-        report.clock.describe(),
-        crate::row::table(&report.rows)
-    );
-    a.output.emit(
-        &table,
-        || crate::report::csv(&report.rows, &["delivery_ms"]),
-        &report,
-    )?;
-    crate::plots::draw(&a.output, &report.rows);
-    if report.rows.iter().all(|r| r.error.is_some()) {
-        bail!("every row failed");
-    }
-    Ok(())
+    let head = report.clock.describe() + "\n";
+    crate::row::emit(&a.output, &head, &report.rows, &report)
 }

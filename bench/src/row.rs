@@ -275,6 +275,21 @@ fn m(r: &&Row, f: fn(&Memory) -> Option<f64>) -> String {
     opt(r.memory.as_ref().and_then(f), 2)
 }
 
+/// Prints `head` and the rows' tables, writes the files `out` asks for (`json` as the JSON);
+/// fails when every row failed.
+pub fn emit(
+    out: &crate::report::Output,
+    head: &str,
+    rows: &[Row],
+    json: &impl serde::Serialize,
+) -> anyhow::Result<()> {
+    let csv = || crate::report::csv(rows, &["delivery_ms"]);
+    out.emit(&(head.to_owned() + &table(rows)), csv, json)?;
+    crate::plots::draw(out, rows);
+    anyhow::ensure!(rows.iter().any(|r| r.error.is_none()), "every row failed");
+    Ok(())
+}
+
 /// Every table the rows have figures for.
 pub fn table(rows: &[Row]) -> String {
     let cols: [Col<Row>; 17] = [

@@ -163,15 +163,5 @@ pub fn main(a: &RunArgs) -> anyhow::Result<()> {
         fmt(report.load[0]),
         fmt(report.load[1])
     );
-    let table = head + &crate::row::table(&report.rows);
-    a.output.emit(
-        &table,
-        || crate::report::csv(&report.rows, &["delivery_ms"]),
-        &report,
-    )?;
-    crate::plots::draw(&a.output, &report.rows);
-    if report.rows.iter().all(|r| r.error.is_some()) {
-        bail!("every row failed");
-    }
-    Ok(())
+    crate::row::emit(&a.output, &head, &report.rows, &report)
 }

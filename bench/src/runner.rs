@@ -601,26 +601,6 @@ fn read_exact(
     stats.iter().map(read).collect()
 }
 
-/// CPU seconds of every relay, the first relay's by thread, and every subscriber process's.
-fn marks(
-    p: &Procs,
-) -> (
-    Vec<f64>,
-    std::collections::BTreeMap<String, f64>,
-    Vec<Option<f64>>,
-) {
-    let relays = p
-        .relays
-        .iter()
-        .map(|r| cpu_seconds(r.pid).unwrap_or(f64::NAN))
-        .collect();
-    (
-        relays,
-        thread_cpu_seconds(p.relays[0].pid),
-        p.subs.iter().map(|c| cpu_seconds(c.id())).collect(),
-    )
-}
-
 /// The measured window (see the module documentation), then every subscriber's exit.
 fn window(
     sc: &Scenario,
@@ -638,6 +618,16 @@ fn window(
     let mut all: Vec<PathBuf> = stats.to_vec();
     all.extend(reference.map(Path::to_path_buf));
     wait_all(&all, &p.subs, sp.mark, limit)?;
+    // CPU seconds of every relay, the first relay's by thread, and every subscriber process's.
+    let marks = |p: &Procs| {
+        let relays: Vec<f64> = p
+            .relays
+            .iter()
+            .map(|r| cpu_seconds(r.pid).unwrap_or(f64::NAN))
+            .collect();
+        let subs: Vec<Option<f64>> = p.subs.iter().map(|c| cpu_seconds(c.id())).collect();
+        (relays, thread_cpu_seconds(p.relays[0].pid), subs)
+    };
     let before = marks(p);
     let sampler = RssSampler::start(p.relays[0].pid, Duration::from_millis(100), 1_000_000);
     let reached = wait_all(&all, &p.subs, sp.last, limit);
@@ -722,13 +712,15 @@ fn idle(
             .filter(|(_, v)| *v == f64::from(sc.lanes))
             .count()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while p.relays[0].scrape().map_or(0, |m| up(&m)) < usize::from(sc.subscribers) {
-        if Instant::now() > deadline {
-            bail!("the idle sessions' lanes were not all up within 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let all_up = |r: &RelayProc| {
+        r.scrape()
+            .is_ok_and(|m| up(&m) >= usize::from(sc.subscribers))
+    };
+    p.relays[0].wait_until(
+        "every idle session's lanes up",
+        Duration::from_secs(30),
+        all_up,
+    )?;
     std::thread::sleep(Duration::from_secs(1));
     let (c0, t0) = (cpu_seconds(pid), Instant::now());
     std::thread::sleep(Duration::from_secs_f64(sc.idle / 1e3));

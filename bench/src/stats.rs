@@ -78,14 +78,6 @@ pub fn p50_p99_max(mut values: Vec<f64>) -> [f64; 3] {
     [quantile(&values, 0.5), quantile(&values, 0.99), max]
 }
 
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
-}
-
 /// Delivery and throughput of a row's subscribers after the warm-up.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Summary {
@@ -165,8 +157,9 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
         wire_bytes: wire,
         ratio: raw / wire.max(1.0),
         goodput_mib_s: quantile(&gp, 0.5),
-        throughput_mib_s: mean(&tput),
-        transfer_mib_s: mean(&xfer),
+        // NaN without a figure (0 / 0).
+        throughput_mib_s: tput.iter().sum::<f64>() / tput.len() as f64,
+        transfer_mib_s: xfer.iter().sum::<f64>() / xfer.len() as f64,
     }
 }
 

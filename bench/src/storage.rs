@@ -10,7 +10,6 @@
 
 pub mod lake;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -188,17 +187,14 @@ pub fn du_sb(path: &Path) -> anyhow::Result<u64> {
         .with_context(|| format!("du -sb {}: {text:?}", path.display()))
 }
 
-/// Samples `relay`'s disk until ledger `last` is in its ring and `a.idle` has passed, then
-/// stops it: the samples, the seconds until the ring held `last`, and the process's CPU
-/// seconds, CPU seconds by thread and bytes written at the end.
-#[allow(clippy::type_complexity)]
+/// Samples `relay`'s disk until ledger `last` is in its ring and `a.idle` has passed; the samples and the seconds until the ring held `last`.
 fn sample(
     a: &StorageArgs,
-    mut relay: crate::cluster::RelayProc,
+    relay: &mut crate::cluster::RelayProc,
     data: &Path,
     last: u64,
     limit: Duration,
-) -> anyhow::Result<(Vec<Sample>, f64, (f64, BTreeMap<String, f64>, u64))> {
+) -> anyhow::Result<(Vec<Sample>, f64)> {
     let every = Duration::from_secs_f64(a.sample_interval.max(50.0) / 1e3);
     let (t0, mut samples, mut done_at, mut write_s) =
         (Instant::now(), Vec::new(), None::<Instant>, 0.0);
@@ -219,15 +215,7 @@ fn sample(
             idle,
         });
         if done_at.is_some_and(|d| d.elapsed().as_secs_f64() * 1e3 >= a.idle) {
-            let pid = relay.pid;
-            let cpu = crate::procs::cpu_seconds(pid).unwrap_or(f64::NAN);
-            let end = (
-                cpu,
-                crate::procs::thread_cpu_seconds(pid),
-                crate::procs::proc_value(pid, "io", "wchar").unwrap_or(0),
-            );
-            relay.stop();
-            return Ok((samples, write_s, end));
+            return Ok((samples, write_s));
         }
         if t0.elapsed() > limit {
             bail!("the ring did not hold ledger {last} within {limit:?}");
@@ -255,12 +243,16 @@ fn ring_run(
         retention: a.retention,
         ..RelaySettings::endless(a.size, a.ratio, cadence_ms)
     };
-    let relay = c.relay_in(None, &dir.join(name), &s, &s.synthetic_source(), &[])?;
+    let mut relay = c.relay_in(None, &dir.join(name), &s, &s.synthetic_source(), &[])?;
     // Generous: the source's own time, plus a minute per 100 ledgers of a slow disk.
     let limit = Duration::from_secs_f64(f64::from(ledgers) * (cadence_ms / 1e3 + 0.6) + 60.0);
-    let sampled = sample(a, relay, &dir.join(name).join("data"), last, limit);
-    let (samples, write_s, end) = sampled.with_context(|| format!("the {name} run"))?;
-    let (process_cpu, threads, wchar) = end;
+    let sampled = sample(a, &mut relay, &dir.join(name).join("data"), last, limit);
+    let (samples, write_s) = sampled.with_context(|| format!("the {name} run"))?;
+    let pid = relay.pid;
+    let process_cpu = crate::procs::cpu_seconds(pid).unwrap_or(f64::NAN);
+    let threads = crate::procs::thread_cpu_seconds(pid);
+    let wchar = crate::procs::proc_value(pid, "io", "wchar").unwrap_or(0);
+    relay.stop();
     let full = |s: &&Sample| s.ledgers >= u64::from(a.retention);
     let steady: Vec<f64> = samples
         .iter()

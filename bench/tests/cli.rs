@@ -57,15 +57,15 @@ fn the_remote_command_line_is_the_contracts() {
         ]
     );
     rows.iter().for_each(|r| r.check().unwrap());
-    // Flags of the earlier subcommands are refused, not taken as aliases.
-    for old in [
+    // Each flag has one spelling: no alias is accepted.
+    for other in [
         ["--cadence-ms", "300"],
         ["--ledger-bytes", "1024"],
         ["--lane-counts", "1"],
     ] {
         assert!(
-            Cli::try_parse_from([&argv[..], &old[..]].concat()).is_err(),
-            "{old:?}"
+            Cli::try_parse_from([&argv[..], &other[..]].concat()).is_err(),
+            "{other:?}"
         );
     }
 }
