@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use crate::report::{opt, table_of, Col};
-use crate::scenario::{Carrier, Mode, Network, Scenario, TopoKind};
+use crate::scenario::{Carrier, Mode, Scenario, TopoKind};
 use crate::stats::{p50_p99_max, spread, summarize, Record, Spread, Summary};
 
 /// CPU over the measured window: from when every subscriber held its last warm-up ledger to
@@ -142,9 +142,7 @@ pub fn model_bound_ms(
 /// subscriber's share of the capacity (its lanes' caps, or one flow's for the yardstick, at
 /// most its share of the aggregate), the last chunk on one flow.
 fn bound(sc: &Scenario, s: &Summary) -> Option<f64> {
-    let Network::Emulated(shape) = sc.network() else {
-        return None;
-    };
+    let shape = sc.shape()?;
     if sc.topology != TopoKind::Direct || sc.mode == Mode::CatchUp {
         return None;
     }

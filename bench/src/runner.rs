@@ -178,7 +178,7 @@ pub fn take(env: &mut Env, sc: &Scenario) -> anyhow::Result<Taken> {
                 c.run_subscriber(None, &relay, &spec, env.row_timeout)?.0,
             ))
         }
-        (Carrier::Relay, net) => relays(env, sc, &dir, net),
+        (Carrier::Relay, _) => relays(env, sc, &dir),
     }
 }
 
@@ -218,15 +218,12 @@ fn tcp(
     {
         return Ok(Taken::of(read(addr, 0)?));
     }
-    let mut netem = match net {
-        Network::Emulated(shape) => Some(Netem::create("t", shape)?),
-        _ => None,
-    };
+    let mut netem = sc.shape().map(|s| Netem::create("t", s)).transpose()?;
     let ip = netem.as_ref().map_or("127.0.0.1", |_| RELAY_ADDR);
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    if let (Some(n), Network::Emulated(shape)) = (&mut netem, sc.network()) {
+    if let (Some(n), Some(shape)) = (&mut netem, sc.shape()) {
         n.cap_source_port(port, shape.flow_bps)?;
     }
     let s = settings(sc, sp.start, sp.last - sp.start + 1);
@@ -339,7 +336,7 @@ fn relay_flags(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Vec<Strin
 }
 
 /// A relay row (see the module documentation).
-fn relays(env: &Env, sc: &Scenario, dir: &Path, net: Network) -> anyhow::Result<Taken> {
+fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
     let (start, source, count_max) = match sc.source.strip_prefix("file:") {
         Some(p) => {
             let p = env.testdata.join(p);
@@ -367,9 +364,7 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path, net: Network) -> anyhow::Result<
         c.relay_env = s3.env();
     }
     let mut p = Procs::default();
-    if let Network::Emulated(shape) = net {
-        p.netem = Some(Netem::create("r", shape)?);
-    }
+    p.netem = sc.shape().map(|s| Netem::create("r", s)).transpose()?;
     start_relays(sc, &c, dir, &s, &source, &mut p)?;
     let mut t = Taken {
         cpu: Some(Cpu::default()),
@@ -420,10 +415,7 @@ fn start_relays(
 ) -> anyhow::Result<()> {
     let relay_ns = p.netem.as_ref().map(|n| (n.relay_ns.clone(), RELAY_ADDR));
     let ns = relay_ns.as_ref().map(|(n, ip)| (n.as_str(), *ip));
-    let shape = match sc.network() {
-        Network::Emulated(shape) => Some(shape),
-        _ => None,
-    };
+    let shape = sc.shape();
     match sc.topology {
         TopoKind::Direct => {
             p.relays
@@ -740,10 +732,11 @@ fn idle(
 
 /// The relay's per-lane counters, with each lane's cap on a direct emulated row.
 fn lanes(sc: &Scenario, m: &Scrape) -> Vec<Lane> {
-    let cap = match (sc.network(), sc.topology) {
-        (Network::Emulated(shape), TopoKind::Direct) => Some(shape.flow_bps as f64 / 1e6),
-        _ => None,
-    };
+    let direct = sc.topology == TopoKind::Direct;
+    let cap = sc
+        .shape()
+        .filter(|_| direct)
+        .map(|s| s.flow_bps as f64 / 1e6);
     (0..sc.lanes)
         .map(|lane| {
             let v = |name: &str| {

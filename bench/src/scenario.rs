@@ -278,6 +278,14 @@ impl Scenario {
         }
     }
 
+    /// The emulated network's shape, on an emulated row.
+    pub fn shape(&self) -> Option<Shape> {
+        match self.network() {
+            Network::Emulated(shape) => Some(shape),
+            _ => None,
+        }
+    }
+
     /// Time between ledgers with this many subscribers, ms.
     pub fn cadence_ms(&self) -> f64 {
         self.cadence
