@@ -1,24 +1,15 @@
-//! `ledger-bench cpu`: what a raw ledger costs in CPU at its real size, against the two
-//! transports a byte could take instead, measured in the same run on the same machine
-//! (issue 12, item 3).
+//! `ledger-bench cpu`: CPU per raw ledger at its real size, against the two transports a byte
+//! could take instead, in the same run on the same machine. Each row moves `--ledgers`
+//! incompressible ledgers of `--size` over loopback at one cadence, both ends in one process,
+//! and counts that process's CPU over the ledgers after the warm-up:
 //!
-//! Three rows, each moving `--ledgers` incompressible ledgers of `--size` (default the Phase 3
-//! 14.5 MiB) over loopback at the same cadence, one ledger at a time, with both ends in one
-//! process and the CPU of that process counted over the ledgers after the warm-up:
+//! - `quinn`: bare quinn, one connection and one stream, with the lanes' transport settings and
+//!   mutual TLS 1.3 (same provider and certificates): the bytes on QUIC with nothing of ours;
+//! - `tls-tcp`: one TLS 1.3-over-TCP flow with the TCP yardstick's TLS: what a single flow costs;
+//! - `relay`: `ledger-relay demo --ratio 1 --codec none`, the product end to end, which prints
+//!   its own CPU per ledger split by thread group.
 //!
-//! - `quinn`: bare quinn bulk transfer, one connection and one stream, with the lanes' own
-//!   transport settings (windows, MTU ceiling, GSO) and their mutual TLS 1.3 (the ring
-//!   provider, the same certificates): the cost of the bytes on QUIC with nothing of ours;
-//! - `tls-tcp`: one TLS 1.3-over-TCP flow (tokio + rustls, the same provider and certificates,
-//!   mutual): what the prototype's single flow costs;
-//! - `relay`: `ledger-relay demo --ratio 1 --codec none`: the product end to end (source,
-//!   pipeline, ring, sessions, lanes, subscriber reassembly and verification), which prints its
-//!   own CPU per ledger split by thread group.
-//!
-//! Each row's figure is CPU milliseconds per ledger and MB (10^6 bytes) per CPU-second; the
-//! targets (a raw ledger at most 30 ms across both ends; the relay within 1.5x of bare quinn,
-//! as MB per CPU-second) are computed from the rows of the run. The two baselines read and
-//! discard the bytes: their receivers do no reassembly, which the relay's subscriber must.
+//! The two baselines' receivers read and discard the bytes; the relay's subscriber reassembles.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -38,39 +29,36 @@ use crate::report::Col;
 
 /// `ledger-bench cpu` settings.
 #[derive(Debug, Clone, clap::Args, serde::Serialize)]
-#[command(mut_arg("warmup", |a| a.default_value("2")))]
-#[command(mut_arg("lanes", |a| a.help("Lanes of the relay row")))]
-#[command(mut_arg("chunk_bytes", |a| a.help("Raw bytes per chunk of the relay row (`ledger-relay demo --chunk-size`, whose default this is; `--chunk-size`, the old spelling, is kept): a stream, a frame and a completion per chunk")))]
-#[command(mut_arg("retention", |a| a.help("Ledgers the relay row's ring keeps (`ledger-relay demo --retention`, whose default this is). Fewer than the row's ledgers puts the ring at its steady state, where every append prunes the oldest, as in a relay whose ring is full")))]
 pub struct CpuArgs {
-    /// `--ledgers` and `--warmup` [default: 2].
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub series: crate::cluster::Series,
-    /// `--size`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub size: crate::cluster::Size,
-    /// `--cadence`.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub cadence: crate::cluster::Cadence,
-    /// `--lanes` of the relay row.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub lanes: crate::cluster::Lanes,
-    /// `--retention` of the relay row (`ledger-relay demo --retention`).
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub retention: crate::cluster::Retention,
-    /// `--chunk-bytes` of the relay row (`--chunk-size`, the old spelling, is kept).
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub chunk: crate::cluster::Chunk,
-    /// QUIC packet sizes of the quinn and relay rows.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub transport: crate::cluster::Transport,
+    /// Ledgers counted per row, after the warm-up.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ledgers: u32,
+    /// Ledgers left out at the start of each row.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u32,
+    /// Raw size of each ledger.
+    #[arg(long, value_name = "SIZE", default_value = "14.5MiB", value_parser = ledger_relay_transport::parse_size)]
+    pub size: u64,
+    /// Time between ledgers.
+    #[arg(long, value_name = "DURATION", default_value = "600ms", value_parser = ledger_relay_transport::parse_duration)]
+    #[serde(skip)]
+    pub cadence: Duration,
+    /// Lanes of the relay row.
+    #[arg(long, default_value_t = 4)]
+    pub lanes: u8,
+    /// Ledgers the relay row's ring keeps (`ledger-relay demo --retention`); fewer than the
+    /// row's ledgers puts the ring at its steady state, where every append prunes the oldest.
+    #[arg(long, default_value_t = 1000)]
+    pub retention: u32,
+    /// Raw bytes per chunk of the relay row (`ledger-relay demo --chunk-size`).
+    #[arg(long, value_name = "SIZE", default_value = "256KiB", value_parser = ledger_relay_transport::parse_size)]
+    pub chunk: u64,
+    /// Largest UDP payload of the quinn and relay rows.
+    #[arg(long)]
+    pub max_mtu: Option<u16>,
+    /// UDP payload the quinn and relay rows take the path to carry.
+    #[arg(long)]
+    pub min_mtu: Option<u16>,
     /// Generic segmentation offload in the quinn row (the `gso` transport setting; default on).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub gso: bool,
@@ -81,10 +69,10 @@ pub struct CpuArgs {
     /// Rows to run.
     #[arg(long, value_delimiter = ',', default_value = "quinn,tls-tcp,relay")]
     pub rows: Vec<CpuRow>,
-    /// `--json`.
+    /// `--csv`, `--json` (no plots).
     #[command(flatten)]
-    #[serde(flatten)]
-    pub json: crate::cluster::Json,
+    #[serde(skip)]
+    pub output: crate::report::Output,
 }
 
 /// A row of `ledger-bench cpu`.
@@ -100,12 +88,10 @@ pub enum CpuRow {
 }
 
 impl CpuRow {
-    fn name(self) -> &'static str {
-        match self {
-            CpuRow::Quinn => "quinn",
-            CpuRow::TlsTcp => "tls-tcp",
-            CpuRow::Relay => "relay",
-        }
+    fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
     }
 }
 
@@ -131,13 +117,11 @@ impl Measured {
     }
 }
 
-/// Runs the rows and prints the table and the targets.
+/// Runs the rows and prints the table.
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
-    let size = a.size.ledger_bytes;
-    let cadence = Duration::from_secs_f64(a.cadence.cadence_ms / 1e3);
-    let size = usize::try_from(size).context("--size")?;
+    let size = usize::try_from(a.size).context("--size")?;
     let mut transport = TransportSettings::default();
-    transport.set_mtu(a.transport.max_mtu, a.transport.min_mtu);
+    transport.set_mtu(a.max_mtu, a.min_mtu);
     transport.gso = a.gso;
     transport.ack_eliciting_threshold = a.ack_threshold;
     let dir = tempfile::tempdir().context("temporary directory")?;
@@ -146,35 +130,29 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     certs.issue_client("bench", 1)?;
     let run = Run {
         size,
-        cadence,
-        warmup: a.series.warmup,
-        ledgers: a.series.count.ledgers,
+        cadence: a.cadence,
+        warmup: a.warmup,
+        ledgers: a.ledgers,
         transport,
         certs: certs.path().to_path_buf(),
     };
     let mut rows = Vec::new();
     for row in &a.rows {
         eprintln!("ledger-bench cpu: {} ...", row.name());
-        let m = match row {
+        rows.push(match row {
             CpuRow::Quinn => run.quinn()?,
             CpuRow::TlsTcp => run.tls_tcp()?,
             CpuRow::Relay => run.relay(a)?,
-        };
-        rows.push(m);
+        });
     }
-    crate::cluster::emit_json(&rows, &a.json)
+    let csv = || crate::report::csv(&rows, &[]);
+    a.output.emit(&table(&rows), csv, &rows)
 }
 
-impl crate::cluster::Table for Vec<Measured> {
-    fn table(&self) -> String {
-        table(self)
-    }
-}
-
-/// The table and the targets computed from `rows`.
+/// The rows' table.
 pub fn table(rows: &[Measured]) -> String {
     let cols: [Col<Measured>; 6] = [
-        Col::l("row", 8, |m| m.row.name().into()),
+        Col::l("row", 8, |m| m.row.name()),
         Col::r("ledgers", 8, |m| m.ledgers.to_string()),
         Col::r("MiB", 10, |m| format!("{:.1}", m.size as f64 / 1048576.0)),
         Col::r("CPU ms/ledger", 14, |m| {
@@ -186,33 +164,7 @@ pub fn table(rows: &[Measured]) -> String {
             format!(" {}", split.collect::<Vec<_>>().join(", "))
         }),
     ];
-    let mut out = "\n".to_string() + &crate::report::table_of(&cols, rows, (0, ""), |_| None);
-    let find = |r: CpuRow| rows.iter().find(|m| m.row == r);
-    out.push('\n');
-    if let Some(relay) = find(CpuRow::Relay) {
-        use crate::report::met;
-        out.push_str(&format!(
-            "target: raw ledger <= 30 ms of CPU across both ends: {:.1} ms, {}\n",
-            relay.cpu_ms_per_ledger,
-            met(relay.cpu_ms_per_ledger <= 30.0)
-        ));
-        if let Some(quinn) = find(CpuRow::Quinn) {
-            let ratio = quinn.mb_per_cpu_s() / relay.mb_per_cpu_s();
-            out.push_str(&format!(
-                "target: relay within 1.5x of bare quinn (MB per CPU-second): {:.0} against {:.0}, {ratio:.2}x, {}\n",
-                relay.mb_per_cpu_s(),
-                quinn.mb_per_cpu_s(),
-                met(ratio <= 1.5)
-            ));
-        }
-        if let Some(tcp) = find(CpuRow::TlsTcp) {
-            out.push_str(&format!(
-                "relay against one TLS-over-TCP flow: {:.2}x the CPU per byte\n",
-                tcp.mb_per_cpu_s() / relay.mb_per_cpu_s()
-            ));
-        }
-    }
-    out
+    crate::report::table_of(&cols, rows, 0, |_| None)
 }
 
 /// One row's settings.
@@ -243,6 +195,14 @@ fn baseline_group(comm: &str) -> &'static str {
 /// thread can take the CPU readings at the warm-up's end and at the last ledger.
 type Progress = std::sync::mpsc::Sender<u32>;
 
+/// Tells `progress` of each whole ledger of `size` bytes in the `got` bytes received so far.
+fn count(got: usize, size: usize, done: &mut u32, progress: &Progress) {
+    while got >= size * (*done as usize + 1) {
+        *done += 1;
+        let _ = progress.send(*done);
+    }
+}
+
 impl Run {
     fn total(&self) -> u32 {
         self.warmup + self.ledgers
@@ -250,7 +210,7 @@ impl Run {
 
     /// Incompressible bytes (xorshift), one ledger's worth, shared by every send.
     fn payload(&self) -> Bytes {
-        Bytes::from(crate::baseline::filler(self.size, 0x9e37_79b9_7f4a_7c15))
+        Bytes::from(crate::pipe::filler(self.size, 0x9e37_79b9_7f4a_7c15))
     }
 
     /// Starts the two ends on threads of their own (a single-threaded runtime each, named so
@@ -265,26 +225,30 @@ impl Run {
     {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (progress_tx, progress_rx) = std::sync::mpsc::channel();
-        // Each end stays alive until the last reading is taken, so its thread's CPU shows in
-        // the split even when it finished first (a TCP flow ends within microseconds).
-        let release = Release::default();
-        let recv = spawn_named(RECEIVER, {
-            let release = release.clone();
-            move || release.after(receiver(addr_rx, progress_tx))
+        // Each end holds its thread until the last reading is taken (the gate opens), so its
+        // CPU shows in the split even when it finished first (a TCP flow ends within
+        // microseconds).
+        let gate = Arc::new(std::sync::RwLock::new(()));
+        let held = gate.write().unwrap_or_else(|e| e.into_inner());
+        let g = gate.clone();
+        let recv = spawn_named(RECEIVER, move || {
+            let r = receiver(addr_rx, progress_tx);
+            drop(g.read());
+            r
         })?;
-        let send = spawn_named(SENDER, {
-            let release = release.clone();
-            move || release.after(sender(addr_tx))
+        let g = gate.clone();
+        let send = spawn_named(SENDER, move || {
+            let r = sender(addr_tx);
+            drop(g.read());
+            r
         })?;
         let limit = self.cadence * (self.total() + 10) + Duration::from_secs(60);
         let deadline = Instant::now() + limit;
-        let mut start = None;
-        let mut end = None;
+        let (mut start, mut end) = (None, None);
         while end.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
-            let n = match progress_rx.recv_timeout(left) {
-                Ok(n) => n,
-                Err(_) => break,
+            let Ok(n) = progress_rx.recv_timeout(left) else {
+                break;
             };
             let reading = (cputime::process_cpu(), cputime::thread_cpu(baseline_group));
             if n == self.warmup {
@@ -293,37 +257,28 @@ impl Run {
                 end = Some(reading);
             }
         }
-        release.release();
+        drop(held);
         // Either end may be stuck (a failed handshake leaves the other waiting): join only
-        // what finished within a grace period, and report the first error, so a broken row
-        // fails with its cause instead of hanging the bench.
+        // what finished within a grace period, so a broken row fails with its cause.
         let grace = Instant::now() + Duration::from_secs(30);
         while !(send.is_finished() && recv.is_finished()) && Instant::now() < grace {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let mut stuck = Vec::new();
+        let (name, mut stuck) = (row.name(), Vec::new());
         for (side, handle) in [("sender", send), ("receiver", recv)] {
             if !handle.is_finished() {
                 stuck.push(side);
                 continue;
             }
-            match handle.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e.context(format!("{} {side}", row.name()))),
-                Err(_) => bail!("{} {side} panicked", row.name()),
-            }
+            let joined = handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
+            joined?.with_context(|| format!("{name} {side}"))?;
         }
-        if !stuck.is_empty() {
+        let (true, Some((Some(c0), t0)), Some((Some(c1), t1))) = (stuck.is_empty(), start, end)
+        else {
             bail!(
-                "{}: the {} did not finish within {limit:?} and 30 s more",
-                row.name(),
-                stuck.join(" and ")
-            );
-        }
-        let (Some((Some(c0), t0)), Some((Some(c1), t1))) = (start, end) else {
-            bail!(
-                "{}: the receiver did not report {} ledgers within {limit:?}",
-                row.name(),
+                "{name}: the receiver did not report {} ledgers within {limit:?} (stuck: {stuck:?})",
                 self.total()
             );
         };
@@ -342,7 +297,13 @@ impl Run {
 
     /// Bare quinn: one connection, one unidirectional stream carrying every ledger.
     fn quinn(&self) -> anyhow::Result<Measured> {
-        let (server, client) = (self.quinn_server()?, self.quinn_client()?);
+        let c = |f: &str| self.certs.join(f);
+        let verifier = crate::yardstick::serve::verifier(&self.certs)?;
+        let (chain, key) = (load_certs(&c("relay.pem"))?, load_key(&c("relay.key"))?);
+        let server = tls::server_config(chain, key, verifier, &self.transport)?;
+        let (chain, key) = (load_certs(&c("bench.pem"))?, load_key(&c("bench.key"))?);
+        let client =
+            tls::client_config(&load_certs(&c("ca.pem"))?, &[], chain, key, &self.transport)?;
         let transport = self.transport.clone();
         let payload = self.payload();
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
@@ -385,18 +346,12 @@ impl Run {
                 endpoint.set_default_client_config(client);
                 let conn = endpoint.connect(peer, "localhost")?.await?;
                 let mut stream = conn.accept_uni().await?;
-                let mut got = 0usize;
-                let mut done = 0u32;
+                let (mut got, mut done) = (0, 0);
                 while let Some(chunk) = stream.read_chunk(usize::MAX, true).await? {
                     got += chunk.bytes.len();
-                    while got >= size * (done as usize + 1) {
-                        done += 1;
-                        let _ = progress.send(done);
-                    }
+                    count(got, size, &mut done, &progress);
                 }
-                if done != total {
-                    bail!("received {done} of {total} ledgers");
-                }
+                anyhow::ensure!(done == total, "received {done} of {total} ledgers");
                 conn.close(0u32.into(), b"done");
                 endpoint.wait_idle().await;
                 Ok(())
@@ -405,59 +360,11 @@ impl Run {
         self.measure(CpuRow::Quinn, sender, receiver)
     }
 
-    fn quinn_server(&self) -> anyhow::Result<quinn::ServerConfig> {
-        let (chain, key) = self.identity("relay")?;
-        Ok(tls::server_config(
-            chain,
-            key,
-            self.client_verifier()?,
-            &self.transport,
-        )?)
-    }
-
-    fn quinn_client(&self) -> anyhow::Result<quinn::ClientConfig> {
-        let (chain, key) = self.identity("bench")?;
-        let ca = load_certs(&self.certs.join("ca.pem"))?;
-        Ok(tls::client_config(&ca, &[], chain, key, &self.transport)?)
-    }
-
-    fn identity(
-        &self,
-        name: &str,
-    ) -> anyhow::Result<(
-        Vec<rustls::pki_types::CertificateDer<'static>>,
-        rustls::pki_types::PrivateKeyDer<'static>,
-    )> {
-        Ok((
-            load_certs(&self.certs.join(format!("{name}.pem")))?,
-            load_key(&self.certs.join(format!("{name}.key")))?,
-        ))
-    }
-
-    /// Client certificates from the CA, as the relay verifies them (without its allow-list).
-    fn client_verifier(
-        &self,
-    ) -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in load_certs(&self.certs.join("ca.pem"))? {
-            roots.add(ca)?;
-        }
-        Ok(rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots),
-            tls::crypto_provider(),
-        )
-        .build()?)
-    }
-
     /// One TLS 1.3-over-TCP flow, mutual, the same provider and certificates.
     fn tls_tcp(&self) -> anyhow::Result<Measured> {
-        // The relay's own TLS set-up for its TCP baseline, so this row is that flow.
-        let alpn = ledger_relay_wire::baseline::ALPN;
-        let (chain, key) = self.identity("relay")?;
-        let server = tls::server_tls(chain, key, self.client_verifier()?, alpn)?;
-        let ca = load_certs(&self.certs.join("ca.pem"))?;
-        let (chain, key) = self.identity("bench")?;
-        let client = tls::client_tls(&ca, &[], chain, key, alpn)?;
+        // The TCP yardstick's TLS set-up, so this row is that flow.
+        let server = crate::yardstick::serve::server_config(&self.certs, "relay")?;
+        let client = crate::yardstick::client::client_config(&self.certs, "bench")?;
         let payload = self.payload();
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
         // The sender is the TLS server, as the relay is.
@@ -493,22 +400,16 @@ impl Run {
                     .connect(name, tcp)
                     .await?;
                 let mut buf = vec![0u8; 256 << 10];
-                let mut got = 0usize;
-                let mut done = 0u32;
+                let (mut got, mut done) = (0, 0);
                 loop {
                     let n = tls.read(&mut buf).await?;
                     if n == 0 {
                         break;
                     }
                     got += n;
-                    while got >= size * (done as usize + 1) {
-                        done += 1;
-                        let _ = progress.send(done);
-                    }
+                    count(got, size, &mut done, &progress);
                 }
-                if done != total {
-                    bail!("received {done} of {total} ledgers");
-                }
+                anyhow::ensure!(done == total, "received {done} of {total} ledgers");
                 Ok(())
             })
         };
@@ -517,15 +418,24 @@ impl Run {
 
     /// `ledger-relay demo --ratio 1 --codec none`, its CPU lines parsed.
     fn relay(&self, a: &CpuArgs) -> anyhow::Result<Measured> {
-        let mut cmd = crate::cluster::Cluster::demo(a.transport)?;
-        cmd.args(["--ratio", "1", "--codec", "none"])
-            .args(["--ledgers", &self.total().to_string()])
-            .args(["--warmup", &self.warmup.to_string()])
-            .args(["--lanes", &a.lanes.lanes.to_string()])
-            .args(["--size", &a.size.ledger_bytes.to_string()])
-            .args(["--cadence", &format!("{}ms", a.cadence.cadence_ms)])
-            .args(["--retention", &a.retention.retention.to_string()])
-            .args(["--chunk-size", &a.chunk.chunk_bytes.to_string()]);
+        let mut cmd = std::process::Command::new(crate::procs::sibling_binary("ledger-relay")?);
+        let words = format!(
+            "demo --ratio 1 --codec none --ledgers {} --warmup {} --lanes {} --size {} \
+             --cadence {}ms --retention {} --chunk-size {}",
+            self.total(),
+            self.warmup,
+            a.lanes,
+            a.size,
+            a.cadence.as_secs_f64() * 1e3,
+            a.retention,
+            a.chunk
+        );
+        cmd.args(words.split_whitespace());
+        for (flag, mtu) in [("--max-mtu", a.max_mtu), ("--min-mtu", a.min_mtu)] {
+            if let Some(m) = mtu {
+                cmd.args([flag, &m.to_string()]);
+            }
+        }
         let out = cmd
             .stderr(std::process::Stdio::inherit())
             .output()
@@ -595,72 +505,9 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Holds the ends' threads after their work until the main thread has its readings.
-#[derive(Clone, Default)]
-struct Release(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
-
-impl Release {
-    /// Waits (at most 5 minutes, so a bench that failed elsewhere still ends) until released,
-    /// then hands back `result`.
-    fn after<T>(&self, result: T) -> T {
-        let (lock, cv) = &*self.0;
-        let held = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = cv.wait_timeout_while(held, Duration::from_secs(300), |released| !*released);
-        result
-    }
-
-    fn release(&self) {
-        let (lock, cv) = &*self.0;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_all();
-    }
-}
-
 fn spawn_named<T: Send + 'static>(
     name: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> anyhow::Result<std::thread::JoinHandle<T>> {
     Ok(std::thread::Builder::new().name(name.into()).spawn(f)?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const DEMO: &str = "\n28 ledgers after 2 warm-up, 4 lanes, codec none: delivery p50 1.0 ms\n\
-cpu (relay and subscriber together, this process): 195.9 ms per ledger\n  of which, ms per \
-ledger: pipeline 7.2, relay 41.2, ring 86.9, source 0.0, subscriber 51.4, exited threads 9.2\n";
-
-    #[test]
-    fn the_demos_cpu_lines_are_read() {
-        let m = parse_demo(DEMO, 28, 15_204_352).unwrap();
-        assert_eq!(m.cpu_ms_per_ledger, 195.9);
-        assert_eq!(m.split_ms["ring"], 86.9);
-        assert_eq!(m.split_ms["exited threads"], 9.2);
-        assert_eq!(m.split_ms.len(), 6);
-        assert!(parse_demo("nothing", 1, 1).is_err());
-    }
-
-    #[test]
-    fn targets_follow_the_rows() {
-        let row = |row, ms| Measured {
-            row,
-            ledgers: 20,
-            size: 15_204_352,
-            cpu_ms_per_ledger: ms,
-            split_ms: BTreeMap::new(),
-        };
-        let t = table(&[
-            row(CpuRow::Quinn, 20.0),
-            row(CpuRow::TlsTcp, 10.0),
-            row(CpuRow::Relay, 40.0),
-        ]);
-        assert!(t.contains("40.0 ms, MISSED"), "{t}");
-        assert!(t.contains("2.00x, MISSED"), "{t}");
-        let t = table(&[row(CpuRow::Quinn, 20.0), row(CpuRow::Relay, 28.0)]);
-        assert!(t.contains("28.0 ms, met"), "{t}");
-        assert!(t.contains("1.40x, met"), "{t}");
-        // 15.2 MB in 20 ms.
-        assert_eq!(row(CpuRow::Quinn, 20.0).mb_per_cpu_s().round(), 760.0);
-    }
 }

@@ -1,205 +1,179 @@
-//! `ledger-bench remote` against a real `ledger-relay run --tcp-baseline` process: on loopback
-//! (the bench in this process), and across the bench's two network namespaces as two hosts
-//! (the relay in one, `ledger-bench remote` in the other; root only, skipped with the reason
-//! otherwise). Rows come out with every ledger after warm-up, positive goodput, and a clock
-//! offset that on one machine (one clock) is within the bound the estimate claims.
+//! `ledger-bench remote` against a real `ledger-relay run` and the bench's own TCP yardstick
+//! (`ledger-bench yardstick`) beside it, serving the same ledgers: on loopback, and as root
+//! across two network namespaces standing for two hosts (the relay and the yardstick in one,
+//! `ledger-bench remote` in the other). Rows come out with every ledger after the warm-up and
+//! a clock offset that on one machine (one clock) is within the bound the estimate claims.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ledger_relay_bench::cluster::{make_certs, Cluster, RelaySettings};
 use ledger_relay_bench::netem::{Netem, Shape, RELAY_ADDR};
-use ledger_relay_bench::remote::RemoteReport;
-use ledger_relay_bench::{Cli, Helper};
+use ledger_relay_bench::{Cli, Command as Sub};
 
-fn binaries() -> Result<(PathBuf, PathBuf), String> {
-    let find = |bin| {
-        ledger_relay_bench::proc::sibling_binary(bin)
-            .map_err(|e| format!("{e:#} (cargo build --workspace builds it)"))
-    };
-    find("ledger-subscribe")?;
-    Ok((
-        find("ledger-relay")?,
-        PathBuf::from(env!("CARGO_BIN_EXE_ledger-bench")),
-    ))
-}
+const SOURCE: &str = "synthetic:size=256KiB,ratio=1";
 
-/// A relay process, stopped when dropped.
-struct RelayProc(Child);
+/// `ledger-bench yardstick` on `listen` with the relay's certificate, killed when dropped.
+struct Yardstick(Child);
 
-impl Drop for RelayProc {
-    fn drop(&mut self) {
-        ledger_relay_bench::proc::stop(&mut self.0, Duration::from_secs(5));
+impl Yardstick {
+    fn start(ns: Option<&str>, listen: &str, certs: &Path, log: &Path) -> Yardstick {
+        let exe = Path::new(env!("CARGO_BIN_EXE_ledger-bench"));
+        let child = Netem::exec_in(ns, exe)
+            .args([
+                "yardstick",
+                "--listen",
+                listen,
+                "--source",
+                SOURCE,
+                "--cadence",
+                "100ms",
+                "--emit",
+                "2ms",
+                "--certs",
+            ])
+            .arg(certs)
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains("listening")
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the yardstick did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Yardstick(child)
     }
 }
 
-/// `ledger-relay run` with small incompressible synthetic ledgers, uncompressed, every 100 ms;
-/// `cmd` is the program (possibly inside a namespace).
-fn relay_args(cmd: &mut Command, certs: &Path, data: &Path, listen: &str, tcp: &str) {
-    cmd.args([
-        "--log-format",
-        "json",
-        "run",
-        "--listen",
-        listen,
-        "--tcp-baseline",
-        tcp,
-    ])
-    .arg("--certs")
-    .arg(certs)
-    .args(["--name", "relay", "--data-dir"])
-    .arg(data)
-    .args(["--source", "synthetic:size=256KiB,ratio=1"])
-    .args(["--cadence", "100ms", "--emit", "2ms", "--codec", "none"])
-    .env("RUST_LOG", "info")
-    .stdin(Stdio::null())
-    .stdout(Stdio::null());
+impl Drop for Yardstick {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-/// Starts the relay and reads its JSON log until it listens: the QUIC and TCP addresses.
-fn start(mut cmd: Command) -> (RelayProc, String, String) {
-    let mut child = cmd
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting ledger-relay");
-    let stderr = child.stderr.take().unwrap();
-    let relay = RelayProc(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut quic, mut tcp) = (None, None);
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            let addr = v["addr"].as_str().map(str::to_owned);
-            match v["message"].as_str() {
-                Some("relay listening") => quic = addr,
-                Some("tcp baseline listening") => tcp = addr,
-                _ => {}
-            }
-            if let (Some(q), Some(t)) = (&quic, &tcp) {
-                let _ = tx.send((q.clone(), t.clone()));
-                quic = None;
-            }
-        }
-    });
-    let (quic, tcp) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the relay listens within 60 s");
-    (relay, quic, tcp)
+fn built() -> bool {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ledger-bench"));
+    let missing = ["ledger-relay", "ledger-subscribe"]
+        .into_iter()
+        .find(|b| !exe.with_file_name(b).is_file());
+    if let Some(bin) = missing {
+        eprintln!("skipped: {bin} not built next to ledger-bench (cargo build --workspace)");
+    }
+    missing.is_none()
 }
 
-fn check(report: &RemoteReport, lanes: &[u8]) {
-    eprintln!("{}", report.clock.describe());
-    eprint!("{}", ledger_relay_bench::report::table(&report.rows));
+/// The relay's settings as `SOURCE` and the yardstick's flags say: 256 KiB raw ledgers every
+/// 100 ms, sent as they are.
+fn settings() -> RelaySettings {
+    RelaySettings {
+        codec: "none".into(),
+        emit_ms: 2.0,
+        retention: 1000,
+        ..RelaySettings::endless(256 << 10, 1.0, 100.0)
+    }
+}
+
+fn check(rows: &[serde_json::Value], clock: &serde_json::Value, lanes: &[u8]) {
     let mut want = vec!["remote-tcp".to_owned()];
     want.extend(lanes.iter().map(|n| format!("remote-l{n}")));
-    let names: Vec<&str> = report
-        .rows
-        .iter()
-        .map(|r| r.scenario.name.as_str())
-        .collect();
-    assert_eq!(names, want);
-    for r in &report.rows {
-        assert!(r.error.is_none(), "{}: {:?}", r.scenario.name, r.error);
-        let s = &r.summary;
+    assert_eq!(
+        rows.iter()
+            .map(|r| r["scenario"]["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        want
+    );
+    for r in rows {
+        assert!(r["error"].is_null(), "{}", r["error"]);
+        let d = &r["delivery"];
         assert_eq!(
-            s.ledgers, 10,
-            "{}: 12 ledgers less 2 of warm-up",
-            r.scenario.name
+            (d["ledgers"].as_u64(), d["raw_bytes"].as_f64()),
+            (Some(10), Some(262_144.0)),
+            "{d}"
         );
-        assert_eq!(s.raw_bytes, 262_144.0, "{}", r.scenario.name);
-        assert!(s.transfer_mib_s > 0.0, "{}: {s:?}", r.scenario.name);
-        assert!(s.goodput_mib_s > 0.0, "{}: {s:?}", r.scenario.name);
-        // One clock, corrected by an estimate of zero: a ledger arrives after its last byte.
+        // One clock, corrected by an estimate near zero: a ledger arrives after its last byte.
         assert!(
-            s.p50_ms > 0.0 && s.max_ms < 30_000.0,
-            "{}: {s:?}",
-            r.scenario.name
+            d["p50_ms"].as_f64().unwrap() > 0.0 && d["transfer_mib_s"].as_f64().unwrap() > 0.0,
+            "{d}"
         );
     }
-    // One machine, one clock: the true offset is 0, so each estimate must be within the half
-    // round trip it claims as its bound.
-    let (b, a) = (report.clock.before.unwrap(), report.clock.after.unwrap());
-    for e in [b, a] {
-        assert!(
-            e.offset_ms.abs() <= e.rtt_ms / 2.0 + 0.001,
-            "offset {} ms beyond half the round trip {} ms",
-            e.offset_ms,
-            e.rtt_ms
+    // One machine: the true offset is 0, so each estimate is within the half round trip it
+    // claims as its bound.
+    for e in [&clock["before"], &clock["after"]] {
+        let (off, rtt) = (
+            e["offset_ms"].as_f64().unwrap(),
+            e["rtt_ms"].as_f64().unwrap(),
         );
-        assert_eq!(e.probes, 16);
+        assert!(
+            off.abs() <= rtt / 2.0 + 0.001,
+            "offset {off} ms beyond half the round trip {rtt} ms"
+        );
+        assert_eq!(e["probes"], 16);
     }
-    assert!(report.clock.offset_ms.is_some());
 }
 
 #[test]
-fn remote_rows_against_a_relay_on_loopback() {
-    let (relay_bin, _) = match binaries() {
-        Ok(b) => b,
-        Err(reason) => return eprintln!("skipped: {reason}"),
-    };
+fn remote_rows_against_a_relay_and_its_yardstick_on_loopback() {
+    if !built() {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let certs = tmp.path().join("certs");
-    ledger_relay_bench::harness::make_certs(&certs, 0).unwrap();
-    let mut cmd = Command::new(&relay_bin);
-    relay_args(
-        &mut cmd,
-        &certs,
-        &tmp.path().join("data"),
-        "127.0.0.1:0",
-        "127.0.0.1:0",
-    );
-    let (relay, quic, tcp) = start(cmd);
-    let (csv, json) = (tmp.path().join("r.csv"), tmp.path().join("r.json"));
-    let cli = Cli::try_parse_from([
+    make_certs(&certs, 1).unwrap();
+    let c = Cluster {
+        certs: certs.clone(),
+        ..Cluster::default()
+    };
+    let relay = c
+        .relay_in(None, &tmp.path().join("relay"), &settings(), SOURCE, &[])
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcp = format!("127.0.0.1:{port}");
+    let _y = Yardstick::start(None, &tcp, &certs, &tmp.path().join("y.log"));
+    let (relay_addr, certs_s) = (relay.addr.to_string(), certs.display().to_string());
+    let argv = [
         "ledger-bench",
         "remote",
         "--relay",
-        &quic,
+        &relay_addr,
         "--tcp",
         &tcp,
         "--certs",
-        certs.to_str().unwrap(),
+        &certs_s,
         "--name",
         "sub-0",
         "--lanes",
         "1,2",
         "--ledgers",
-        "12",
+        "10",
         "--warmup",
         "2",
         "--clock-probes",
         "16",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ])
-    .unwrap();
-    let Some(Helper::Remote(args)) = cli.helper else {
-        panic!("not the remote mode")
+    ];
+    let Sub::Remote(a) = Cli::try_parse_from(argv).unwrap().command else {
+        panic!()
     };
-    let started = Instant::now();
-    let report = ledger_relay_bench::remote::run(&args).unwrap();
-    eprintln!("took {:?}", started.elapsed());
-    check(&report, &[1, 2]);
-    // The files main writes, from the same report.
-    ledger_relay_bench::report::write(&csv, &ledger_relay_bench::report::csv(&report.rows))
-        .unwrap();
-    let text = std::fs::read_to_string(&csv).unwrap();
-    assert_eq!(text.lines().count(), 4, "{text}");
-    assert!(text
-        .lines()
-        .nth(1)
-        .unwrap()
-        .starts_with("remote-tcp,remote,remote,1,tcp,"));
+    let report = ledger_relay_bench::remote::run(&a).unwrap();
     let v = serde_json::to_value(&report).unwrap();
-    assert!(v["clock"]["offset_ms"].is_number(), "{}", v["clock"]);
-    assert_eq!(v["rows"][1]["scenario"]["kind"]["Remote"]["lanes"], 1);
-    drop(relay);
+    check(v["rows"].as_array().unwrap(), &v["clock"], &[1, 2]);
+    assert!(report
+        .clock
+        .describe()
+        .starts_with("clock: relay minus this host"));
+    relay.stop();
 }
 
 #[test]
@@ -207,72 +181,83 @@ fn remote_rows_across_two_network_namespaces() {
     if let Some(reason) = ledger_relay_bench::netem::unavailable_reason() {
         return eprintln!("skipped: {reason}");
     }
-    let (relay_bin, bench_bin) = match binaries() {
-        Ok(b) => b,
-        Err(reason) => return eprintln!("skipped: {reason}"),
-    };
+    if !built() {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let certs = tmp.path().join("certs");
-    ledger_relay_bench::harness::make_certs(&certs, 0).unwrap();
+    make_certs(&certs, 1).unwrap();
     // No per-flow cap: the namespaces stand for two hosts on one link.
     let net = Netem::create(
         "rm",
         Shape {
             flow_bps: 10_000_000_000,
             aggregate_bps: 10_000_000_000,
+            link_mtu: None,
         },
     )
     .unwrap();
-    let (quic, tcp) = (format!("{RELAY_ADDR}:7400"), format!("{RELAY_ADDR}:7401"));
-    let mut cmd = Netem::exec_in(Some(&net.relay_ns), &relay_bin);
-    relay_args(&mut cmd, &certs, &tmp.path().join("data"), &quic, &tcp);
-    let (relay, _, _) = start(cmd);
+    let c = Cluster {
+        certs: certs.clone(),
+        ..Cluster::default()
+    };
+    let relay = c
+        .relay_in(
+            Some((&net.relay_ns, RELAY_ADDR)),
+            &tmp.path().join("relay"),
+            &settings(),
+            SOURCE,
+            &[],
+        )
+        .unwrap();
+    let tcp = format!("{RELAY_ADDR}:7401");
+    let _y = Yardstick::start(Some(&net.relay_ns), &tcp, &certs, &tmp.path().join("y.log"));
     let json = tmp.path().join("r.json");
-    let out = Netem::exec_in(Some(&net.sub_ns), &bench_bin)
-        .args(["remote", "--relay", &quic, "--tcp", &tcp, "--certs"])
-        .arg(&certs)
-        .args([
-            "--name",
-            "sub-0",
-            "--lanes",
-            "1,4",
-            "--ledgers",
-            "12",
-            "--warmup",
-            "2",
-        ])
-        .args(["--clock-probes", "16", "--row-timeout-s", "120", "--json"])
-        .arg(&json)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running ledger-bench remote in the subscribers' namespace");
+    let out = Netem::exec_in(
+        Some(&net.sub_ns),
+        Path::new(env!("CARGO_BIN_EXE_ledger-bench")),
+    )
+    .args([
+        "remote",
+        "--relay",
+        &relay.addr.to_string(),
+        "--tcp",
+        &tcp,
+        "--name",
+        "sub-0",
+        "--lanes",
+        "1,4",
+    ])
+    .args([
+        "--ledgers",
+        "10",
+        "--warmup",
+        "2",
+        "--clock-probes",
+        "16",
+        "--row-timeout",
+        "120s",
+        "--certs",
+    ])
+    .arg(&certs)
+    .arg("--json")
+    .arg(&json)
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{}", out.status);
     assert!(
-        stdout.starts_with("clock: relay minus this host"),
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("clock: relay minus this host") && stdout.contains("remote-l4"),
         "{stdout}"
     );
-    assert!(stdout.contains("remote-l4"), "{stdout}");
-    let report: serde_json::Value =
+    let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let rows = report["rows"].as_array().unwrap();
-    let names: Vec<&str> = rows
-        .iter()
-        .map(|r| r["scenario"]["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["remote-tcp", "remote-l1", "remote-l4"]);
-    for r in rows {
-        assert!(r["error"].is_null(), "{}", r["error"]);
-        assert_eq!(r["summary"]["ledgers"], 10);
-        assert!(r["summary"]["transfer_mib_s"].as_f64().unwrap() > 0.0);
-    }
-    let before = &report["clock"]["before"];
-    assert!(
-        before["offset_ms"].as_f64().unwrap().abs()
-            <= before["rtt_ms"].as_f64().unwrap() / 2.0 + 0.001,
-        "{before}"
-    );
-    drop(relay);
+    check(v["rows"].as_array().unwrap(), &v["clock"], &[1, 4]);
+    relay.stop();
     drop(net);
 }

@@ -1,9 +1,8 @@
 //! Integration tests of `ledger-bench` (one binary, as ripgrep does).
 
 mod cli;
-mod emulation;
-mod fanout;
-mod reliability;
+mod presets;
 mod remote;
-mod rows;
-mod tiers;
+mod runner;
+mod soak;
+mod units;

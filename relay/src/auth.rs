@@ -274,14 +274,6 @@ impl Auth {
             .map_err(tls_error)
     }
 
-    /// A rustls server config for TLS over TCP (the TCP baseline) with ALPN `alpn`: the same
-    /// certificate, client verification and CRL as the QUIC lanes, as in force now.
-    pub fn tls_config(&self, alpn: &[u8]) -> Result<rustls::ServerConfig, AuthError> {
-        let (chain, key) = self.identity();
-        ledger_relay_transport::server_tls(chain, key, self.client_verifier()?, alpn)
-            .map_err(tls_error)
-    }
-
     /// The client verifier of the CA with the CRL in force.
     fn client_verifier(
         &self,

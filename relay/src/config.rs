@@ -177,10 +177,6 @@ pub struct RunArgs {
     /// from --network pubnet, testnet or futurenet].
     #[arg(long = "network-passphrase", value_name = "PASSPHRASE")]
     pub network_passphrase: Option<String>,
-    /// Also serve the ledgers over one TLS-over-TCP flow on this TCP address, for benchmarks
-    /// that compare one flow with the lanes (`ledger-bench remote --tcp`).
-    #[arg(long = "tcp-baseline", value_name = "ADDR")]
-    pub tcp_baseline: Option<SocketAddr>,
     /// With --source relay:...: the client certificate (DIR/NAME.pem, DIR/NAME.key of --certs)
     /// this relay subscribes to its upstreams with.
     #[arg(long = "upstream-name", value_name = "NAME")]
@@ -248,7 +244,6 @@ struct FileConfig {
     backfill_sessions_per_identity: Option<usize>,
     backfill_prefetch: Option<usize>,
     network_passphrase: Option<String>,
-    tcp_baseline: Option<SocketAddr>,
     upstream_name: Option<String>,
     upstream_lanes: Option<u8>,
     cut_through: Option<bool>,
@@ -300,8 +295,6 @@ pub struct RelayConfig {
     pub export: Option<ExportConfig>,
     /// `--backfill`: the data lake history below the ring is served from.
     pub backfill: Option<BackfillConfig>,
-    /// `--tcp-baseline`: the TCP address of the one-flow baseline ([`crate::tcp_baseline`]).
-    pub tcp_baseline: Option<SocketAddr>,
     /// With a `relay:` source: how it subscribes to its upstreams.
     pub upstream: Option<UpstreamConfig>,
     /// Runs a `relay:` source (set by the `ledger-relay` binary; without it such a source is
@@ -653,7 +646,6 @@ impl RelayConfig {
             network_passphrase,
             export,
             backfill,
-            tcp_baseline: pick!(tcp_baseline),
             upstream,
             external_source: None,
             refetch: None,

@@ -32,10 +32,9 @@ mod scrub;
 mod server;
 mod session;
 pub mod source;
-mod tcp_baseline;
 
 // The interior (sessions, the accept loop, admission, authorization, reloading, the pipeline's
-// threads, health, scrub, the TCP baseline) is private: users start a [`Relay`] from a
+// threads, health, scrub) is private: users start a [`Relay`] from a
 // [`config::RelayConfig`] and read its metrics, ring, hub and lakes. What the bench and the
 // binary's tests also build ledgers with:
 pub use pipeline::{complete_ledger, PipelineConfig};
@@ -66,8 +65,6 @@ pub struct Relay {
     pub addr: SocketAddr,
     /// The metrics address, if serving metrics.
     pub metrics_addr: Option<SocketAddr>,
-    /// The TCP baseline's address (`--tcp-baseline`), if serving it.
-    pub tcp_baseline_addr: Option<SocketAddr>,
     /// Live metrics.
     pub metrics: Arc<Metrics>,
     /// Live state.
@@ -238,16 +235,6 @@ impl Relay {
             config.scrub_rate,
             shutdown.clone(),
         ));
-        let tcp_baseline_addr = match config.tcp_baseline {
-            Some(a) => {
-                let bound = tcp_baseline::spawn(a, auth.clone(), shared.clone(), shutdown.clone())
-                    .await
-                    .with_context(|| format!("binding the tcp baseline on {a}"))?;
-                info!(addr = %bound, "tcp baseline listening");
-                Some(bound)
-            }
-            None => None,
-        };
         info!(%addr, source = ?config.source, "relay listening");
         let server_cfg = config.server.clone();
         let ring2 = ring.clone();
@@ -269,7 +256,6 @@ impl Relay {
         Ok(Relay {
             addr,
             metrics_addr,
-            tcp_baseline_addr,
             metrics,
             hub,
             ring,

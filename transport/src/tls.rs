@@ -91,8 +91,8 @@ pub fn server_config(
 }
 
 /// The rustls client configuration under [`client_config`], with ALPN `alpn`: TLS 1.3 only,
-/// trusting exactly `ca`, presenting `cert_chain` and `key`. Also what a TLS-over-TCP client
-/// of the relay uses (the TCP baseline, [`ledger_relay_wire::baseline::ALPN`]).
+/// trusting exactly `ca`, presenting `cert_chain` and `key`: a TLS-over-TCP client with the
+/// lanes' settings (the bench's TCP yardstick).
 pub fn client_tls(
     ca: &[CertificateDer<'static>],
     crls: &[CertificateRevocationListDer<'static>],
@@ -124,8 +124,8 @@ pub fn client_tls(
 }
 
 /// The rustls server configuration under [`server_config`], with ALPN `alpn`: TLS 1.3 only,
-/// presenting `cert_chain` and `key`, verifying clients with `verifier`, no 0-RTT. Also what
-/// the relay's TLS-over-TCP listener uses (the TCP baseline).
+/// presenting `cert_chain` and `key`, verifying clients with `verifier`, no 0-RTT: a
+/// TLS-over-TCP server with the lanes' settings (the bench's TCP yardstick).
 pub fn server_tls(
     cert_chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,

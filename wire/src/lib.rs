@@ -28,8 +28,6 @@
 //!   `LedgerCloseMetaBatch` codec and the `.config.json` manifest.
 //! - [`text`]: text a peer chose (error messages, close reasons, certificate names) escaped
 //!   before it reaches a log line or a terminal.
-//! - [`baseline`]: the messages of the relay's TCP baseline (one TLS-over-TCP flow a benchmark
-//!   compares the lanes with), bounded like the rest, and the NTP-style clock-offset estimate.
 //!
 //! What it does not do: open connections, spawn tasks, read clocks, touch the disk or the
 //! network. The shells in `ledger-relay` and `ledger-relay-subscriber` carry its decisions out.
@@ -49,7 +47,6 @@
 #![warn(missing_docs)]
 
 pub mod assembler;
-pub mod baseline;
 pub mod chunker;
 pub mod compress;
 pub mod content;
