@@ -398,7 +398,7 @@ impl Session {
                     self.report_lanes();
                     // Everything the lanes did is in the report just made: an idle session
                     // needs no fresh round trips, and 20 reports a second of every idle
-                    // session were most of a relay's CPU at the tip (issue 18).
+                    // session were most of a relay's CPU at the tip.
                     let idle = self.sender.queued() == 0
                         && self.sender.lanes(self.now()).iter().all(|l| l.outstanding == 0);
                     next_report = tokio::time::Instant::now()

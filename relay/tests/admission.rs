@@ -1,4 +1,4 @@
-//! Who gets a connection or a session (issue "hardening", items 3 and 11): QUIC address
+//! Who gets a connection or a session: QUIC address
 //! validation under a flood of Initial packets, caps per address and per identity besides the
 //! global ones, the session cap checked and taken in one step, a bounded set of certificates
 //! per session, no QUIC datagrams, and a start ahead of the relay that waits a bounded time.

@@ -1,4 +1,4 @@
-//! Authorization against the real relay over loopback QUIC (issue 5, section 4): every refusal
+//! Authorization against the real relay over loopback QUIC: every refusal
 //! arrives as the right typed error, revocations end live sessions within a second while other
 //! sessions continue, and an invalid CRL keeps the previous one in force.
 //!

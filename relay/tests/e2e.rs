@@ -182,7 +182,7 @@ async fn a_restarted_relay_serves_what_it_held() {
     relay.stop().await;
 }
 
-/// Issue 13, item 2, end to end: a relay restarted after its source went on without it (core
+/// End to end: a relay restarted after its source went on without it (core
 /// ran while the relay was down) keeps the run it held beside the new one. A subscriber is
 /// served from either run and is told, with a typed error it can fail over on, that the
 /// ledgers between them are not held.

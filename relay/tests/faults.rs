@@ -1,4 +1,4 @@
-//! Source and disk faults (issue 7, items 3 and 7): a core that hangs mid-ledger, emits garbage,
+//! Source and disk faults: a core that hangs mid-ledger, emits garbage,
 //! a gap, a re-emitted ledger or a conflicting one, and a ring directory that fills up or turns
 //! read-only. Nothing partial or wrong reaches a subscriber, each fault shows in the metrics,
 //! and live streaming survives a failing disk. (A core dying mid-ledger is covered in
@@ -425,7 +425,7 @@ async fn expect_whole_ring(dir: &TestDir, relay: &Running) {
     assert_identical(&replay, &testnet_ledgers(), FIRST);
 }
 
-/// Issue 13, item 2: the data directory cannot be written mid-run (it fills up), then can
+/// The data directory cannot be written mid-run (it fills up), then can
 /// again. The ledgers that failed to write wait in memory and are written once the disk is
 /// back, so the ring keeps its run (no reset, nothing missing); meanwhile a subscriber that
 /// starts at the ring's oldest ledger is made to wait, never told it is below retention.
@@ -614,11 +614,11 @@ impl Drop for Ext4Disk {
     }
 }
 
-/// Issue 7, item 7: the data directory turns read-only mid-stream (the kernel takes the
+/// The data directory turns read-only mid-stream (the kernel takes the
 /// filesystem read-only after an error, with the ring's store open for writing), then is
 /// repaired. Live ledgers keep reaching a subscriber byte for byte, `/healthz` and the metrics
 /// say the ring is degraded, and once the disk is writable the ring reopens, reports healthy,
-/// writes the ledgers that waited (issue 13, item 2: no new run, no retention lost) and serves
+/// writes the ledgers that waited (no new run, no retention lost) and serves
 /// them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_directory_turned_read_only_degrades_the_ring_and_recovers() {

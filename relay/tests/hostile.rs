@@ -1,4 +1,4 @@
-//! Hostile peers with valid certificates (issue 7, item 6): malformed frames, oversize lengths,
+//! Hostile peers with valid certificates: malformed frames, oversize lengths,
 //! unknown frame types, out-of-range requests, streams that never end, data streams the relay
 //! never asked for, and many idle connections. Each connection is closed with a typed protocol
 //! error, configured limits are enforced, and an honest subscriber streaming meanwhile is
@@ -278,7 +278,7 @@ async fn raw_session(relay: &Running, dir: &std::path::Path, start: u32) -> (Raw
     (raw, io)
 }
 
-/// Issue "hardening", item 1: a resend of a ledger the subscriber acknowledged is a protocol
+/// A resend of a ledger the subscriber acknowledged is a protocol
 /// violation (it already holds that ledger; asking again only makes the relay read its ring).
 /// The relay honoured it before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +327,7 @@ async fn a_resend_of_an_acknowledged_ledger_is_a_protocol_violation() {
     relay.stop().await;
 }
 
-/// Issue "hardening", item 1: a subscriber that reads nothing and floods resends of the ledgers
+/// A subscriber that reads nothing and floods resends of the ledgers
 /// in its window makes the relay read its ring at most at the rate limit, and queues no second
 /// copy of anything already on its way. Before, every resend frame was a ring read of a whole
 /// ledger.
@@ -375,7 +375,7 @@ fn credit(bytes: u64) -> ledger_relay_transport::TransportSettings {
     }
 }
 
-/// Issue "hardening", item 9: a subscriber that withholds flow-control credit on a control
+/// A subscriber that withholds flow-control credit on a control
 /// stream, so that the relay cannot finish writing its `SessionAccept` (session A) or a lane's
 /// `LaneAccept` (session B), is still ended at once when its certificate is revoked, with the
 /// code `Revoked`. Every control write races the session's cancellation as well as its deadline

@@ -1,4 +1,4 @@
-//! The relay's delivery settings the bench compares (issue 6), against the real relay over
+//! The relay's delivery settings the bench compares, against the real relay over
 //! loopback QUIC:
 //!
 //! - `--store-and-forward`: no frame of a ledger reaches a subscriber before the relay has read

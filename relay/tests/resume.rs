@@ -1,5 +1,5 @@
-//! Resume, failover and fail-closed delivery against the real relay over loopback QUIC
-//! (issue 4, section 6): a relay stopped and restarted on the same data directory and port
+//! Resume, failover and fail-closed delivery against the real relay over loopback QUIC:
+//! a relay stopped and restarted on the same data directory and port
 //! mid-stream; failover between two relays fed the same file; a relay fed another network's
 //! ledgers; a tampered ring. The same with the relay as a process of its own (SIGKILL, a slow
 //! consumer, the crash rounds) is in `relay/cli/tests/process.rs`.
@@ -256,7 +256,7 @@ async fn short_ring(dir: &TestDir, name: &str, retention: u32) -> Running {
     relay
 }
 
-/// Issue 13, item 2: the first relay no longer holds the start, the second does: a
+/// The first relay no longer holds the start, the second does: a
 /// below-retention end from one relay is not the end of a subscription that has another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_the_retention_of_one_relay_the_subscriber_fails_over_to_the_next() {
@@ -305,7 +305,7 @@ async fn below_the_retention_of_every_relay_the_subscription_ends() {
     b.stop().await;
 }
 
-/// Issue 13, item 7: a ledger damaged in the middle of relay A's ring is detected on read,
+/// A ledger damaged in the middle of relay A's ring is detected on read,
 /// counted, named in A's `/healthz` and `/metrics` (`ring_corrupt`), and the
 /// subscriber, told `Internal` for it, fails over to relay B, which has it: every ledger
 /// arrives, byte for byte.

@@ -47,7 +47,7 @@ pub fn testnet_ledgers() -> Vec<Bytes> {
         .collect()
 }
 
-/// Issue 13, item 2: a relay in `dir` on the first 100 testnet ledgers, stopped, leaves its
+/// A relay in `dir` on the first 100 testnet ledgers, stopped, leaves its
 /// ring holding them; returns the `file:` source of ledgers 150 and on, for the caller to start
 /// the relay again with (the ring then holds two runs, see [`assert_two_runs`]).
 pub async fn first_of_two_runs(dir: &TestDir) -> String {

@@ -139,7 +139,7 @@ async fn the_server_name_defaults_to_the_relay_host() {
     }
 }
 
-/// Issue "hardening", item 8: the subscriber checks the relay's certificate against `crl.pem`
+/// The subscriber checks the relay's certificate against `crl.pem`
 /// of its certificate directory: a revoked relay certificate (a stolen relay key) is refused
 /// at once, with its own reason, and not retried. Before, the subscriber read no CRL and
 /// streamed from the revoked relay.

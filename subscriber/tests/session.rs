@@ -427,7 +427,7 @@ async fn large_incompressible_ledgers_cross_four_lanes() {
     eprintln!("4 x 6 MiB over 4 lanes in {:?}", started.elapsed());
 }
 
-/// Issue "hardening", item 10: a relay that stops reading its control stream (it gives 64 bytes
+/// A relay that stops reading its control stream (it gives 64 bytes
 /// of credit, then our acks pile up in flow control) is given up after the heartbeat timeout,
 /// like a silent one, and the subscription goes on from the next relay with no gap. Before,
 /// the session loop waited in its write of an `Ack` forever: no watchdog could fire.

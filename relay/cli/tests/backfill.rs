@@ -286,7 +286,7 @@ async fn what_neither_the_lake_nor_the_ring_holds_is_below_retention_with_the_la
     relay.stop().await;
 }
 
-/// Issue 13, item 2: a ring that holds two runs (the relay was down while its source went
+/// A ring that holds two runs (the relay was down while its source went
 /// on) with a lake that holds the ledgers between them. A subscriber streams across the gap:
 /// the old run from the ring, the gap from the lake, the new run from the ring, byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -474,7 +474,7 @@ pub(crate) fn damage_ring(data: &std::path::Path, seq: u32) {
     std::fs::write(&path, v).unwrap();
 }
 
-/// Issue 13, item 7: a ledger damaged in the middle of the ring is read from the backfill lake
+/// A ledger damaged in the middle of the ring is read from the backfill lake
 /// instead (the ledger the ring recorded, by its header hash), served, and written over the
 /// damaged copy: the subscriber gets every ledger from the one relay, and the ring is whole
 /// again.
@@ -508,7 +508,7 @@ async fn a_damaged_ring_ledger_is_replaced_from_the_backfill_lake() {
     relay.stop().await;
 }
 
-/// Issue 13, item 7: the ring's scrub finds a ledger damaged in the middle of the ring that no
+/// The ring's scrub finds a ledger damaged in the middle of the ring that no
 /// subscriber asked for, and writes it again from the backfill lake; the pass goes on to the
 /// newest ledger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Issue "hardening", item 1: a subscriber with a valid certificate that reads nothing and
+//! A subscriber with a valid certificate that reads nothing and
 //! floods `Resend` frames for every ledger in the ring. The relay honours resends only for
 //! ledgers it sent and the subscriber has not acknowledged, once per chunk while a copy is on
 //! its way, and reads its ring for them at a limited rate; so what the attack can make it hold

@@ -1,6 +1,6 @@
 //! The relay as a process of its own, the real `ledger-relay` binary: killed with SIGKILL
 //! mid-stream and restarted on the same data directory; a slow consumer whose memory is
-//! measured apart from the relay's; and the crash rounds (issue 7, item 1).
+//! measured apart from the relay's; and the crash rounds.
 //!
 //! Every test is bounded by timeouts and asserts outcomes that do not depend on timing; the
 //! slow consumer's memory bound has ample headroom (about 30-40 MiB measured against 100 MiB),
@@ -447,7 +447,7 @@ async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
     drop(relay);
 }
 
-/// Issue 7, item 1: the relay is SIGKILLed at random moments while a subscriber streams a file
+/// The relay is SIGKILLed at random moments while a subscriber streams a file
 /// source, and restarted on the same data directory, `CRASH_ROUNDS` times (default 20; `.ci/run`
 /// runs 3). The subscriber's output equals the source: no gap, no duplicate.
 /// `CRASH_ROUNDS=20 cargo test -p ledger-relay-cli --test tests -- --ignored --exact process::sigkill_rounds`
@@ -494,7 +494,7 @@ async fn sigkill_rounds() {
     drop(relay);
 }
 
-/// Issue "below-retention bounds": a relay whose ring keeps 5 ledgers of a fast synthetic
+/// A relay whose ring keeps 5 ledgers of a fast synthetic
 /// source; returns it, its metrics address and the ring's bounds as `/metrics` shows them.
 async fn short_ring(dir: &TestDir) -> (RelayProcess, SocketAddr, u16) {
     let port = free_port();

@@ -445,7 +445,7 @@ async fn metric(addr: SocketAddr, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
-/// Issue 13, item 7: a ledger damaged in the middle of an edge relay's ring, with no lake
+/// A ledger damaged in the middle of an edge relay's ring, with no lake
 /// configured, is fetched again from its root (by the edge's scrub, before anyone asks for it),
 /// checked to be the ledger the ring recorded, written over the damaged copy and served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -329,7 +329,7 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     panic!("not within 10 s: {what}");
 }
 
-/// Issue 13, item 4: the ring writer is stuck (a slow disk) while the source delivers 100
+/// The ring writer is stuck (a slow disk) while the source delivers 100
 /// ledgers. Every one of them stays reachable (in memory until the ring has it), none is let
 /// go while the ring still has to write it; then the ring writes them all, in one run.
 #[test]
@@ -359,7 +359,7 @@ fn every_ledger_waiting_for_the_ring_stays_reachable() {
     handle.join();
 }
 
-/// Issue 13, item 4: the ring's queue is bounded in bytes. With the writer stuck, the oldest
+/// The ring's queue is bounded in bytes. With the writer stuck, the oldest
 /// queued ledgers are given up for the ring (counted), the hub keeps no more than the queue
 /// holds, and the ring then starts a new run after the gap, keeping the ledger it wrote first.
 #[test]
@@ -447,7 +447,7 @@ fn damage(dir: &std::path::Path, seq: u32) {
     std::fs::write(&path, v).unwrap();
 }
 
-/// Issue 13, item 5: a ledger whose stored copy is damaged, emitted again by the source (core
+/// A ledger whose stored copy is damaged, emitted again by the source (core
 /// re-emits after a restart), is the same ledger, not a new run: the ring keeps everything,
 /// the damaged copy is written over with the re-emitted one, the ledgers after it are
 /// duplicates, and the source's next new ledger continues the ring.
@@ -482,7 +482,7 @@ fn a_damaged_ledger_emitted_again_is_repaired_not_a_new_run() {
     handle.join();
 }
 
-/// Issue 13, item 2: a gap in what the ring is given (the relay was down while core went on,
+/// A gap in what the ring is given (the relay was down while core went on,
 /// or the ring's queue gave ledgers up) starts a new run without deleting the old one: both
 /// runs are kept, read back and found again when the ring is opened again.
 #[test]

@@ -126,7 +126,7 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
         .unwrap_or_else(|_| panic!("{what} waited for another thread's IO"))
 }
 
-/// Issue 13, item 6: no lock that readers need is held across disk or sled IO. While an append
+/// No lock that readers need is held across disk or sled IO. While an append
 /// is held inside its IO, `range`, `newest`, `stats` and `get` answer; while a read is held
 /// inside its IO, an append completes and the range moves.
 #[test]
@@ -201,7 +201,7 @@ fn sled_tuning_takes_segment_size_and_flush_period() {
     }
 }
 
-/// Issue 13, item 2: a ledger after a gap starts a run beside the ledgers held, which stay
+/// A ledger after a gap starts a run beside the ledgers held, which stay
 /// readable; pruning takes the oldest across runs (their files too); opening the ring again
 /// finds every run.
 #[test]

@@ -491,7 +491,7 @@ mod tests {
         drop(held);
     }
 
-    /// Issue 13, item 2: while the ring's store is degraded (a disk error), a ledger that is
+    /// While the ring's store is degraded (a disk error), a ledger that is
     /// not held is asked for again later and a start below the ring is refused as retryable:
     /// no session is told it is below retention, which would end a subscriber for good.
     #[tokio::test]
