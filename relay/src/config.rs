@@ -15,10 +15,13 @@ use ledger_relay_wire::Limits;
 use serde::Deserialize;
 
 use crate::health;
-use crate::lake::backfill::BackfillConfig;
+use crate::lake::backfill::{default_per_identity, BackfillConfig};
 use crate::lake::export::ExportConfig;
 use crate::pipeline::PipelineConfig;
-use crate::server::ServerConfig;
+use crate::server::{
+    ServerConfig, DEFAULT_HANDSHAKE_POOL, DEFAULT_HANDSHAKE_POOL_PER_SOURCE,
+    DEFAULT_HANDSHAKE_TIMEOUT, FIRST_FRAME_TIMEOUT,
+};
 use crate::session::SessionConfig;
 use crate::source::{SourceOptions, SourceSpec};
 
@@ -114,9 +117,22 @@ pub struct RunArgs {
     #[arg(long = "max-sessions-per-identity", value_name = "N")]
     pub max_sessions_per_identity: Option<usize>,
     /// Handshakes from addresses not validated yet beyond which a new connection attempt must
-    /// first prove its address with a QUIC Retry (one round trip more); 0: always [default: 64].
+    /// first prove its address with a QUIC Retry (one round trip more), as every attempt must
+    /// once the pending pool is half full; 0: always [default: 64].
     #[arg(long = "retry-threshold", value_name = "N")]
     pub retry_threshold: Option<usize>,
+    /// Handshakes without a verified client certificate yet that the relay holds at once (the
+    /// pending pool); when it is full, an attempt from an address holding fewer displaces the
+    /// heaviest address's oldest [default: 128].
+    #[arg(long = "handshake-pool", value_name = "N")]
+    pub handshake_pool: Option<usize>,
+    /// Of the pending pool, most handshakes from one address (an IPv6 /64) [default: 32].
+    #[arg(long = "handshake-pool-per-source", value_name = "N")]
+    pub handshake_pool_per_source: Option<usize>,
+    /// Time a QUIC/TLS handshake may take, client certificate included, before it leaves the
+    /// pending pool, 100ms..=60s [default: 2s].
+    #[arg(long = "handshake-timeout", value_name = "DURATION")]
+    pub handshake_timeout: Option<String>,
     /// How long a session whose start is ahead of the relay (or, for the tip, a relay that holds
     /// no ledger yet) waits for it before it is refused with Overloaded [default: 20s].
     #[arg(long = "start-wait", value_name = "DURATION")]
@@ -150,6 +166,10 @@ pub struct RunArgs {
     /// [default: 4].
     #[arg(long = "backfill-sessions", value_name = "N")]
     pub backfill_sessions: Option<usize>,
+    /// Of those, sessions of one client identity at once, 1..=--backfill-sessions [default:
+    /// half of --backfill-sessions, rounded up].
+    #[arg(long = "backfill-sessions-per-identity", value_name = "N")]
+    pub backfill_sessions_per_identity: Option<usize>,
     /// Objects each backfilling session reads ahead, in parallel, 1..=256 [default: 8].
     #[arg(long = "backfill-prefetch", value_name = "N")]
     pub backfill_prefetch: Option<usize>,
@@ -208,6 +228,9 @@ struct FileConfig {
     max_connections_per_identity: Option<usize>,
     max_sessions_per_identity: Option<usize>,
     retry_threshold: Option<usize>,
+    handshake_pool: Option<usize>,
+    handshake_pool_per_source: Option<usize>,
+    handshake_timeout: Option<String>,
     start_wait: Option<String>,
     store_and_forward: Option<bool>,
     streams_per_lane: Option<u32>,
@@ -217,6 +240,7 @@ struct FileConfig {
     export_zstd_level: Option<i32>,
     backfill: Option<String>,
     backfill_sessions: Option<usize>,
+    backfill_sessions_per_identity: Option<usize>,
     backfill_prefetch: Option<usize>,
     network_passphrase: Option<String>,
     tcp_baseline: Option<SocketAddr>,
@@ -499,36 +523,15 @@ impl RelayConfig {
                 None
             }
         };
-        let backfill = match pick!(backfill) {
-            Some(url) => {
-                let mut b =
-                    BackfillConfig::new(lake_url("backfill", &url)?, network_passphrase.clone());
-                if let Some(n) = pick!(backfill_sessions) {
-                    if !(1..=1024).contains(&n) {
-                        bail!("--backfill-sessions {n}: expected 1..=1024");
-                    }
-                    b.sessions = n;
-                }
-                if let Some(n) = pick!(backfill_prefetch) {
-                    if !(1..=256).contains(&n) {
-                        bail!("--backfill-prefetch {n}: expected 1..=256");
-                    }
-                    b.prefetch.depth = n;
-                }
-                Some(b)
-            }
-            None => {
-                for (set, flag) in [
-                    (pick!(backfill_sessions).is_some(), "--backfill-sessions"),
-                    (pick!(backfill_prefetch).is_some(), "--backfill-prefetch"),
-                ] {
-                    if set {
-                        bail!("{flag} needs --backfill URL");
-                    }
-                }
-                None
-            }
-        };
+        let backfill = backfill_config(
+            pick!(backfill),
+            BackfillFlags {
+                sessions: pick!(backfill_sessions),
+                per_identity: pick!(backfill_sessions_per_identity),
+                prefetch: pick!(backfill_prefetch),
+            },
+            network_passphrase.clone(),
+        )?;
         source_options.network_passphrase = network_passphrase.clone();
         let transport = file.transport.clone().unwrap_or_default();
         let start_wait = match pick!(start_wait) {
@@ -555,6 +558,11 @@ impl RelayConfig {
             pick!(max_sessions_per_identity),
             64,
         )?;
+        let handshakes = handshake_flags(
+            pick!(handshake_pool),
+            pick!(handshake_pool_per_source),
+            pick!(handshake_timeout),
+        )?;
         let server = ServerConfig {
             session: SessionConfig {
                 limits,
@@ -572,7 +580,10 @@ impl RelayConfig {
             max_connections_per_identity,
             max_sessions_per_identity,
             retry_threshold: pick!(retry_threshold).unwrap_or(64),
-            handshake_timeout: Duration::from_secs(10),
+            handshake_pool: handshakes.pool,
+            handshake_pool_per_source: handshakes.per_source,
+            handshake_timeout: handshakes.timeout,
+            first_frame_timeout: FIRST_FRAME_TIMEOUT,
             codec: pipeline.codec,
         };
         let cut_through = args.cut_through || file.cut_through.unwrap_or(false);
@@ -628,6 +639,96 @@ impl RelayConfig {
             refetch: None,
         })
     }
+}
+
+/// The pending pool's settings (`--handshake-pool`, `--handshake-pool-per-source`,
+/// `--handshake-timeout`).
+struct HandshakeFlags {
+    pool: usize,
+    per_source: usize,
+    timeout: Duration,
+}
+
+fn handshake_flags(
+    pool: Option<usize>,
+    per_source: Option<usize>,
+    timeout: Option<String>,
+) -> anyhow::Result<HandshakeFlags> {
+    let pool = pool.unwrap_or(DEFAULT_HANDSHAKE_POOL);
+    if !(1..=65536).contains(&pool) {
+        bail!("--handshake-pool {pool}: expected 1..=65536");
+    }
+    let per_source = per_source.unwrap_or(DEFAULT_HANDSHAKE_POOL_PER_SOURCE.min(pool));
+    if !(1..=pool).contains(&per_source) {
+        bail!("--handshake-pool-per-source {per_source}: expected 1..=--handshake-pool ({pool})");
+    }
+    let timeout = match timeout {
+        Some(t) => parse_duration(&t).context("--handshake-timeout")?,
+        None => DEFAULT_HANDSHAKE_TIMEOUT,
+    };
+    if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&timeout) {
+        bail!("--handshake-timeout {timeout:?}: expected 100ms..=60s");
+    }
+    Ok(HandshakeFlags {
+        pool,
+        per_source,
+        timeout,
+    })
+}
+
+/// The `--backfill-*` flags other than the lake itself.
+struct BackfillFlags {
+    sessions: Option<usize>,
+    per_identity: Option<usize>,
+    prefetch: Option<usize>,
+}
+
+/// `--backfill URL` and its settings; the settings without the lake are a mistake.
+fn backfill_config(
+    url: Option<String>,
+    flags: BackfillFlags,
+    network: Option<String>,
+) -> anyhow::Result<Option<BackfillConfig>> {
+    let Some(url) = url else {
+        for (set, flag) in [
+            (flags.sessions.is_some(), "--backfill-sessions"),
+            (
+                flags.per_identity.is_some(),
+                "--backfill-sessions-per-identity",
+            ),
+            (flags.prefetch.is_some(), "--backfill-prefetch"),
+        ] {
+            if set {
+                bail!("{flag} needs --backfill URL");
+            }
+        }
+        return Ok(None);
+    };
+    let url = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--backfill: {e}"))?;
+    let mut b = BackfillConfig::new(url, network);
+    if let Some(n) = flags.sessions {
+        if !(1..=1024).contains(&n) {
+            bail!("--backfill-sessions {n}: expected 1..=1024");
+        }
+        b.sessions = n;
+    }
+    b.sessions_per_identity = match flags.per_identity {
+        Some(n) if (1..=b.sessions).contains(&n) => n,
+        Some(n) => bail!(
+            "--backfill-sessions-per-identity {n}: expected 1..=--backfill-sessions ({})",
+            b.sessions
+        ),
+        None => default_per_identity(b.sessions),
+    };
+    if let Some(n) = flags.prefetch {
+        if !(1..=256).contains(&n) {
+            bail!("--backfill-prefetch {n}: expected 1..=256");
+        }
+        b.prefetch.depth = n;
+    }
+    Ok(Some(b))
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {

@@ -5,7 +5,8 @@
 //! lacks too gets the below-retention error with the lake's oldest ledger; a damaged or
 //! missing object ends the session with a retryable error and nothing of that ledger, and the
 //! subscription goes on once the lake is mended; sessions beyond `--backfill-sessions` wait for
-//! a reader slot, and what the prefetch holds stays within its stated bound.
+//! a reader slot, as do an identity's beyond `--backfill-sessions-per-identity`, and what the
+//! prefetch holds stays within its stated bound.
 
 use std::time::Duration;
 
@@ -165,6 +166,67 @@ async fn sessions_beyond_the_reader_slots_wait_and_the_prefetch_stays_within_its
     .await;
     // Never more than one reader at a time, each within (2 + 1) objects.
     assert_prefetch_within(&m, 1, 2, &want[..300]);
+    relay.stop().await;
+}
+
+/// One identity's slow sessions hold at most its share of the backfill reader slots: with the
+/// default four slots (two per identity), four stalled backfilling sessions of rpc-1 hold two,
+/// the other two of rpc-1 wait, and rpc-2 still gets a slot and every ledger while rpc-1's
+/// sessions hold theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_cannot_hold_every_backfill_reader_slot() {
+    let want = testnet_ledgers();
+    let place = Place::file();
+    place.fill(&want[..300], 1).await;
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let mut config = dir.relay_config(&file_source());
+    config.retention = 20;
+    let mut backfill = backfill_from(&place);
+    backfill.prefetch.depth = 2;
+    assert_eq!((backfill.sessions, backfill.sessions_per_identity), (4, 2));
+    config.backfill = Some(backfill);
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+    let m = relay.relay.metrics.clone();
+    let sub = |name| Collector::start(dir.sub(&relay, name, 1, Start::Seq(FIRST)), LAST);
+
+    // Two sessions of rpc-1 take their slots and stall inside the lake.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let s = sub("rpc-1");
+        s.wait_for(10, 60).await;
+        stalled.push(s.halt().await);
+    }
+    assert_eq!(load(&m.lake.backfill_sessions), 2);
+    // Two more of rpc-1 find its share held: they wait, with two slots free.
+    let waiting = [sub("rpc-1"), sub("rpc-1")];
+    let busy = load(&m.lake.backfill_busy_total);
+    eventually(
+        60,
+        "rpc-1's third and fourth sessions ask for a slot",
+        || load(&m.lake.backfill_busy_total) >= busy + 6,
+    )
+    .await;
+    assert!(
+        waiting.iter().all(|w| w.len() == 0),
+        "nothing without a slot"
+    );
+    assert_eq!(load(&m.lake.backfill_sessions), 2, "rpc-1 holds its two");
+
+    // rpc-2 gets a slot and everything, from the lake then the ring, while rpc-1 holds its own.
+    let other = sub("rpc-2").finish(120).await;
+    other.assert_complete(&want);
+    assert!(stalled.iter().all(|s| s.error.is_none()));
+    for w in waiting {
+        let out = w.halt().await;
+        assert!(out.got.is_empty(), "rpc-1 still held to its share");
+    }
+    drop(stalled);
+    eventually(10, "the slots given back", || {
+        load(&m.lake.backfill_sessions) == 0
+    })
+    .await;
     relay.stop().await;
 }
 

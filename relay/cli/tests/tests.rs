@@ -15,6 +15,7 @@ mod backfill;
 mod cli;
 mod flood;
 mod go_client;
+mod handshakes;
 mod health;
 mod lake;
 mod process;

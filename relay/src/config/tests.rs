@@ -158,6 +158,67 @@ fn admission_flags_default_and_parse() {
 }
 
 #[test]
+fn handshake_pool_flags_default_parse_and_are_checked() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    let s = &c.server;
+    assert_eq!(
+        (
+            s.handshake_pool,
+            s.handshake_pool_per_source,
+            s.handshake_timeout
+        ),
+        (128, 32, Duration::from_secs(2))
+    );
+    assert_eq!(s.first_frame_timeout, Duration::from_secs(10));
+    let mut a = base();
+    a.handshake_pool = Some(16);
+    a.handshake_pool_per_source = Some(4);
+    a.handshake_timeout = Some("1500ms".into());
+    let s = RelayConfig::from_args(a).unwrap().server;
+    assert_eq!(
+        (
+            s.handshake_pool,
+            s.handshake_pool_per_source,
+            s.handshake_timeout
+        ),
+        (16, 4, Duration::from_millis(1500))
+    );
+    // A pool smaller than the default share: the share is the pool.
+    let mut a = base();
+    a.handshake_pool = Some(8);
+    assert_eq!(
+        RelayConfig::from_args(a)
+            .unwrap()
+            .server
+            .handshake_pool_per_source,
+        8
+    );
+    for (set, want) in [
+        (
+            (|a: &mut RunArgs| a.handshake_pool = Some(0)) as fn(&mut RunArgs),
+            "--handshake-pool 0: expected 1..=65536",
+        ),
+        (
+            |a| a.handshake_pool_per_source = Some(129),
+            "--handshake-pool-per-source 129: expected 1..=--handshake-pool (128)",
+        ),
+        (
+            |a| a.handshake_timeout = Some("10ms".into()),
+            "--handshake-timeout 10ms: expected 100ms..=60s",
+        ),
+        (
+            |a| a.handshake_timeout = Some("soon".into()),
+            "--handshake-timeout",
+        ),
+    ] {
+        let mut a = base();
+        set(&mut a);
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert!(e.starts_with(want), "{e}");
+    }
+}
+
+#[test]
 fn lake_flags_parse_and_are_checked() {
     let c = RelayConfig::from_args(base()).unwrap();
     assert!(c.export.is_none() && c.backfill.is_none());
@@ -176,7 +237,10 @@ fn lake_flags_parse_and_are_checked() {
     assert_eq!(e.zstd_level, 1);
     let b = c.backfill.unwrap();
     assert_eq!(b.url.to_string(), "file:///var/lake");
-    assert_eq!((b.sessions, b.prefetch.depth), (2, 8));
+    assert_eq!(
+        (b.sessions, b.sessions_per_identity, b.prefetch.depth),
+        (2, 1, 8)
+    );
     assert_eq!(
         b.network.as_deref(),
         Some(ledger_relay_lake::PUBNET_PASSPHRASE)
@@ -237,6 +301,17 @@ fn lake_flags_parse_and_are_checked() {
             "--backfill-sessions 0: expected 1..=1024",
         ),
         (
+            |a| a.backfill_sessions_per_identity = Some(1),
+            "--backfill-sessions-per-identity needs --backfill URL",
+        ),
+        (
+            |a| {
+                a.backfill = Some("file:///l".into());
+                a.backfill_sessions_per_identity = Some(5);
+            },
+            "--backfill-sessions-per-identity 5: expected 1..=--backfill-sessions (4)",
+        ),
+        (
             |a| a.source = Some("datalake:s3://b,from=9,to=5".into()),
             "bad datalake source: to=5 is before from=9",
         ),
@@ -258,7 +333,9 @@ fn flags_override_the_file() {
         "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
          retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\nstale_after = \"45s\"\n\
          max_sessions_per_identity = 3\nretry_threshold = 5\nstart_wait = \"2s\"\n\
-         max_connections_per_address = 7\nmax_connections_per_identity = 9\n[transport]\nsend_window = 1000000\n",
+         max_connections_per_address = 7\nmax_connections_per_identity = 9\n\
+         handshake_pool = 64\nhandshake_pool_per_source = 8\nhandshake_timeout = \"1s\"\n\
+         backfill = \"file:///l\"\nbackfill_sessions = 6\nbackfill_sessions_per_identity = 2\n[transport]\nsend_window = 1000000\n",
     )
     .unwrap();
     let args = RunArgs {
@@ -283,6 +360,17 @@ fn flags_override_the_file() {
         (3, 5, 7, 9)
     );
     assert_eq!(c.server.session.start_wait, Some(Duration::from_secs(2)));
+    let s = &c.server;
+    assert_eq!(
+        (
+            s.handshake_pool,
+            s.handshake_pool_per_source,
+            s.handshake_timeout
+        ),
+        (64, 8, Duration::from_secs(1))
+    );
+    let b = c.backfill.as_ref().unwrap();
+    assert_eq!((b.sessions, b.sessions_per_identity), (6, 2));
     std::fs::write(&path, "listen = \"127.0.0.1:7400\"\nbogus = 1\n").unwrap();
     let args = RunArgs {
         config: Some(path),
