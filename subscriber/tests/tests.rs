@@ -7,6 +7,7 @@ mod captive;
 mod cli;
 mod consume_delay;
 mod content;
+mod core_http;
 mod session;
 mod sessions;
 mod verify;
