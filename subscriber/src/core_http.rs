@@ -295,12 +295,13 @@ impl CoreClient {
             0 => self.inner.config.timeout,
             ms => Duration::from_millis(u64::from(ms)),
         };
-        let deadline = Instant::now() + budget;
+        let started = Instant::now();
+        let deadline = started + budget;
         let max_tries = 2 * self.inner.config.relays.len() as u32;
         let mut last_error = None;
         let unreachable = |tries, last_error| CoreClientError::Unreachable {
             tries,
-            waited: budget,
+            waited: started.elapsed(),
             last_error,
         };
         for tries in 1..=max_tries {

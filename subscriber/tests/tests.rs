@@ -4,6 +4,7 @@ mod support;
 
 mod auth;
 mod captive;
+mod captive_http;
 mod cli;
 mod consume_delay;
 mod content;
