@@ -196,7 +196,8 @@ pub struct RunArgs {
     #[arg(long = "cut-through")]
     pub cut_through: bool,
     /// stellar-core's command port, e.g. http://127.0.0.1:11626: subscribers' stand-ins send
-    /// the /tx and /info requests of stellar-rpc, Horizon and Galexie here.
+    /// the /tx and /info requests of stellar-rpc, Horizon and Galexie here. A relay with a
+    /// relay: source and neither --core-http nor --core-query forwards them to its upstreams.
     #[arg(long = "core-http", value_name = "URL")]
     pub core_http: Option<String>,
     /// stellar-core's query server, e.g. http://127.0.0.1:11628: /getledgerentry and
