@@ -13,6 +13,9 @@ macro_rules! testdata {
 mod architecture;
 mod backfill;
 mod cli;
+#[allow(dead_code)] // shared with the relay's tests, which use more of it
+#[path = "../../tests/core_stand_in.rs"]
+mod core_stand_in;
 mod flood;
 mod go_client;
 mod handshakes;
