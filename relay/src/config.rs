@@ -224,6 +224,11 @@ pub struct RunArgs {
     /// at once [default: 16].
     #[arg(long = "core-concurrency", value_name = "N")]
     pub core_concurrency: Option<u32>,
+    /// With --source relay:...: a trusted ledger, SEQ:HASH (its header hash, 64 hex digits),
+    /// that a relay with an empty ring starts at: the upstream's ledger SEQ must have this hash
+    /// (without it, an empty ring trusts the upstream's first ledger).
+    #[arg(long = "upstream-anchor", value_name = "SEQ:HASH")]
+    pub upstream_anchor: Option<String>,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -284,6 +289,7 @@ struct FileConfig {
     core_timeout: Option<String>,
     core_max_request: Option<String>,
     core_concurrency: Option<u32>,
+    upstream_anchor: Option<String>,
     transport: Option<TransportSettings>,
 }
 
@@ -359,6 +365,9 @@ pub struct UpstreamConfig {
     pub lanes: u8,
     /// Pass ledgers on as their chunks arrive (`--cut-through`).
     pub cut_through: bool,
+    /// The trusted ledger (sequence, header hash) an empty ring starts at
+    /// (`--upstream-anchor SEQ:HASH`).
+    pub anchor: Option<(u32, [u8; 32])>,
 }
 
 /// Lanes of the subscription to an upstream relay without `--upstream-lanes`.
@@ -634,6 +643,7 @@ impl RelayConfig {
             &source,
             pick!(upstream_name),
             pick!(upstream_lanes),
+            pick!(upstream_anchor),
             cut_through,
         )?;
         let core = core_settings(CoreFlags::pick(&args, &file), &server.session.limits)?;
@@ -674,11 +684,12 @@ fn upstream_config(
     source: &SourceSpec,
     name: Option<String>,
     lanes: Option<u8>,
+    anchor: Option<String>,
     cut_through: bool,
 ) -> anyhow::Result<Option<UpstreamConfig>> {
     if !matches!(source, SourceSpec::Relay { .. }) {
-        if name.is_some() || lanes.is_some() || cut_through {
-            bail!("--upstream-name, --upstream-lanes and --cut-through go with --source relay:ADDR[,ADDR...]");
+        if name.is_some() || lanes.is_some() || anchor.is_some() || cut_through {
+            bail!("--upstream-name, --upstream-lanes, --upstream-anchor and --cut-through go with --source relay:ADDR[,ADDR...]");
         }
         return Ok(None);
     }
@@ -690,10 +701,17 @@ fn upstream_config(
     if !(1..=64).contains(&lanes) {
         bail!("--upstream-lanes {lanes}: expected 1..=64");
     }
+    let anchor = anchor
+        .map(|a| {
+            ledger_relay_wire::header::parse_anchor(&a)
+                .map_err(|reason| anyhow::anyhow!("--upstream-anchor {a}: {reason}"))
+        })
+        .transpose()?;
     Ok(Some(UpstreamConfig {
         name,
         lanes,
         cut_through,
+        anchor,
     }))
 }
 

@@ -82,6 +82,26 @@ pub struct Relay {
     task: JoinHandle<()>,
 }
 
+/// A tier's `--upstream-anchor` against its ring: a ring that holds the anchor's ledger with
+/// another hash holds another history than the one the operator trusts, and the relay does not
+/// start on it. (An empty ring starts at the anchor; a ring that does not hold its ledger
+/// resumes after its newest, as at every start.)
+fn check_upstream_anchor(ring: &Ring, config: &RelayConfig) -> anyhow::Result<()> {
+    let Some((seq, hash)) = config.upstream.as_ref().and_then(|u| u.anchor) else {
+        return Ok(());
+    };
+    match ring.stored_hash(seq) {
+        Ok(Some(held)) if held != hash => anyhow::bail!(
+            "--upstream-anchor {seq}:{}: the ring in {} holds ledger {seq} with hash {}; \
+             a ring of another history is not resumed (move it away, or correct the anchor)",
+            ledger_relay_wire::Hex(&hash),
+            config.data_dir.display(),
+            ledger_relay_wire::Hex(&held)
+        ),
+        _ => Ok(()),
+    }
+}
+
 impl Relay {
     /// Opens the ring, loads certificates, binds the endpoint and starts the source, the
     /// pipeline and the accept loop. Everything stops when `shutdown` is cancelled.
@@ -104,6 +124,7 @@ impl Relay {
             })
             .with_context(|| format!("opening the ring in {}", config.data_dir.display()))?,
         );
+        check_upstream_anchor(&ring, &config)?;
         pipeline::update_ring_metrics(&ring, &metrics);
         record_sizing(&config, &metrics);
         let forwarder = core_forwarder(&config, &metrics)?;
@@ -163,22 +184,28 @@ impl Relay {
         let source_stop = shutdown.child_token();
         let mut source_options = config.source_options.clone();
         source_options.lake_stats = source::LakeStatsHandle(metrics.lake.source.clone());
-        let source_thread = match (&config.source, &config.external_source) {
+        let (source_thread, on_refusal) = match (&config.source, &config.external_source) {
             (source::SourceSpec::Relay { .. }, Some(external)) => {
-                (external.0)(source::ExternalStart {
+                let (tell, refused) = tokio::sync::mpsc::unbounded_channel();
+                let thread = (external.0)(source::ExternalStart {
                     spec: config.source.clone(),
                     newest: ring.newest(),
                     events: tx,
                     shutdown: source_stop.clone(),
                     metrics: metrics.clone(),
-                })
+                    refused,
+                });
+                (thread, pipeline::OnRefusal::Tell(tell))
             }
             (source::SourceSpec::Relay { .. }, None) => unreachable!("checked at the start"),
-            _ => source::spawn(
-                config.source.clone(),
-                source_options,
-                tx,
-                source_stop.clone(),
+            _ => (
+                source::spawn(
+                    config.source.clone(),
+                    source_options,
+                    tx,
+                    source_stop.clone(),
+                ),
+                pipeline::OnRefusal::Stop(source_stop.clone()),
             ),
         };
         let pipeline = pipeline::spawn(
@@ -190,7 +217,7 @@ impl Relay {
                 newest: ring.newest(),
             },
             metrics.clone(),
-            source_stop,
+            on_refusal,
         )?;
         let shared = Shared {
             hub: hub.clone(),

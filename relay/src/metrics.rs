@@ -70,6 +70,7 @@ counters! {
     upstream_sessions_total: "relay: source: sessions opened with upstream relays (the first, then one per reconnect or failover).",
     upstream_cut_through_bytes_total: "relay: source with --cut-through: bytes passed on before their ledger was complete and verified.",
     upstream_taken_back_total: "relay: source with --cut-through: ledgers passed on in part and then taken back (verification failed, or the upstream session ended first).",
+    upstream_set_aside_total: "relay: source: times an upstream was set aside (left out of the subscription for a while) because bytes it sent failed a check.",
     ring_oldest: "Oldest ledger in the retention ring.",
     ring_newest: "Newest ledger in the retention ring.",
     ring_ledgers: "Ledgers in the retention ring.",
@@ -271,10 +272,13 @@ impl Metrics {
     }
 }
 
+/// A label value: the identity a client's certificate names, which its holder chose, escaped
+/// as peer text (no line break or terminal control reaches whoever reads the scrape), then as
+/// Prometheus quotes it.
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
+    ledger_relay_wire::text::escape(s)
+        .replace('\\', "\\\\")
         .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Serves `/metrics` and `/healthz` until `shutdown`.
@@ -378,6 +382,15 @@ pub fn spawn(
 mod tests {
     use super::*;
     use crate::health::ReasonKind;
+
+    #[test]
+    fn a_label_holds_no_line_break_or_terminal_control() {
+        assert_eq!(escape("rpc-1"), "rpc-1");
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+        let v = escape("x\n\x1b[2Jy");
+        assert!(!v.chars().any(char::is_control), "{v}");
+        assert_eq!(v, "x\\\\n\\\\u{1b}[2Jy");
+    }
 
     #[test]
     fn renders_counters_and_sessions() {

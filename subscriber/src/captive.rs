@@ -23,6 +23,11 @@
 //!   the ledger after the last closed one (or S), anchored to its hash when known, until
 //!   SIGINT or SIGTERM, recording each ledger as the last closed one.
 //!
+//! A stream with no hash to start from (a catch-up, or a `run` after `new-db` or `catchup
+//! TO/0`) is anchored to the `anchor` setting (`SEQ:HASH`, a trusted ledger) when it is given,
+//! see [`anchored_start`]; without it, the first ledger the relays send is trusted (every
+//! ledger after it is checked against the one before).
+//!
 //! The state (the last closed ledger, its hash and its protocol) is a small file in the working
 //! directory, which the SDK sets to its storage path, as core keeps its database there.
 
@@ -83,6 +88,19 @@ pub enum CaptiveError {
         /// The IO error.
         #[source]
         source: std::io::Error,
+    },
+    /// The stream would start before the trusted ledger of the `anchor` setting: its first
+    /// ledgers could only be checked once the anchor's arrived, after they were written.
+    #[error(
+        "ledger {start} is before the anchor {anchor}: ledgers are checked against the ones \
+         before them, so the anchor must be at or below ledger {}",
+        u64::from(*.start).saturating_sub(1)
+    )]
+    BeforeAnchor {
+        /// The first ledger the stream would write.
+        start: u32,
+        /// The anchor's sequence.
+        anchor: u32,
     },
     /// The subscription failed.
     #[error(transparent)]
@@ -242,6 +260,52 @@ pub fn run_start(
     Ok((from.max(2), hash.map(|hash| Anchor { seq, hash })))
 }
 
+/// Where a stream subscribes from, the ledger it is anchored to, and the first ledger it
+/// writes (the ones before it are verified and not written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStart {
+    /// The subscription's start.
+    pub from: u32,
+    /// The trusted ledger the first one is checked against.
+    pub anchor: Option<Anchor>,
+    /// The first ledger written to the metadata stream.
+    pub write_from: u32,
+}
+
+/// How a stream that writes from ledger `start` is anchored: to `own` (the hash of the last
+/// closed ledger, or `--start-at-hash`) when it has one; else to `trusted` (the `anchor`
+/// setting): directly when it is ledger `start` or the one before, by verifying the ledgers
+/// between it and `start` without writing them when it is older; never when it is newer
+/// ([`CaptiveError::BeforeAnchor`]). With neither, the relays' first ledger is trusted.
+pub fn anchored_start(
+    start: u32,
+    own: Option<Anchor>,
+    trusted: Option<Anchor>,
+) -> Result<StreamStart, CaptiveError> {
+    let plain = |anchor| StreamStart {
+        from: start,
+        anchor,
+        write_from: start,
+    };
+    let Some(t) = trusted.filter(|_| own.is_none()) else {
+        return Ok(plain(own));
+    };
+    if start < t.seq {
+        return Err(CaptiveError::BeforeAnchor {
+            start,
+            anchor: t.seq,
+        });
+    }
+    if u64::from(start) <= u64::from(t.seq) + 1 {
+        return Ok(plain(Some(t)));
+    }
+    Ok(StreamStart {
+        from: t.seq + 1,
+        anchor: Some(t),
+        write_from: start,
+    })
+}
+
 /// Relay settings: the file [`CONFIG_ENV`] names (else [`DEFAULT_CONFIG`]), then the
 /// environment ([`ENV_PREFIX`] + the upper-case key) over it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
@@ -271,6 +335,11 @@ pub struct Settings {
     pub query_wait: Option<String>,
     /// How long a request to core's ports may take in all (default 2 s).
     pub core_timeout: Option<String>,
+    /// A trusted ledger, `SEQ:HASH` (`ledger-subscribe --anchor`'s grammar), that a stream
+    /// with no hash of its own to start from (after `new-db` or `catchup TO/0`, or `run
+    /// --start-at-ledger` without `--start-at-hash`) is checked against: see
+    /// [`anchored_start`]. Without it such a stream trusts the relays' first ledger.
+    pub anchor: Option<String>,
 }
 
 /// Default of [`Settings::query_wait`]: well under stellar-rpc's 2 s client timeout.
@@ -326,6 +395,7 @@ impl Settings {
                 }
                 "QUERY_WAIT" => self.query_wait = Some(value.clone()),
                 "CORE_TIMEOUT" => self.core_timeout = Some(value.clone()),
+                "ANCHOR" => self.anchor = Some(value.clone()),
                 _ => return Err(bad("unknown setting")),
             }
         }
@@ -381,6 +451,17 @@ impl Settings {
             core_timeout,
             max_request: config.limits.max_core_request,
         })
+    }
+
+    /// The trusted ledger of the `anchor` setting, if set.
+    pub fn anchor(&self) -> Result<Option<Anchor>, CaptiveError> {
+        self.anchor
+            .as_deref()
+            .map(|a| {
+                a.parse::<Anchor>()
+                    .map_err(|e| CaptiveError::Settings(format!("anchor: {e}")))
+            })
+            .transpose()
     }
 
     /// The subscription these settings describe, from `from`, anchored to `anchor`.

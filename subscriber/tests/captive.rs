@@ -374,3 +374,79 @@ fn version_reports_the_protocol_recorded_by_the_last_run() {
     let (_, out, _) = standin(dir.path(), &[], &["version"]);
     assert!(String::from_utf8(out).unwrap().contains("version: 25\n"));
 }
+
+/// The stand-in's settings for `relay`, as the SDK's environment would give them.
+fn settings_env(relay: &FakeRelay, pki: &Pki) -> Vec<(&'static str, String)> {
+    vec![
+        ("LEDGER_CAPTIVE_CORE_RELAY", relay.addr.to_string()),
+        (
+            "LEDGER_CAPTIVE_CORE_CERTS",
+            pki.path().display().to_string(),
+        ),
+        ("LEDGER_CAPTIVE_CORE_NAME", "rpc-1".to_owned()),
+        // A checkpoint per ledger: a catch-up streams exactly the range asked for.
+        ("LEDGER_CAPTIVE_CORE_CHECKPOINT_FREQUENCY", "1".to_owned()),
+    ]
+}
+
+/// `anchor = SEQ:HASH`: a catch-up (which has no hash of its own to start from) is checked
+/// against the trusted ledger. The right hash: the ledgers between the anchor and the start are
+/// verified and not written, the range asked for is. A wrong one: exit 2, nothing written. An
+/// anchor after the start: exit 2 before anything is fetched.
+#[tokio::test]
+async fn a_catchup_is_checked_against_the_anchor_setting() {
+    let pki = Pki::new();
+    let ledgers = testnet_ledgers(8);
+    let relay = FakeRelay::start(Plan::new(ledgers.clone()), pki.path(), pki.path());
+    let hash = |i: usize| {
+        let info = ledger_relay_wire::header::peek_header(&ledgers[i])
+            .unwrap()
+            .unwrap();
+        ledger_relay_wire::Hex(&info.hash).to_string()
+    };
+    let to = (FIRST_SEQ + 5).to_string();
+    // Ledgers FIRST+4 and FIRST+5; the anchor FIRST+1.
+    let catchup = |anchor: String| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = settings_env(&relay, &pki);
+        env.push(("LEDGER_CAPTIVE_CORE_ANCHOR", anchor));
+        let range = format!("{to}/2");
+        let d = dir.path().to_owned();
+        let run = tokio::task::spawn_blocking(move || {
+            standin(
+                &d,
+                &env,
+                &["catchup", &range, "--metadata-output-stream", "fd:1"],
+            )
+        });
+        async move {
+            let out = tokio::time::timeout(Duration::from_secs(30), run)
+                .await
+                .expect("the stand-in timed out")
+                .unwrap();
+            (out, dir)
+        }
+    };
+    let ((code, out, err), dir) = catchup(format!("{}:{}", FIRST_SEQ + 1, hash(1))).await;
+    assert_eq!(code, 0, "{err}");
+    let mut want = Vec::new();
+    for l in &ledgers[4..6] {
+        ledger_relay_wire::record::write_record_to(&mut want, l).unwrap();
+    }
+    assert!(
+        out == want,
+        "ledgers FIRST+4 and FIRST+5 only, byte for byte"
+    );
+    let state = std::fs::read_to_string(dir.path().join("ledger-captive-core.state")).unwrap();
+    assert_eq!(state.trim(), format!("{to} {}", hash(5)));
+
+    let ((code, out, err), _) = catchup(format!("{}:{}", FIRST_SEQ + 1, hash(2))).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty(), "nothing written");
+    assert!(err.contains("does not match the anchor"), "{err}");
+
+    let ((code, out, err), _) = catchup(format!("{}:{}", FIRST_SEQ + 6, hash(6))).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("before the anchor"), "{err}");
+}

@@ -9,6 +9,7 @@ mod cli;
 mod consume_delay;
 mod content;
 mod core_http;
+mod hoard;
 mod session;
 mod sessions;
 mod verify;

@@ -12,12 +12,14 @@ use std::time::Duration;
 
 use ledger_relay::lake::backfill::BackfillConfig;
 use ledger_relay_lake::testing::S3Server;
-use ledger_relay_lake::{ClientSettings, ErrorKind, PrefetchOptions, TESTNET_PASSPHRASE};
+use ledger_relay_lake::{
+    ClientSettings, ErrorKind, LakeError, PrefetchOptions, TESTNET_PASSPHRASE,
+};
 use ledger_relay_subscriber::SubscribeError;
 use ledger_relay_wire::frame::Start;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::lake::Place;
+use crate::lake::{with_a_changed_transaction_set, Place};
 use crate::support::{
     assert_identical, assert_two_runs, eventually, file_source, first_of_two_runs, load, take,
     testnet_ledgers, Collector, Running, TestDir, COUNT, FIRST, LAST,
@@ -548,6 +550,56 @@ async fn the_scrub_replaces_a_damaged_ledger_no_one_asked_for() {
         .await
         .unwrap();
     assert_identical(&got, &want, bad);
+    relay.stop().await;
+}
+
+/// A backfill lake whose copy of a ledger has a changed transaction set (header, hash and
+/// chain intact): a session's read of it is refused with the content error, after the ledgers
+/// before it, and the ring's scrub does not write it over a damaged copy of that ledger: the
+/// damage stays reported rather than turned into a ledger the scrub would then call intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_transaction_set_in_the_lake_is_never_served_nor_written_to_the_ring() {
+    let want = testnet_ledgers();
+    let bad = FIRST + 70;
+    let mut lake = want.clone();
+    lake[70] = with_a_changed_transaction_set(&lake[70]);
+    let place = Place::file();
+    place.fill(&lake, 1).await;
+    let dir = TestDir::new();
+    let writer = Running::start(dir.relay_config(&file_source())).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+    damage_ring(&dir.data(), bad);
+    let empty = dir.path().join("empty.xdr");
+    std::fs::write(&empty, b"").unwrap();
+    let mut config = dir.relay_config(&format!("file:{}", empty.display()));
+    config.backfill = Some(backfill_from(&place));
+    config.scrub_rate = 64 << 20;
+    let relay = Running::start(config).await;
+    let m = relay.relay.metrics.clone();
+    eventually(60, "a scrub pass over the whole ring", || {
+        load(&m.ring_scrub_passes_total) >= 1
+    })
+    .await;
+    assert_eq!(load(&m.ring_corrupt_total), 1, "found by the scrub");
+    assert_eq!(load(&m.ring_repaired_total), 0, "not from a changed copy");
+    assert!(m.lake.backfill.errors(ErrorKind::Content) >= 1);
+    assert!(relay.relay.ring.get(bad).is_err(), "still reported damaged");
+
+    // Read as a session reads the lake: the ledgers before it, then the content error.
+    let backfill = relay.relay.backfill.clone().unwrap();
+    let mut cursor = backfill.cursor(FIRST, LAST).await.unwrap();
+    for seq in FIRST..bad {
+        let l = cursor.fetch(seq).await.unwrap().unwrap();
+        assert_eq!(l.end.seq, seq);
+    }
+    match cursor.fetch(bad).await {
+        Err(LakeError::Content { seq, error, .. }) => {
+            assert_eq!(seq, bad);
+            assert!(error.to_string().contains("txSetHash"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
     relay.stop().await;
 }
 

@@ -14,8 +14,11 @@ use ledger_relay_subscriber::core_http::{
 };
 use ledger_relay_subscriber::{Credentials, Ledger};
 use ledger_relay_wire::frame::Start;
+use ledger_relay_wire::header::peek_header;
+use ledger_relay_wire::Hex;
 
 use crate::core_stand_in::{CorePortStandIn, Reply};
+use crate::fake_relay::{FakeRelay, Plan};
 use crate::process::RelayProcess;
 use crate::support::{
     file_source, free_port, from_first, http_get, local, sub_config, testnet_ledgers, Collector,
@@ -280,6 +283,162 @@ async fn edge_fails_over(more: &[&str]) -> String {
     out.sub.close().await;
     drop((b, e));
     text
+}
+
+/// An edge whose first upstream lies about every ledger (each one comes as one raw chunk with
+/// byte 100, inside its header, changed, then the true ledger's end record) and whose second
+/// is healthy: the edge sets the liar aside and goes on from the healthy one, and its
+/// subscriber gets all 320 ledgers once, byte for byte, within the bound; the healthy one
+/// ending its first session at ledger 100 sends the edge back to it alone, not to the liar
+/// while that is set aside. `more`: the edge's delivery mode.
+async fn a_lying_upstream_is_set_aside(more: &[&str]) {
+    a_liar_is_set_aside(
+        Plan {
+            forge: Some(100),
+            ..Plan::new(testnet_ledgers())
+        },
+        more,
+    )
+    .await;
+}
+
+/// [`a_lying_upstream_is_set_aside`] with `liar` as the first upstream.
+async fn a_liar_is_set_aside(liar: Plan, more: &[&str]) {
+    let dir = TestDir::new();
+    issue_edge(dir.certs.path());
+    let want = testnet_ledgers();
+    let certs = dir.certs.path();
+    let liar = FakeRelay::start(liar, certs, certs);
+    let healthy = FakeRelay::start(
+        Plan {
+            close_after: Some(100),
+            ..Plan::new(want.clone())
+        },
+        certs,
+        certs,
+    );
+    let (edge_port, metrics) = (free_port(), metrics_addr());
+    let upstreams = [liar.addr.port(), healthy.addr.port()];
+    let e = edge_with(&dir, &upstreams, edge_port, metrics, more).await;
+    let config = sub_config(vec![local(edge_port)], certs, "rpc-1", 2, Start::Seq(FIRST));
+    let out = Collector::start(config, LAST)
+        .finish(LYING_UPSTREAM_BOUND_S)
+        .await;
+    assert!(out.error.is_none(), "{:?}\n{}", out.error, e.log());
+    assert_eq!(
+        out.got.len(),
+        want.len(),
+        "every ledger, once:\n{}",
+        e.log()
+    );
+    assert_eq!(out.got[0].seq, FIRST);
+    assert_consecutive_identical(&out.got, &want);
+    assert_eq!(liar.record().opens.len(), 1, "asked once:\n{}", e.log());
+    assert!(
+        healthy.record().opens.len() >= 2,
+        "the healthy one's session ended once"
+    );
+    assert_eq!(metric(metrics, "upstream_set_aside_total").await, 1);
+    assert!(e.log().contains("upstream set aside"), "{}", e.log());
+    out.sub.close().await;
+}
+
+/// How long the edge's subscriber may take for the 320 ledgers behind a lying upstream (about
+/// 2 s on an idle machine; a tier stopped by the liar delivers nothing).
+const LYING_UPSTREAM_BOUND_S: u64 = 30;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_through_edge_sets_a_lying_upstream_aside_and_goes_on() {
+    a_lying_upstream_is_set_aside(&["--cut-through"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_and_forward_edge_sets_a_lying_upstream_aside_and_goes_on() {
+    a_lying_upstream_is_set_aside(&[]).await;
+}
+
+/// A cut-through edge reads a ledger's header before the ledger is whole: an upstream whose
+/// ledger has a forged header and never ends (only heartbeats follow) is set aside on that
+/// header alone, and the edge goes on from the healthy upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_through_edge_sets_aside_an_upstream_whose_forged_ledger_never_ends() {
+    let liar = Plan {
+        forge: Some(100),
+        no_ends: true,
+        ..Plan::new(testnet_ledgers()[..1].to_vec())
+    };
+    a_liar_is_set_aside(liar, &["--cut-through"]).await;
+}
+
+/// `--upstream-anchor SEQ:HASH`: an edge with an empty ring starts at ledger SEQ and keeps it
+/// only if it has that hash. With a wrong hash it keeps nothing and says why in `/healthz`;
+/// with the right one it holds the anchor's ledger and every one after it, byte for byte; and
+/// a ring holding the anchor's ledger with another hash is not resumed (exit 2, saying so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_starts_at_its_upstream_anchor_and_refuses_a_wrong_one() {
+    let dir = TestDir::new();
+    issue_edge(dir.certs.path());
+    let want = testnet_ledgers();
+    let certs = dir.certs.path();
+    let upstream = FakeRelay::start(Plan::new(want.clone()), certs, certs);
+    let hash = |seq: u32| {
+        let info = peek_header(&want[(seq - FIRST) as usize]).unwrap().unwrap();
+        Hex(&info.hash).to_string()
+    };
+    let at = FIRST + 10;
+    let (port, metrics) = (free_port(), metrics_addr());
+    let up = [upstream.addr.port()];
+    // The next ledger's hash given as ledger `at`'s.
+    let wrong = format!("{at}:{}", hash(at + 1));
+    let e = edge_with(&dir, &up, port, metrics, &["--upstream-anchor", &wrong]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = http_get(metrics, "/healthz").await;
+        if text.contains("does not match the anchor") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}\n{}", e.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(metric(metrics, "ledgers_in_total").await, 0, "nothing kept");
+    assert_eq!(metric(metrics, "upstream_set_aside_total").await, 1);
+    e.sigterm().await;
+
+    let right = format!("{at}:{}", hash(at));
+    let e = edge_with(&dir, &up, port, metrics, &["--upstream-anchor", &right]).await;
+    let config = sub_config(vec![local(port)], certs, "rpc-1", 2, Start::Seq(at));
+    let out = Collector::start(config, LAST).finish(30).await;
+    assert!(out.error.is_none(), "{:?}\n{}", out.error, e.log());
+    assert_eq!(out.got[0].seq, at, "from the anchor");
+    assert_eq!(out.got.len(), (LAST - at + 1) as usize);
+    assert_consecutive_identical(&out.got, &want);
+    out.sub.close().await;
+    e.sigterm().await;
+
+    // The ring holds `at..=LAST` now: an anchor that names another hash for one of them.
+    let other = format!("{}:{}", at + 5, hash(at + 6));
+    let source = format!("relay:127.0.0.1:{}", up[0]);
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_ledger-relay"))
+        .arg("run")
+        .args(["--listen", "127.0.0.1:0", "--certs"])
+        .arg(certs)
+        .arg("--data-dir")
+        .arg(dir.path().join("edge"))
+        .args(["--source", &source, "--upstream-name", "edge"])
+        .args(["--upstream-anchor", &other])
+        .env("RUST_LOG", "off")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the relay exits")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--upstream-anchor") && err.contains(&format!("holds ledger {}", at + 5)),
+        "{err}"
+    );
 }
 
 /// The value of metric `name` in a relay's `/metrics`.

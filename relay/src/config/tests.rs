@@ -394,6 +394,7 @@ fn a_relay_source_needs_an_upstream_name_and_only_it_takes_one() {
             name: "edge-1".into(),
             lanes: DEFAULT_UPSTREAM_LANES,
             cut_through: false,
+            anchor: None,
         })
     );
     assert!(c.external_source.is_none(), "set by the binary");
@@ -509,4 +510,37 @@ fn core_keys_in_the_file_and_flags_over_them() {
     };
     let e = format!("{:#}", RelayConfig::from_args(args).unwrap_err());
     assert!(e.contains("--core-http ftp://127.0.0.1:11626"), "{e}");
+}
+
+/// `--upstream-anchor SEQ:HASH` (or `upstream_anchor` in the file) takes the grammar of
+/// `ledger-subscribe --anchor`, and only with a `relay:` source.
+#[test]
+fn an_upstream_anchor_is_a_trusted_ledger_for_a_relay_source() {
+    let hex = "0f".repeat(32);
+    let mut a = base();
+    a.source = Some("relay:10.0.0.1:7400".into());
+    a.upstream_name = Some("edge-1".into());
+    a.upstream_anchor = Some(format!("1410048:{hex}"));
+    let c = RelayConfig::from_args(a.clone()).unwrap();
+    assert_eq!(c.upstream.unwrap().anchor, Some((1_410_048, [0x0f; 32])));
+    for (bad, reason) in [
+        ("1410048", "expected SEQ:HASH"),
+        ("1410048:abcd", "HASH must be 64 hex digits"),
+        (&format!("0:{hex}")[..], "ledger sequence 0 names no ledger"),
+    ] {
+        a.upstream_anchor = Some(bad.into());
+        let e = format!("{:#}", RelayConfig::from_args(a.clone()).unwrap_err());
+        assert!(e.contains("--upstream-anchor") && e.contains(reason), "{e}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(&path, format!("upstream_anchor = \"7:{hex}\"\n")).unwrap();
+    a.upstream_anchor = None;
+    a.config = Some(path);
+    let c = RelayConfig::from_args(a).unwrap();
+    assert_eq!(c.upstream.unwrap().anchor, Some((7, [0x0f; 32])));
+    let mut b = base();
+    b.upstream_anchor = Some(format!("7:{hex}"));
+    let e = RelayConfig::from_args(b).unwrap_err().to_string();
+    assert!(e.contains("go with --source relay:"), "{e}");
 }

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use ledger_relay_cli::{logging, LogFormat};
 use ledger_relay_subscriber::captive::{
-    catchup_range, parse_args, run_start, stream, version_text, CaptiveError, Command, CoreConf,
-    Serve, Settings, State,
+    anchored_start, catchup_range, parse_args, run_start, stream, version_text, CaptiveError,
+    Command, CoreConf, Serve, Settings, State,
 };
 use ledger_relay_subscriber::{cli, SubscribeConfig};
 
@@ -26,17 +26,12 @@ fn main() -> ExitCode {
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let code = e.exit_code();
-            let line = match &e {
-                CaptiveError::Subscribe(s) => s.below_retention_line(),
+            let below = match &e {
+                CaptiveError::Subscribe(s) => Some(s),
                 _ => None,
             };
-            let text = format!("{PROGRAM}: {:#}", anyhow::Error::new(e));
-            logging::fatal(LogFormat::Text, PROGRAM, &text);
-            if let Some(line) = line {
-                eprintln!("{line}");
-            }
-            ExitCode::from(code)
+            cli::report_failure(LogFormat::Text, PROGRAM, &e, below);
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -84,7 +79,8 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
         } => {
             let settings = Settings::load(&env)?;
             let (start, wanted) = catchup_range(to, count, settings.checkpoint_frequency())?;
-            let config = settings.subscription(start, None)?;
+            let at = anchored_start(start, None, settings.anchor()?)?;
+            let config = settings.subscription(at.from, at.anchor)?;
             let runtime = runtime()?;
             let serve = serve(&settings, &config, conf.as_deref())?;
             let (written, _) = runtime.block_on(stream(
@@ -92,6 +88,7 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
                 Some(wanted),
                 fd,
                 &dir,
+                at.write_from,
                 serve,
                 cli::shutdown_signal(),
             ))?;
@@ -117,7 +114,8 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
                     "run without --metadata-output-stream: nothing to do".into(),
                 ));
             };
-            let config = settings.subscription(from, anchor)?;
+            let at = anchored_start(from, anchor, settings.anchor()?)?;
+            let config = settings.subscription(at.from, at.anchor)?;
             let runtime = runtime()?;
             let serve = serve(&settings, &config, conf.as_deref())?;
             runtime.block_on(stream(
@@ -125,6 +123,7 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
                 None,
                 fd,
                 &dir,
+                at.write_from,
                 serve,
                 cli::shutdown_signal(),
             ))?;
@@ -194,8 +193,10 @@ which answers as of the last ledger written on the stream.
 
 Settings: the TOML file ${cfg} names (default {default}), keys relay, certs, name, hedge,
 lanes, server_name, connect_timeout, checkpoint_frequency, protocol_version, query_wait (1s),
-core_timeout (2s); each can be set or overridden by the environment variable {prefix}KEY
-(upper case), e.g. {prefix}RELAY=10.0.0.5:7000,10.0.1.5:7000.
+core_timeout (2s), anchor; each can be set or overridden by the environment variable
+{prefix}KEY (upper case), e.g. {prefix}RELAY=10.0.0.5:7000,10.0.1.5:7000. anchor = SEQ:HASH
+is a trusted ledger that a stream with no hash of its own to start from (after new-db or
+catchup TO/0) is checked against; without it such a stream trusts the relays' first ledger.
 
 Exit codes: 0 done, 2 failure, 3 certificate refused, 4 start below every relay's retention
 (with a line `below-retention requested=R oldest=O newest=N`). See docs/rpc.md.

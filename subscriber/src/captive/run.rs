@@ -35,16 +35,19 @@ pub enum StreamEnd {
     Stopped,
 }
 
-/// Subscribes with `config`, writes each ledger record-marked to file descriptor `fd` (opened
-/// as `/dev/fd/N`), flushed, then records it in `state_dir` as the last closed ledger (with
-/// its protocol); stops after `count` ledgers or when `shutdown` completes. Meanwhile serves
-/// `serve`'s ports, whose query port answers as of the last ledger written. Returns the
+/// Subscribes with `config`, writes each ledger from `write_from` on record-marked to file
+/// descriptor `fd` (opened as `/dev/fd/N`), flushed, then records it in `state_dir` as the
+/// last closed ledger (with its protocol); stops after `count` ledgers written or when
+/// `shutdown` completes. Ledgers before `write_from` (between an anchor and the start, see
+/// [`super::anchored_start`]) are verified by the subscription and not written. Meanwhile
+/// serves `serve`'s ports, whose query port answers as of the last ledger written. Returns the
 /// ledgers written and why it stopped.
 pub async fn stream(
     config: SubscribeConfig,
     count: Option<u64>,
     fd: i32,
     state_dir: &Path,
+    write_from: u32,
     serve: Option<Serve>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(u64, StreamEnd), CaptiveError> {
@@ -53,7 +56,16 @@ pub async fn stream(
         Some(s) => Some(HttpServers::start(&s.listen, s.options, written).await?),
         None => None,
     };
-    let result = write_ledgers(config, count, fd, state_dir, &written_tx, shutdown).await;
+    let result = write_ledgers(
+        config,
+        count,
+        fd,
+        state_dir,
+        write_from,
+        &written_tx,
+        shutdown,
+    )
+    .await;
     if let Some(servers) = servers {
         servers.stop().await;
     }
@@ -65,6 +77,7 @@ async fn write_ledgers(
     count: Option<u64>,
     fd: i32,
     state_dir: &Path,
+    write_from: u32,
     written_tx: &watch::Sender<u32>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(u64, StreamEnd), CaptiveError> {
@@ -86,6 +99,7 @@ async fn write_ledgers(
         }
         tokio::select! {
             item = sub.next() => match item {
+                Some(Ok(ledger)) if ledger.seq < write_from => {}
                 Some(Ok(ledger)) => {
                     // A pipe's reader decides the pace (as it does core's): block this worker.
                     let wrote = tokio::task::block_in_place(|| write_one(&mut out, &ledger.data, &path));

@@ -394,3 +394,75 @@ fn request_settings_have_defaults_and_come_from_the_environment() {
         assert!(e.contains("core_timeout"), "{bad}: {e}");
     }
 }
+
+/// A stream with a hash of its own keeps it; without one the `anchor` setting anchors it:
+/// directly at the anchor or the ledger after, through the ledgers between (verified, not
+/// written) from further on, and never from before it.
+#[test]
+fn a_stream_without_a_hash_of_its_own_is_anchored_to_the_setting() {
+    let trusted = Some(Anchor {
+        seq: 100,
+        hash: [7; 32],
+    });
+    let own = Some(Anchor {
+        seq: 499,
+        hash: [1; 32],
+    });
+    let at = |from, write_from, anchor: Option<Anchor>| StreamStart {
+        from,
+        anchor,
+        write_from,
+    };
+    assert_eq!(
+        anchored_start(500, own, trusted).unwrap(),
+        at(500, 500, own)
+    );
+    assert_eq!(anchored_start(500, None, None).unwrap(), at(500, 500, None));
+    assert_eq!(
+        anchored_start(100, None, trusted).unwrap(),
+        at(100, 100, trusted)
+    );
+    assert_eq!(
+        anchored_start(101, None, trusted).unwrap(),
+        at(101, 101, trusted)
+    );
+    assert_eq!(
+        anchored_start(500, None, trusted).unwrap(),
+        at(101, 500, trusted)
+    );
+    let e = anchored_start(99, None, trusted).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CaptiveError::BeforeAnchor {
+                start: 99,
+                anchor: 100
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("at or below ledger 98"), "{e}");
+}
+
+#[test]
+fn the_anchor_setting_takes_the_subscriber_s_grammar() {
+    let hex = "ab".repeat(32);
+    let mut env = HashMap::from([(CONFIG_ENV.to_owned(), String::new())]);
+    env.insert(format!("{ENV_PREFIX}ANCHOR"), format!("1410048:{hex}"));
+    let s = Settings::load(&env).unwrap();
+    let a = s.anchor().unwrap().unwrap();
+    assert_eq!((a.seq, a.hash), (1_410_048, [0xab; 32]));
+    env.insert(format!("{ENV_PREFIX}ANCHOR"), "1410048:abc".to_owned());
+    let e = Settings::load(&env)
+        .unwrap()
+        .anchor()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("anchor") && e.contains("HASH must be 64 hex digits"),
+        "{e}"
+    );
+    let s: Settings = toml::from_str(&format!("anchor = \"7:{hex}\"\n")).unwrap();
+    assert_eq!(s.anchor().unwrap().unwrap().seq, 7);
+    assert_eq!(Settings::default().anchor().unwrap(), None);
+}

@@ -38,6 +38,9 @@ pub struct Plan {
     pub zstd: bool,
     /// Answer every SessionOpen with Error BelowRetention.
     pub below_retention: bool,
+    /// First session only: answer SessionOpen with an Error of this code and message (a
+    /// relay's text, which a hostile relay chooses).
+    pub refuse_first: Option<(ErrorCode, String)>,
     /// First session only: after this many ledgers are acknowledged, send this Error (code,
     /// oldest, newest; by default ShuttingDown) and close.
     pub close_after: Option<usize>,
@@ -49,6 +52,11 @@ pub struct Plan {
     pub drop_chunks: Vec<(u32, u32)>,
     /// Flip a byte of chunk 0 of this ledger (sent raw).
     pub tamper: Option<u32>,
+    /// Lie about every ledger: send it as one raw chunk with this byte flipped, and the true
+    /// ledger's end record.
+    pub forge: Option<usize>,
+    /// Send no end records: a ledger never completes (heartbeats go on).
+    pub no_ends: bool,
     /// Declare chunk 1 of this ledger one byte further on than it is (its framing is wrong).
     pub misplace: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
@@ -66,6 +74,19 @@ pub struct Plan {
     /// How `CoreRequest`s are answered; `None`: a request connection is closed with
     /// `ProtocolViolation`, as by a relay that forwards nothing to stellar-core.
     pub core: Option<CoreFake>,
+    /// Accept the first session, then hoard: open data streams and never finish one.
+    pub hoard: Option<Hoard>,
+}
+
+/// A relay that makes a subscriber hold partial frames: once `start` is notified, it opens
+/// `streams` data streams on lane 0 at once, each a `Chunk` frame of the largest size
+/// (`max_chunk_raw`, raw), writes `bytes_each` bytes of it and never the rest; heartbeats go
+/// on, announcing no ledger, so the session stays up.
+#[derive(Clone)]
+pub struct Hoard {
+    pub streams: usize,
+    pub bytes_each: usize,
+    pub start: Arc<tokio::sync::Notify>,
 }
 
 /// How the fake relay answers requests for stellar-core (in place of the relay's forwarding).
@@ -131,11 +152,14 @@ impl Plan {
             window: 8,
             zstd: true,
             below_retention: false,
+            refuse_first: None,
             close_after: None,
             close_with: (ErrorCode::ShuttingDown, 0, 0),
             kill_lane1_after: None,
             drop_chunks: Vec::new(),
             tamper: None,
+            forge: None,
+            no_ends: false,
             misplace: None,
             silent: false,
             no_heartbeats: false,
@@ -143,6 +167,7 @@ impl Plan {
             deaf: false,
             control_credit: None,
             core: None,
+            hoard: None,
         }
     }
 }
@@ -170,6 +195,8 @@ pub struct Record {
     pub core_requests: Vec<CoreRequest>,
     /// Most requests being answered at once.
     pub core_peak: usize,
+    /// Bytes a hoarding relay has written to its streams (taken by its QUIC stack).
+    pub hoarded: u64,
 }
 
 /// A ledger cut and encoded as the relay sends it.
@@ -188,12 +215,19 @@ fn prepare(plan: &Plan) -> Vec<Prepared> {
                 .unwrap()
                 .unwrap();
             let seq = info.ledger_seq;
-            let (raw_chunks, summary) =
-                ledger_relay_wire::chunker::chunk_ledger(data, plan.chunk_size);
+            let chunk_size = match plan.forge {
+                Some(_) => data.len(),
+                None => plan.chunk_size,
+            };
+            let (raw_chunks, summary) = ledger_relay_wire::chunker::chunk_ledger(data, chunk_size);
             let chunks = raw_chunks
                 .iter()
                 .map(|c| {
-                    let (codec, payload) = if plan.tamper == Some(seq) && c.index == 0 {
+                    let (codec, payload) = if let Some(at) = plan.forge {
+                        let mut bad = c.data.to_vec();
+                        bad[at] ^= 0x01;
+                        (Codec::None, Bytes::from(bad))
+                    } else if plan.tamper == Some(seq) && c.index == 0 {
                         let mut bad = c.data.to_vec();
                         let mid = bad.len() / 2;
                         bad[mid] ^= 0x55;
@@ -396,12 +430,19 @@ async fn serve(
     }
     let oldest = shared.prepared[0].seq;
     let newest = shared.prepared.last().unwrap().seq;
-    if plan.below_retention {
+    let refusal = match &plan.refuse_first {
+        Some((code, message)) if first_session => Some((*code, message.clone())),
+        _ if plan.below_retention => {
+            Some((ErrorCode::BelowRetention, "start is below the ring".into()))
+        }
+        _ => None,
+    };
+    if let Some((code, message)) = refusal {
         let error = ErrorFrame {
-            code: ErrorCode::BelowRetention,
+            code,
             oldest,
             newest,
-            message: "start is below the ring".into(),
+            message,
         };
         transport::close_with_error(
             &conn,
@@ -416,6 +457,9 @@ async fn serve(
         Start::Tip => oldest,
         Start::Seq(s) => s,
     };
+    if let Some(hoard) = plan.hoard.clone().filter(|_| first_session) {
+        return hoard_streams(shared.clone(), conn, io, first_seq, hoard).await;
+    }
     let lanes = open.lanes.min(plan.max_lanes);
     let session_id = 1000 + session_no;
     shared.sessions.lock().unwrap().insert(session_id, {
@@ -510,8 +554,9 @@ async fn serve(
             let Some(p) = resend_shared.prepared.iter().find(|p| p.seq == r.seq) else {
                 continue;
             };
+            let end = (!resend_shared.plan.no_ends).then_some(&p.end);
             let frames: Vec<&Frame> = if r.whole {
-                p.chunks.iter().chain(std::iter::once(&p.end)).collect()
+                p.chunks.iter().chain(end).collect()
             } else {
                 r.indices
                     .iter()
@@ -558,8 +603,10 @@ async fn serve(
                 next_lane += 1;
                 send_frame(lane, chunk).await?;
             }
-            send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
-            next_lane += 1;
+            if !plan.no_ends {
+                send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
+                next_lane += 1;
+            }
             sent += 1;
             if first_session && plan.kill_lane1_after == Some(sent) {
                 if let Some(Some(lane1)) = shared.sessions.lock().unwrap()[&session_id].get(1) {
@@ -676,4 +723,79 @@ async fn send_frame(conn: &quinn::Connection, frame: &Frame) -> Res {
     let mut stream = conn.open_uni().await?;
     transport::write_single_frame(&mut stream, frame).await?;
     Ok(())
+}
+
+/// Serves a session as [`Hoard`] says.
+async fn hoard_streams(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    mut io: FrameIo,
+    first_seq: u32,
+    hoard: Hoard,
+) -> Res {
+    let max_chunk_raw: u32 = 4 << 20;
+    io.writer
+        .write(&Frame::SessionAccept(SessionAccept {
+            version: 1,
+            session_id: 1,
+            token: [7; 16],
+            lanes: 1,
+            first_seq,
+            oldest: first_seq - 1,
+            newest: first_seq - 1,
+            chunk_size: max_chunk_raw,
+            window: 8,
+            heartbeat_ms: shared.plan.heartbeat_ms,
+            max_chunk_raw,
+            max_ledger_raw: 256 << 20,
+        }))
+        .await?;
+    let heartbeats = async {
+        loop {
+            let hb = Frame::Heartbeat(Heartbeat {
+                newest: first_seq - 1,
+                oldest: first_seq - 1,
+                time_ns: now_ns(),
+            });
+            io.writer.write(&hb).await?;
+            tokio::time::sleep(Duration::from_millis(u64::from(shared.plan.heartbeat_ms))).await;
+        }
+    };
+    let streams = async {
+        hoard.start.notified().await;
+        let writers = (0..hoard.streams).map(|i| {
+            let (conn, shared) = (conn.clone(), shared.clone());
+            async move {
+                let mut stream = conn.open_uni().await?;
+                let header = ChunkHeader {
+                    seq: first_seq,
+                    index: i as u32,
+                    raw_offset: u64::from(max_chunk_raw) * i as u64,
+                    raw_len: max_chunk_raw,
+                    codec: Codec::None,
+                };
+                stream
+                    .write_all(&header.frame_prefix(max_chunk_raw as usize))
+                    .await?;
+                let piece = vec![0x5a; 64 << 10];
+                let mut left = hoard.bytes_each;
+                while left > 0 {
+                    let n = left.min(piece.len());
+                    stream.write_all(&piece[..n]).await?;
+                    shared.record.lock().unwrap().hoarded += n as u64;
+                    left -= n;
+                }
+                // Never finished: the stream stays open with its frame cut short.
+                std::future::pending::<()>().await;
+                Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+            }
+        });
+        futures::future::join_all(writers).await;
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    tokio::select! {
+        r = heartbeats => r,
+        r = streams => r,
+        _ = conn.closed() => Ok(()),
+    }
 }
