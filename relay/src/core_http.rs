@@ -138,6 +138,15 @@ impl Rules {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Refusal {
+    /// A protocol version this relay does not speak (400).
+    #[error(
+        "request of protocol version {version}; this relay speaks {}",
+        ledger_relay_wire::PROTOCOL_VERSION
+    )]
+    Version {
+        /// The version the request carries.
+        version: u16,
+    },
     /// Not one of the forwarded endpoints (403).
     #[error(transparent)]
     NotForwarded(#[from] NotForwarded),
@@ -177,6 +186,7 @@ impl Refusal {
     /// The HTTP status the relay answers with (`docs/protocol.md` section 6).
     pub fn status(&self) -> u16 {
         match self {
+            Refusal::Version { .. } => 400,
             Refusal::NotForwarded(_) | Refusal::NotAllowed { .. } | Refusal::NoCore { .. } => 403,
             Refusal::TooLarge { .. } => 413,
             Refusal::Busy { .. } => 429,
@@ -205,6 +215,11 @@ pub fn decide(
     identity: &str,
     in_flight: u32,
 ) -> Result<Endpoint, Refusal> {
+    if request.version != ledger_relay_wire::PROTOCOL_VERSION {
+        return Err(Refusal::Version {
+            version: request.version,
+        });
+    }
     let endpoint = Endpoint::classify(request.port, request.method, &request.target)?;
     let rule = rules.port(request.port);
     if rule.allow.as_ref().is_some_and(|a| !a.contains(identity)) {

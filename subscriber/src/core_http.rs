@@ -126,7 +126,7 @@ pub enum CoreClientError {
     /// protocol violation).
     #[error("request of {len} bytes is larger than the limit of {limit} bytes")]
     RequestTooLarge {
-        /// Its length: target, content type and body.
+        /// Its frame body's length: fixed fields, target, content type and body.
         len: usize,
         /// `Limits::max_core_request`.
         limit: u32,
@@ -286,7 +286,11 @@ impl CoreClient {
     /// (with 504 at worst) before the caller gives up. Fails over to the next relay when a
     /// connection cannot be made or is lost, at most twice round the list.
     pub async fn request(&self, mut request: CoreRequest) -> Result<CoreResponse, CoreClientError> {
-        let len = request.target.len() + request.content_type.len() + request.body.len();
+        // The frame body: its fixed fields, then target, content type and body.
+        let len = ledger_relay_wire::core_http::CORE_REQUEST_FIXED_LEN
+            + request.target.len()
+            + request.content_type.len()
+            + request.body.len();
         let limit = self.inner.config.limits.max_core_request;
         if len > limit as usize {
             return Err(CoreClientError::RequestTooLarge { len, limit });

@@ -275,3 +275,12 @@ fn a_target_reaches_core_as_core_reads_the_one_received() {
         "http://127.0.0.1:11626/base/tx?blob=AAAA%2BBBB%3D%3D"
     );
 }
+
+#[test]
+fn a_request_of_another_protocol_version_is_refused_with_400_before_any_other_check() {
+    let mut r = request(CorePort::Command, HttpMethod::Get, "/upgrades", b"");
+    r.version = 2;
+    let e = decide(&rules(), &r, "rpc-1", 0).unwrap_err();
+    assert_eq!(e, Refusal::Version { version: 2 });
+    assert_eq!(e.status(), 400);
+}
