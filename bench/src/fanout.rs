@@ -371,12 +371,18 @@ fn watchdog_flags(cadence: f64) -> Vec<String> {
 }
 
 /// The relay's caps raised for `n` sessions of `lanes` lanes from one address, `per_process`
-/// of them under one certificate (the relay's defaults allow 64 sessions per identity and 256
-/// connections per address); never below the defaults.
+/// of them under one certificate (the relay's defaults allow 64 sessions per identity, 256
+/// connections per address, and 32 pending handshakes per address in a pool of 128); never
+/// below the defaults. Every subscriber here shares one address, and on 2 cores a loaded
+/// relay may take longer than its default 2 s over a handshake: the pending pool and its
+/// timeout are raised too, since the bench measures fan-out, not admission.
 fn caps_for(n: u16, per_process: u16, lanes: u8) -> Vec<String> {
     let connections = (usize::from(n) * usize::from(lanes) + 16).max(256);
     let per_identity = usize::from(per_process);
-    [
+    let pool = connections.min(65536);
+    let mut flags: Vec<String> = [
+        ("--handshake-pool", pool),
+        ("--handshake-pool-per-source", pool),
         ("--max-sessions", usize::from(n).max(256)),
         ("--max-connections-per-address", connections),
         (
@@ -387,7 +393,9 @@ fn caps_for(n: u16, per_process: u16, lanes: u8) -> Vec<String> {
     ]
     .into_iter()
     .flat_map(|(flag, v)| [flag.to_owned(), v.to_string()])
-    .collect()
+    .collect();
+    flags.extend(["--handshake-timeout".to_owned(), "10s".to_owned()]);
+    flags
 }
 
 /// Runs one row; the relay and subscribers are stopped whatever happens.

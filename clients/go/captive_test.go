@@ -41,11 +41,15 @@ func (e *env) captiveCore(t testing.TB, relay string) (*ledgerbackend.CaptiveSte
 	t.Setenv("LEDGER_CAPTIVE_CORE_CERTS", e.certs)
 	t.Setenv("LEDGER_CAPTIVE_CORE_NAME", "rpc-1")
 	archive := historyArchive(t, testnetLast)
+	// No HTTP ports: the stand-in would serve core's default 11626, which another test or
+	// service on the machine may hold; its ports have tests of their own.
+	var noHTTPPort uint
 	toml, err := ledgerbackend.NewCaptiveCoreTomlFromData(ledgerbackend.TestnetDefaultConfig,
 		ledgerbackend.CaptiveCoreTomlParams{
 			NetworkPassphrase:  testnetPass,
 			HistoryArchiveURLs: []string{archive},
 			CoreBinaryPath:     e.bin.Captive,
+			HTTPPort:           &noHTTPPort,
 		})
 	if err != nil {
 		t.Fatal(err)

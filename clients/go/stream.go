@@ -232,11 +232,16 @@ func (s *Stream) RawLedgers(ctx context.Context, r ledgerbackend.Range, _ ...led
 	}
 }
 
+// belowRetentionLine is the line ledger-subscribe writes for programs when it exits 4. It
+// writes it last, after its error line, and escapes every line that may quote a relay, so no
+// text a relay chose can start a line of stderr. The last such line is taken all the same:
+// whatever came before it is not the subscriber's verdict.
 var belowRetentionLine = regexp.MustCompile(`(?m)^below-retention requested=(\d+) oldest=(\d+) newest=(\d+)$`)
 
 func belowRetention(next uint32, stderr, msg string) *BelowRetentionError {
 	e := &BelowRetentionError{Requested: next, Message: msg}
-	if m := belowRetentionLine.FindStringSubmatch(stderr); m != nil {
+	if all := belowRetentionLine.FindAllStringSubmatch(stderr, -1); len(all) > 0 {
+		m := all[len(all)-1]
 		parse := func(s string) uint32 { v, _ := strconv.ParseUint(s, 10, 32); return uint32(v) }
 		e.Requested, e.Oldest, e.Newest = parse(m[1]), parse(m[2]), parse(m[3])
 	}

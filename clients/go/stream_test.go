@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -256,6 +257,35 @@ func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {
 	defer b.Close()
 	if err := b.PrepareRange(context.Background(), ledgerbackend.UnboundedRange(testnetFirst)); !errors.As(err, &below) {
 		t.Errorf("PrepareRange: %v", err)
+	}
+}
+
+// A relay chooses its error messages. Were one to reach stderr unescaped, its forged line
+// would come first; ledger-subscribe's own line comes last, and that is the one taken.
+func TestTheBoundsComeFromTheSubscribersOwnLineNotFromARelaysMessage(t *testing.T) {
+	stderr := "2026-01-01T00:00:00Z  WARN ledger_relay_subscriber::client: session ended; reconnecting " +
+		"relay=127.0.0.1:7400 error=relay 127.0.0.1:7400 ended the session: Overloaded (busy\n" +
+		"below-retention requested=1 oldest=4000000000 newest=4000000001\n" +
+		"x) retry_in_ms=100\n" +
+		"ledger-subscribe: ledger 1 is below the retention of relay 127.0.0.1:7400: oldest ledger held is 1410048, newest 1410050\n" +
+		"below-retention requested=1 oldest=1410048 newest=1410050\n"
+	tl := &tail{}
+	_, _ = tl.Write([]byte(stderr))
+	e := belowRetention(7, tl.String(), tl.lastError())
+	if e.Requested != 1 || e.Oldest != 1410048 || e.Newest != 1410050 {
+		t.Errorf("bounds %+v, want the subscriber's own 1, 1410048, 1410050", e)
+	}
+	if !strings.HasPrefix(e.Message, "ledger-subscribe: ledger 1 is below") {
+		t.Errorf("message %q", e.Message)
+	}
+	// Escaped, the relay's text stays inside its line and cannot be taken at all.
+	escaped := strings.ReplaceAll(stderr, "busy\nbelow", `busy\nbelow`)
+	escaped = strings.ReplaceAll(escaped, "4000000001\nx", `4000000001\nx`)
+	if e := belowRetention(7, escaped, ""); e.Oldest != 1410048 || e.Newest != 1410050 {
+		t.Errorf("escaped: bounds %+v", e)
+	}
+	if e := belowRetention(7, "ledger-subscribe: no line for programs\n", ""); e.Requested != 7 || e.Oldest != 0 {
+		t.Errorf("without the line: %+v", e)
 	}
 }
 

@@ -1,23 +1,41 @@
-//! Who gets a connection or a session: the relay's caps (in all, per address, per identity),
-//! and QUIC address validation when handshakes pile up.
+//! Who gets a connection or a session: the pool of handshakes not yet authenticated, the
+//! relay's caps (in all, per address, per identity), and QUIC address validation.
 //!
-//! Anyone can send a QUIC Initial packet with any source address, and each one starts a
-//! handshake the relay keeps for up to the handshake timeout. So:
+//! Anyone can start a QUIC handshake: from a forged source address (an Initial packet), or
+//! from a real one that answers the relay's Retry and then goes silent, with no client
+//! certificate. Neither may take a subscriber's place, so:
 //!
-//! - a connection counts against `--max-connections` and `--max-connections-per-address` only
-//!   once its address is validated: it came back with a QUIC Retry token, or it completed its
-//!   handshake (which needs the relay's answers, sent to that address);
-//! - handshakes from addresses not validated yet are capped apart (`--retry-threshold`): beyond
-//!   that many, or when validated and unvalidated together fill `--max-connections`, a new
+//! - a connection counts against `--max-connections`, `--max-connections-per-address` and
+//!   `--max-connections-per-identity` only once its handshake completed with a client
+//!   certificate the relay verified ([`Pending::authenticated`]). With quinn's server-side
+//!   TLS 1.3 a handshake completes (the `Incoming` resolves to a connection) only after the
+//!   client's Finished, which rustls takes only after its client verifier checked the
+//!   certificate chain against the CA and CRL and the CertificateVerify signature; the
+//!   certificate is mandatory (the verifier is built without `allow_unauthenticated`);
+//! - until then the handshake holds a place in the pending pool ([`pool`]):
+//!   `--handshake-pool` places, `--handshake-pool-per-source` of them at most for one source
+//!   (an IPv4 address or an IPv6 /64), each for at most `--handshake-timeout`. When the pool
+//!   is full, an attempt from a source holding fewer than the heaviest one (by two: see
+//!   [`pool`]) displaces that source's oldest pending handshake (its task is cancelled, which
+//!   closes it), so a flood from a few addresses cannot keep a real subscriber out, however
+//!   fast it goes;
+//! - handshakes from addresses not validated yet (no Retry token) are capped apart within
+//!   the pool (`--retry-threshold`): beyond that many, or once the pool is half full, a new
 //!   attempt is answered with a Retry, which costs the relay one stateless packet. A real
-//!   client comes back with the token (one round trip more) and is counted; a spoofed address
-//!   never does;
-//! - every count is taken before the task that serves the connection is spawned, under one
-//!   lock with its check, and given back when the connection's [`Slot`] is dropped;
-//! - once the client's identity is known, its connections count against
-//!   `--max-connections-per-identity`; its sessions count against `--max-sessions` and
-//!   `--max-sessions-per-identity` in the same step that puts them in the registry
-//!   ([`register_session`]), so concurrent opens cannot all pass one check.
+//!   client comes back with the token one round trip later; a forged address never does. An
+//!   unvalidated handshake counts toward no address's share and is never displaced;
+//! - an attempt that authenticated connections would refuse anyway (they fill
+//!   `--max-connections`, or its address's `--max-connections-per-address`) is refused, or
+//!   retried when unvalidated, before any handshake; the caps are checked again, and taken,
+//!   when it authenticates;
+//! - every decision is taken under one lock in the accept loop, before the task that serves
+//!   the connection is spawned, and every place is given back when its guard ([`Pending`],
+//!   [`Slot`]) is dropped;
+//! - sessions count against `--max-sessions` and `--max-sessions-per-identity` in the same
+//!   step that puts them in the registry ([`Admission::register_session`]), so concurrent
+//!   opens cannot all pass one check.
+
+mod pool;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -25,16 +43,19 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use ledger_relay_wire::sender::CloseReason;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::metrics::Metrics;
 use crate::session::SessionHandle;
+pub use pool::Crowded;
+use pool::{Pool, PoolLimits, Verdict};
 
 /// The caps, from the relay's configuration ([`crate::server::ServerConfig`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caps {
-    /// Most connections from validated addresses at once.
+    /// Most authenticated connections at once.
     pub max_connections: usize,
-    /// Most connections from one validated IP address at once.
+    /// Most authenticated connections from one IP address at once.
     pub max_connections_per_address: usize,
     /// Most connections of one client identity at once.
     pub max_connections_per_identity: usize,
@@ -45,25 +66,32 @@ pub struct Caps {
     /// Handshakes from addresses not validated yet beyond which new attempts get a Retry
     /// (0: every attempt).
     pub retry_threshold: usize,
+    /// Handshakes not yet authenticated at once (the pending pool).
+    pub handshake_pool: usize,
+    /// Of those, most from one source (an IPv4 address or an IPv6 /64).
+    pub handshake_pool_per_source: usize,
 }
 
 /// What to do with a connection attempt.
 #[derive(Debug)]
 pub enum Decision {
-    /// Serve it; the slot holds its place in the counts.
-    Admit(Slot),
+    /// Go on with the handshake, which holds a place in the pending pool.
+    Admit(Pending),
     /// Answer with a QUIC Retry: the client must prove its address first.
     Retry,
-    /// Refuse it (a cap is reached).
+    /// Refuse it: authenticated connections fill a connection cap.
     Refuse(CloseReason),
+    /// Refuse it: the pending pool has no place for it.
+    Crowded(Crowded),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counts {
-    /// Handshakes in progress from addresses not validated yet.
-    unvalidated: usize,
-    /// Connections from validated addresses.
-    validated: usize,
+    pool: Pool,
+    /// The pending handshakes' tasks, by pool id: cancelled to evict one.
+    pending: HashMap<u64, CancellationToken>,
+    /// Authenticated connections.
+    connections: usize,
     per_address: HashMap<IpAddr, usize>,
     per_identity: HashMap<String, usize>,
 }
@@ -76,23 +104,19 @@ pub struct Admission {
     metrics: Arc<Metrics>,
 }
 
-/// Where a connection stands in the counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Counted among the unvalidated handshakes.
-    Unvalidated,
-    /// Counted against the connection caps (and its address's).
-    Validated,
-    /// Counted nowhere (its validation was refused).
-    Released,
+/// A handshake's place in the pending pool, given back when dropped.
+#[derive(Debug)]
+pub struct Pending {
+    admission: Arc<Admission>,
+    id: u64,
+    evicted: CancellationToken,
 }
 
-/// A connection's place in the counts, given back when dropped.
+/// An authenticated connection's place in the connection counts, given back when dropped.
 #[derive(Debug)]
 pub struct Slot {
     admission: Arc<Admission>,
     addr: IpAddr,
-    stage: Stage,
     identity: Option<String>,
 }
 
@@ -110,12 +134,23 @@ fn overloaded(detail: String) -> CloseReason {
 }
 
 impl Admission {
-    /// Admission with `caps`, keeping `metrics.connections_open` and
-    /// `metrics.handshakes_unvalidated`.
+    /// Admission with `caps`, keeping `metrics.connections_open`, `handshakes_pending`,
+    /// `handshakes_unvalidated`, `handshakes_refused_total` and `handshakes_evicted_total`.
     pub fn new(caps: Caps, metrics: Arc<Metrics>) -> Arc<Admission> {
+        let pool = Pool::new(PoolLimits {
+            size: caps.handshake_pool,
+            per_source: caps.handshake_pool_per_source,
+            unvalidated: caps.retry_threshold,
+        });
         Arc::new(Admission {
             caps,
-            counts: Mutex::new(Counts::default()),
+            counts: Mutex::new(Counts {
+                pool,
+                pending: HashMap::new(),
+                connections: 0,
+                per_address: HashMap::new(),
+                per_identity: HashMap::new(),
+            }),
             metrics,
         })
     }
@@ -125,40 +160,48 @@ impl Admission {
     }
 
     /// Decides on a connection attempt from `addr`, whose address is `validated` (it carries a
-    /// Retry token) or not.
+    /// Retry token) or not; evicts the pending handshake it displaces, if any.
     pub fn incoming(self: &Arc<Self>, addr: IpAddr, validated: bool) -> Decision {
         let mut c = self.counts();
-        if !validated {
-            let full = c.validated + c.unvalidated >= self.caps.max_connections;
-            if c.unvalidated >= self.caps.retry_threshold || full {
-                return Decision::Retry;
+        if let Err(reason) = self.room_for(&c, addr) {
+            return if validated {
+                Decision::Refuse(reason)
+            } else {
+                Decision::Retry
+            };
+        }
+        let (id, evict) = match c.pool.attempt(addr, validated) {
+            Verdict::Admit { id, evict } => (id, evict),
+            Verdict::Retry => return Decision::Retry,
+            Verdict::Refuse(why) => {
+                Metrics::add(&self.metrics.handshakes_refused_total, 1);
+                return Decision::Crowded(why);
             }
-            c.unvalidated += 1;
-            drop(c);
-            Metrics::add(&self.metrics.handshakes_unvalidated, 1);
-            Metrics::add(&self.metrics.connections_open, 1);
-            return Decision::Admit(self.slot(addr, Stage::Unvalidated));
+        };
+        if let Some(task) = evict.and_then(|v| c.pending.remove(&v)) {
+            task.cancel();
+            Metrics::add(&self.metrics.handshakes_evicted_total, 1);
         }
-        if let Err(reason) = self.take_validated(&mut c, addr) {
-            return Decision::Refuse(reason);
-        }
-        drop(c);
-        Metrics::add(&self.metrics.connections_open, 1);
-        Decision::Admit(self.slot(addr, Stage::Validated))
-    }
-
-    fn slot(self: &Arc<Self>, addr: IpAddr, stage: Stage) -> Slot {
-        Slot {
+        let evicted = CancellationToken::new();
+        c.pending.insert(id, evicted.clone());
+        self.publish(&c);
+        Decision::Admit(Pending {
             admission: self.clone(),
-            addr,
-            stage,
-            identity: None,
-        }
+            id,
+            evicted,
+        })
     }
 
-    /// Counts a validated connection from `addr` against the connection caps.
-    fn take_validated(&self, c: &mut Counts, addr: IpAddr) -> Result<(), CloseReason> {
-        if c.validated >= self.caps.max_connections {
+    /// Sets the pool's gauges from `c`.
+    fn publish(&self, c: &Counts) {
+        let m = &self.metrics;
+        Metrics::set(&m.handshakes_pending, c.pool.len() as u64);
+        Metrics::set(&m.handshakes_unvalidated, c.pool.unvalidated() as u64);
+    }
+
+    /// Whether authenticated connections leave room for one more from `addr`.
+    fn room_for(&self, c: &Counts, addr: IpAddr) -> Result<(), CloseReason> {
+        if c.connections >= self.caps.max_connections {
             return Err(overloaded("connection limit reached".into()));
         }
         let from = c.per_address.get(&addr).copied().unwrap_or(0);
@@ -167,8 +210,6 @@ impl Admission {
                 "connection limit of address {addr} reached"
             )));
         }
-        c.validated += 1;
-        *c.per_address.entry(addr).or_default() += 1;
         Ok(())
     }
 
@@ -195,31 +236,52 @@ impl Admission {
     }
 }
 
-impl Slot {
-    /// The handshake completed, so the address is proven: a connection admitted unvalidated
-    /// now counts against the connection caps, or is refused.
-    pub fn handshake_done(&mut self) -> Result<(), CloseReason> {
-        if self.stage != Stage::Unvalidated {
-            return Ok(());
-        }
-        let a = self.admission.clone();
-        let mut c = a.counts();
-        c.unvalidated -= 1;
-        a.metrics
-            .handshakes_unvalidated
-            .fetch_sub(1, Ordering::Relaxed);
-        match a.take_validated(&mut c, self.addr) {
-            Ok(()) => {
-                self.stage = Stage::Validated;
-                Ok(())
-            }
-            Err(reason) => {
-                self.stage = Stage::Released;
-                Err(reason)
-            }
-        }
+impl Pending {
+    /// Completes when the pool evicted this handshake to make room for another: its task
+    /// then drops it, which closes the connection.
+    pub fn evicted(&self) -> WaitForCancellationFuture<'_> {
+        self.evicted.cancelled()
     }
 
+    /// The handshake completed with a verified client certificate from `addr`: it leaves the
+    /// pool and counts against the connection caps, or is refused (a cap is reached, or the
+    /// pool evicted it just before).
+    pub fn authenticated(self, addr: IpAddr) -> Result<Slot, CloseReason> {
+        let a = self.admission.clone();
+        let mut c = a.counts();
+        let held = c.pool.remove(self.id);
+        c.pending.remove(&self.id);
+        a.publish(&c);
+        if !held {
+            return Err(overloaded(
+                "handshake displaced from the pending pool".into(),
+            ));
+        }
+        a.room_for(&c, addr)?;
+        c.connections += 1;
+        *c.per_address.entry(addr).or_default() += 1;
+        drop(c);
+        Metrics::add(&a.metrics.connections_open, 1);
+        Ok(Slot {
+            admission: a,
+            addr,
+            identity: None,
+        })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let a = &self.admission;
+        let mut c = a.counts();
+        if c.pool.remove(self.id) {
+            c.pending.remove(&self.id);
+            a.publish(&c);
+        }
+    }
+}
+
+impl Slot {
     /// Counts the connection against its client identity's cap, or refuses it.
     pub fn identify(&mut self, identity: &str) -> Result<(), CloseReason> {
         if self.identity.is_some() {
@@ -246,19 +308,8 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let a = &self.admission;
         let mut c = a.counts();
-        match self.stage {
-            Stage::Unvalidated => {
-                c.unvalidated -= 1;
-                a.metrics
-                    .handshakes_unvalidated
-                    .fetch_sub(1, Ordering::Relaxed);
-            }
-            Stage::Validated => {
-                c.validated -= 1;
-                decrement(&mut c.per_address, &self.addr);
-            }
-            Stage::Released => {}
-        }
+        c.connections -= 1;
+        decrement(&mut c.per_address, &self.addr);
         if let Some(identity) = &self.identity {
             decrement(&mut c.per_identity, identity);
         }
@@ -279,19 +330,30 @@ mod tests {
             max_sessions: 8,
             max_sessions_per_identity: 8,
             retry_threshold: 2,
+            handshake_pool: 8,
+            handshake_pool_per_source: 4,
         }
     }
 
-    fn admit(d: Decision) -> Slot {
+    fn admit(d: Decision) -> Pending {
         match d {
-            Decision::Admit(s) => s,
+            Decision::Admit(p) => p,
             other => panic!("expected Admit, got {other:?}"),
         }
+    }
+
+    /// An attempt from `addr` that completes its handshake.
+    fn connect(adm: &Arc<Admission>, addr: IpAddr) -> Slot {
+        admit(adm.incoming(addr, true)).authenticated(addr).unwrap()
     }
 
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 1));
     const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 2));
     const C: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 3));
+
+    fn gauge(m: &std::sync::atomic::AtomicU64) -> u64 {
+        m.load(Ordering::Relaxed)
+    }
 
     #[test]
     fn unvalidated_handshakes_beyond_the_threshold_get_a_retry() {
@@ -300,45 +362,86 @@ mod tests {
         let u1 = admit(adm.incoming(A, false));
         let _u2 = admit(adm.incoming(A, false));
         assert!(matches!(adm.incoming(A, false), Decision::Retry));
-        assert_eq!(m.handshakes_unvalidated.load(Ordering::Relaxed), 2);
+        assert_eq!(gauge(&m.handshakes_unvalidated), 2);
         // Validated attempts do not wait behind them.
         let _v = admit(adm.incoming(B, true));
+        assert_eq!(gauge(&m.handshakes_pending), 3);
         drop(u1);
         let _u3 = admit(adm.incoming(C, false));
-        assert_eq!(m.connections_open.load(Ordering::Relaxed), 3);
+        assert_eq!(gauge(&m.handshakes_pending), 3);
+        assert_eq!(gauge(&m.connections_open), 0, "none authenticated");
     }
 
+    /// Handshakes that never complete take no connection place: twice the connection cap of
+    /// them pending, and authenticated connections still fill it.
     #[test]
-    fn only_validated_connections_fill_the_caps() {
-        let adm = Admission::new(caps(), Metrics::new());
-        let mut held = Vec::new();
-        for addr in [A, A, B, B] {
-            held.push(admit(adm.incoming(addr, true)));
-        }
-        // Full: validated attempts are refused, unvalidated ones asked to validate.
+    fn only_authenticated_connections_fill_the_caps() {
+        let m = Metrics::new();
+        let adm = Admission::new(caps(), m.clone());
+        let silent: Vec<Pending> = [A, A, A, A, B, B, B, B]
+            .into_iter()
+            .map(|addr| admit(adm.incoming(addr, true)))
+            .collect();
+        assert_eq!(gauge(&m.handshakes_pending), 8);
+        assert_eq!(adm.counts().connections, 0);
+        drop(silent);
+        let mut held: Vec<Slot> = [A, A, B, B].into_iter().map(|a| connect(&adm, a)).collect();
+        assert_eq!(gauge(&m.connections_open), 4);
+        // Full: validated attempts are refused before any handshake, unvalidated ones retried.
         assert!(matches!(adm.incoming(C, true), Decision::Refuse(_)));
         assert!(matches!(adm.incoming(C, false), Decision::Retry));
         held.pop();
         // Per address: A has 2.
         assert!(matches!(adm.incoming(A, true), Decision::Refuse(_)));
-        let _c = admit(adm.incoming(C, true));
+        let _c = connect(&adm, C);
+        assert_eq!(gauge(&m.handshakes_pending), 0);
     }
 
+    /// Handshakes admitted while there was room are checked again when they authenticate.
     #[test]
-    fn a_completed_handshake_counts_or_is_refused() {
+    fn an_authenticated_handshake_counts_or_is_refused() {
         let adm = Admission::new(caps(), Metrics::new());
-        let _a1 = admit(adm.incoming(A, true));
-        let _a2 = admit(adm.incoming(A, true));
-        let mut u = admit(adm.incoming(A, false));
-        assert!(u.handshake_done().is_err(), "A has its 2");
-        drop(u);
-        let mut u = admit(adm.incoming(B, false));
-        u.handshake_done().unwrap();
-        u.handshake_done().unwrap();
-        assert_eq!(adm.counts().validated, 3);
-        assert_eq!(adm.counts().unvalidated, 0);
-        drop(u);
-        assert_eq!(adm.counts().validated, 2);
+        let late = admit(adm.incoming(A, true));
+        let _a1 = connect(&adm, A);
+        let _a2 = connect(&adm, A);
+        assert!(late.authenticated(A).is_err(), "A has its 2");
+        assert_eq!(adm.counts().connections, 2);
+        assert!(adm.counts().pool.is_empty());
+        let b = connect(&adm, B);
+        assert_eq!(adm.counts().connections, 3);
+        drop(b);
+        assert_eq!(adm.counts().connections, 2);
+        assert!(!adm.counts().per_address.contains_key(&B));
+    }
+
+    /// A full pool: a source holding fewer than the heaviest displaces the heaviest's oldest
+    /// handshake, whose task is told, and which can then no longer authenticate.
+    #[test]
+    fn a_displaced_handshake_is_cancelled_and_cannot_authenticate() {
+        let m = Metrics::new();
+        let adm = Admission::new(caps(), m.clone());
+        let mut flood: Vec<Pending> = Vec::new();
+        for addr in [A, A, A, A, B, B, B, B] {
+            flood.push(admit(adm.incoming(addr, true)));
+        }
+        // A holds its share of 4: refused, not displacing.
+        assert!(matches!(
+            adm.incoming(A, true),
+            Decision::Crowded(Crowded::SourceShare)
+        ));
+        let real = admit(adm.incoming(C, true));
+        assert!(flood[0].evicted.is_cancelled(), "A's oldest goes");
+        assert!(flood[1..].iter().all(|p| !p.evicted.is_cancelled()));
+        assert_eq!(gauge(&m.handshakes_evicted_total), 1);
+        assert_eq!(gauge(&m.handshakes_refused_total), 1);
+        assert_eq!(gauge(&m.handshakes_pending), 8);
+        let displaced = flood.remove(0);
+        assert!(displaced.authenticated(A).is_err());
+        let _slot = real.authenticated(C).unwrap();
+        assert_eq!(gauge(&m.handshakes_pending), 7);
+        drop(flood);
+        assert_eq!(gauge(&m.handshakes_pending), 0);
+        assert!(adm.counts().pending.is_empty());
     }
 
     #[test]
@@ -349,11 +452,11 @@ mod tests {
         let adm = Admission::new(c, Metrics::new());
         let mut held = Vec::new();
         for _ in 0..3 {
-            let mut s = admit(adm.incoming(A, true));
+            let mut s = connect(&adm, A);
             s.identify("rpc-1").unwrap();
             held.push(s);
         }
-        let mut s = admit(adm.incoming(A, true));
+        let mut s = connect(&adm, A);
         assert!(s.identify("rpc-1").is_err());
         s.identify("rpc-2").unwrap();
         held.clear();

@@ -14,11 +14,15 @@ use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::Limits;
 use serde::Deserialize;
 
+use crate::core_http::{CoreBackend, CoreSettings, CoreUrl};
 use crate::health;
-use crate::lake::backfill::BackfillConfig;
+use crate::lake::backfill::{default_per_identity, BackfillConfig};
 use crate::lake::export::ExportConfig;
 use crate::pipeline::PipelineConfig;
-use crate::server::ServerConfig;
+use crate::server::{
+    ServerConfig, DEFAULT_HANDSHAKE_POOL, DEFAULT_HANDSHAKE_POOL_PER_SOURCE,
+    DEFAULT_HANDSHAKE_TIMEOUT, FIRST_FRAME_TIMEOUT,
+};
 use crate::session::SessionConfig;
 use crate::source::{SourceOptions, SourceSpec};
 
@@ -114,9 +118,22 @@ pub struct RunArgs {
     #[arg(long = "max-sessions-per-identity", value_name = "N")]
     pub max_sessions_per_identity: Option<usize>,
     /// Handshakes from addresses not validated yet beyond which a new connection attempt must
-    /// first prove its address with a QUIC Retry (one round trip more); 0: always [default: 64].
+    /// first prove its address with a QUIC Retry (one round trip more), as every attempt must
+    /// once the pending pool is half full; 0: always [default: 64].
     #[arg(long = "retry-threshold", value_name = "N")]
     pub retry_threshold: Option<usize>,
+    /// Handshakes without a verified client certificate yet that the relay holds at once (the
+    /// pending pool); when it is full, an attempt from an address holding fewer displaces the
+    /// heaviest address's oldest [default: 128].
+    #[arg(long = "handshake-pool", value_name = "N")]
+    pub handshake_pool: Option<usize>,
+    /// Of the pending pool, most handshakes from one address (an IPv6 /64) [default: 32].
+    #[arg(long = "handshake-pool-per-source", value_name = "N")]
+    pub handshake_pool_per_source: Option<usize>,
+    /// Time a QUIC/TLS handshake may take, client certificate included, before it leaves the
+    /// pending pool, 100ms..=60s [default: 2s].
+    #[arg(long = "handshake-timeout", value_name = "DURATION")]
+    pub handshake_timeout: Option<String>,
     /// How long a session whose start is ahead of the relay (or, for the tip, a relay that holds
     /// no ledger yet) waits for it before it is refused with Overloaded [default: 20s].
     #[arg(long = "start-wait", value_name = "DURATION")]
@@ -150,6 +167,10 @@ pub struct RunArgs {
     /// [default: 4].
     #[arg(long = "backfill-sessions", value_name = "N")]
     pub backfill_sessions: Option<usize>,
+    /// Of those, sessions of one client identity at once, 1..=--backfill-sessions [default:
+    /// half of --backfill-sessions, rounded up].
+    #[arg(long = "backfill-sessions-per-identity", value_name = "N")]
+    pub backfill_sessions_per_identity: Option<usize>,
     /// Objects each backfilling session reads ahead, in parallel, 1..=256 [default: 8].
     #[arg(long = "backfill-prefetch", value_name = "N")]
     pub backfill_prefetch: Option<usize>,
@@ -174,6 +195,40 @@ pub struct RunArgs {
     /// resume). The ring keeps only verified ledgers either way.
     #[arg(long = "cut-through")]
     pub cut_through: bool,
+    /// stellar-core's command port, e.g. http://127.0.0.1:11626: subscribers' stand-ins send
+    /// the /tx and /info requests of stellar-rpc, Horizon and Galexie here. A relay with a
+    /// relay: source and neither --core-http nor --core-query forwards them to its upstreams.
+    #[arg(long = "core-http", value_name = "URL")]
+    pub core_http: Option<String>,
+    /// stellar-core's query server, e.g. http://127.0.0.1:11628: /getledgerentry and
+    /// /getledgerentryraw are forwarded here.
+    #[arg(long = "core-query", value_name = "URL")]
+    pub core_query: Option<String>,
+    /// Client identity that may send requests for the command port (repeatable) [default:
+    /// every client --allow admits].
+    #[arg(long = "core-http-allow", value_name = "NAME")]
+    pub core_http_allow: Vec<String>,
+    /// Client identity that may send requests for the query server (repeatable) [default:
+    /// every client --allow admits].
+    #[arg(long = "core-query-allow", value_name = "NAME")]
+    pub core_query_allow: Vec<String>,
+    /// Longest a forwarded request is given, or the request's own timeout when shorter;
+    /// 1ms..=60s [default: 5s].
+    #[arg(long = "core-timeout", value_name = "DURATION")]
+    pub core_timeout: Option<String>,
+    /// Largest request forwarded (target, content type and body), at most 1MiB [default:
+    /// 1MiB].
+    #[arg(long = "core-max-request", value_name = "SIZE")]
+    pub core_max_request: Option<String>,
+    /// Requests of one client identity in flight at once, 1..=1024; more are answered 429
+    /// at once [default: 16].
+    #[arg(long = "core-concurrency", value_name = "N")]
+    pub core_concurrency: Option<u32>,
+    /// With --source relay:...: a trusted ledger, SEQ:HASH (its header hash, 64 hex digits),
+    /// that a relay with an empty ring starts at: the upstream's ledger SEQ must have this hash
+    /// (without it, an empty ring trusts the upstream's first ledger).
+    #[arg(long = "upstream-anchor", value_name = "SEQ:HASH")]
+    pub upstream_anchor: Option<String>,
 }
 
 /// The TOML file: the same keys as the flags, plus `[transport]`.
@@ -208,6 +263,9 @@ struct FileConfig {
     max_connections_per_identity: Option<usize>,
     max_sessions_per_identity: Option<usize>,
     retry_threshold: Option<usize>,
+    handshake_pool: Option<usize>,
+    handshake_pool_per_source: Option<usize>,
+    handshake_timeout: Option<String>,
     start_wait: Option<String>,
     store_and_forward: Option<bool>,
     streams_per_lane: Option<u32>,
@@ -217,12 +275,21 @@ struct FileConfig {
     export_zstd_level: Option<i32>,
     backfill: Option<String>,
     backfill_sessions: Option<usize>,
+    backfill_sessions_per_identity: Option<usize>,
     backfill_prefetch: Option<usize>,
     network_passphrase: Option<String>,
     tcp_baseline: Option<SocketAddr>,
     upstream_name: Option<String>,
     upstream_lanes: Option<u8>,
     cut_through: Option<bool>,
+    core_http: Option<String>,
+    core_query: Option<String>,
+    core_http_allow: Option<Vec<String>>,
+    core_query_allow: Option<Vec<String>>,
+    core_timeout: Option<String>,
+    core_max_request: Option<String>,
+    core_concurrency: Option<u32>,
+    upstream_anchor: Option<String>,
     transport: Option<TransportSettings>,
 }
 
@@ -281,6 +348,12 @@ pub struct RelayConfig {
     /// upstream relays of a `relay:` source (set by the `ledger-relay` binary, like
     /// `external_source`).
     pub refetch: Option<crate::source::Refetch>,
+    /// Requests for stellar-core's HTTP ports (`--core-*`).
+    pub core: CoreSettings,
+    /// Where a relay without `--core-http` and `--core-query` forwards requests for
+    /// stellar-core: a tier relay's upstream relays (set by the `ledger-relay` binary, like
+    /// `external_source`). `None`: such requests are refused.
+    pub core_upstream: Option<std::sync::Arc<dyn CoreBackend>>,
 }
 
 /// How a relay with a `relay:` source subscribes to its upstreams.
@@ -292,6 +365,9 @@ pub struct UpstreamConfig {
     pub lanes: u8,
     /// Pass ledgers on as their chunks arrive (`--cut-through`).
     pub cut_through: bool,
+    /// The trusted ledger (sequence, header hash) an empty ring starts at
+    /// (`--upstream-anchor SEQ:HASH`).
+    pub anchor: Option<(u32, [u8; 32])>,
 }
 
 /// Lanes of the subscription to an upstream relay without `--upstream-lanes`.
@@ -499,36 +575,15 @@ impl RelayConfig {
                 None
             }
         };
-        let backfill = match pick!(backfill) {
-            Some(url) => {
-                let mut b =
-                    BackfillConfig::new(lake_url("backfill", &url)?, network_passphrase.clone());
-                if let Some(n) = pick!(backfill_sessions) {
-                    if !(1..=1024).contains(&n) {
-                        bail!("--backfill-sessions {n}: expected 1..=1024");
-                    }
-                    b.sessions = n;
-                }
-                if let Some(n) = pick!(backfill_prefetch) {
-                    if !(1..=256).contains(&n) {
-                        bail!("--backfill-prefetch {n}: expected 1..=256");
-                    }
-                    b.prefetch.depth = n;
-                }
-                Some(b)
-            }
-            None => {
-                for (set, flag) in [
-                    (pick!(backfill_sessions).is_some(), "--backfill-sessions"),
-                    (pick!(backfill_prefetch).is_some(), "--backfill-prefetch"),
-                ] {
-                    if set {
-                        bail!("{flag} needs --backfill URL");
-                    }
-                }
-                None
-            }
-        };
+        let backfill = backfill_config(
+            pick!(backfill),
+            BackfillFlags {
+                sessions: pick!(backfill_sessions),
+                per_identity: pick!(backfill_sessions_per_identity),
+                prefetch: pick!(backfill_prefetch),
+            },
+            network_passphrase.clone(),
+        )?;
         source_options.network_passphrase = network_passphrase.clone();
         let transport = file.transport.clone().unwrap_or_default();
         let start_wait = match pick!(start_wait) {
@@ -555,6 +610,11 @@ impl RelayConfig {
             pick!(max_sessions_per_identity),
             64,
         )?;
+        let handshakes = handshake_flags(
+            pick!(handshake_pool),
+            pick!(handshake_pool_per_source),
+            pick!(handshake_timeout),
+        )?;
         let server = ServerConfig {
             session: SessionConfig {
                 limits,
@@ -572,35 +632,21 @@ impl RelayConfig {
             max_connections_per_identity,
             max_sessions_per_identity,
             retry_threshold: pick!(retry_threshold).unwrap_or(64),
-            handshake_timeout: Duration::from_secs(10),
+            handshake_pool: handshakes.pool,
+            handshake_pool_per_source: handshakes.per_source,
+            handshake_timeout: handshakes.timeout,
+            first_frame_timeout: FIRST_FRAME_TIMEOUT,
             codec: pipeline.codec,
         };
         let cut_through = args.cut_through || file.cut_through.unwrap_or(false);
-        let upstream = match &source {
-            SourceSpec::Relay { .. } => {
-                let name = pick!(upstream_name).context(
-                    "--source relay:... needs --upstream-name NAME (a client certificate in --certs)",
-                )?;
-                ledger_relay_certs::validate_name(&name)
-                    .with_context(|| format!("--upstream-name {name}"))?;
-                let lanes = pick!(upstream_lanes).unwrap_or(DEFAULT_UPSTREAM_LANES);
-                if !(1..=64).contains(&lanes) {
-                    bail!("--upstream-lanes {lanes}: expected 1..=64");
-                }
-                Some(UpstreamConfig {
-                    name,
-                    lanes,
-                    cut_through,
-                })
-            }
-            _ => {
-                if pick!(upstream_name).is_some() || pick!(upstream_lanes).is_some() || cut_through
-                {
-                    bail!("--upstream-name, --upstream-lanes and --cut-through go with --source relay:ADDR[,ADDR...]");
-                }
-                None
-            }
-        };
+        let upstream = upstream_config(
+            &source,
+            pick!(upstream_name),
+            pick!(upstream_lanes),
+            pick!(upstream_anchor),
+            cut_through,
+        )?;
+        let core = core_settings(CoreFlags::pick(&args, &file), &server.session.limits)?;
         Ok(RelayConfig {
             listen,
             certs,
@@ -626,8 +672,226 @@ impl RelayConfig {
             upstream,
             external_source: None,
             refetch: None,
+            core,
+            core_upstream: None,
         })
     }
+}
+
+/// How a relay with a `relay:` source subscribes to its upstreams; the upstream flags without
+/// such a source are a mistake.
+fn upstream_config(
+    source: &SourceSpec,
+    name: Option<String>,
+    lanes: Option<u8>,
+    anchor: Option<String>,
+    cut_through: bool,
+) -> anyhow::Result<Option<UpstreamConfig>> {
+    if !matches!(source, SourceSpec::Relay { .. }) {
+        if name.is_some() || lanes.is_some() || anchor.is_some() || cut_through {
+            bail!("--upstream-name, --upstream-lanes, --upstream-anchor and --cut-through go with --source relay:ADDR[,ADDR...]");
+        }
+        return Ok(None);
+    }
+    let name = name.context(
+        "--source relay:... needs --upstream-name NAME (a client certificate in --certs)",
+    )?;
+    ledger_relay_certs::validate_name(&name).with_context(|| format!("--upstream-name {name}"))?;
+    let lanes = lanes.unwrap_or(DEFAULT_UPSTREAM_LANES);
+    if !(1..=64).contains(&lanes) {
+        bail!("--upstream-lanes {lanes}: expected 1..=64");
+    }
+    let anchor = anchor
+        .map(|a| {
+            ledger_relay_wire::header::parse_anchor(&a)
+                .map_err(|reason| anyhow::anyhow!("--upstream-anchor {a}: {reason}"))
+        })
+        .transpose()?;
+    Ok(Some(UpstreamConfig {
+        name,
+        lanes,
+        cut_through,
+        anchor,
+    }))
+}
+
+/// A repeatable flag's values, or the config file's list when the flag is not given; `None`
+/// when neither names any.
+fn list(flags: &[String], file: &Option<Vec<String>>) -> Option<Vec<String>> {
+    if !flags.is_empty() {
+        return Some(flags.to_vec());
+    }
+    file.clone().filter(|l| !l.is_empty())
+}
+
+/// The `--core-*` flags, as given.
+struct CoreFlags {
+    http: Option<String>,
+    query: Option<String>,
+    http_allow: Option<Vec<String>>,
+    query_allow: Option<Vec<String>>,
+    timeout: Option<String>,
+    max_request: Option<String>,
+    concurrency: Option<u32>,
+}
+
+impl CoreFlags {
+    /// The flags of `args` over the keys of `file`.
+    fn pick(args: &RunArgs, file: &FileConfig) -> CoreFlags {
+        CoreFlags {
+            http: args.core_http.clone().or(file.core_http.clone()),
+            query: args.core_query.clone().or(file.core_query.clone()),
+            http_allow: list(&args.core_http_allow, &file.core_http_allow),
+            query_allow: list(&args.core_query_allow, &file.core_query_allow),
+            timeout: args.core_timeout.clone().or(file.core_timeout.clone()),
+            max_request: args
+                .core_max_request
+                .clone()
+                .or(file.core_max_request.clone()),
+            concurrency: args.core_concurrency.or(file.core_concurrency),
+        }
+    }
+}
+
+/// The longest `--core-timeout`: a request is an RPC's call waiting (stellar-rpc gives core
+/// 2 s); beyond a minute it is a typo.
+const MAX_CORE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most `--core-concurrency` accepts.
+const MAX_CORE_CONCURRENCY: u32 = 1024;
+
+/// Checks the `--core-*` flags: http URLs with a host and a port, valid identity names, and
+/// bounds within what the protocol (`limits`) allows.
+fn core_settings(flags: CoreFlags, limits: &Limits) -> anyhow::Result<CoreSettings> {
+    let url = |flag: &str, v: Option<String>| -> anyhow::Result<Option<CoreUrl>> {
+        v.map(|u| u.parse().map_err(|e| anyhow::anyhow!("--{flag} {u}: {e}")))
+            .transpose()
+    };
+    let names = |flag: &str, v: &Option<Vec<String>>| -> anyhow::Result<()> {
+        for name in v.iter().flatten() {
+            ledger_relay_certs::validate_name(name).with_context(|| format!("--{flag} {name}"))?;
+        }
+        Ok(())
+    };
+    names("core-http-allow", &flags.http_allow)?;
+    names("core-query-allow", &flags.query_allow)?;
+    let mut core = CoreSettings {
+        http: url("core-http", flags.http)?,
+        query: url("core-query", flags.query)?,
+        http_allow: flags.http_allow,
+        query_allow: flags.query_allow,
+        ..CoreSettings::default()
+    };
+    if let Some(t) = flags.timeout {
+        core.timeout = parse_duration(&t).context("--core-timeout")?;
+        if core.timeout.is_zero() || core.timeout > MAX_CORE_TIMEOUT {
+            bail!("--core-timeout {t}: expected 1ms..=60s");
+        }
+    }
+    if let Some(m) = flags.max_request {
+        let max = parse_size(&m).context("--core-max-request")?;
+        let limit = limits.max_core_request;
+        if max == 0 || max > u64::from(limit) {
+            bail!("--core-max-request {m}: expected 1..={limit} bytes (the protocol's limit)");
+        }
+        core.max_request = max as u32;
+    }
+    if let Some(n) = flags.concurrency {
+        if !(1..=MAX_CORE_CONCURRENCY).contains(&n) {
+            bail!("--core-concurrency {n}: expected 1..={MAX_CORE_CONCURRENCY}");
+        }
+        core.concurrency = n;
+    }
+    Ok(core)
+}
+
+/// The pending pool's settings (`--handshake-pool`, `--handshake-pool-per-source`,
+/// `--handshake-timeout`).
+struct HandshakeFlags {
+    pool: usize,
+    per_source: usize,
+    timeout: Duration,
+}
+
+fn handshake_flags(
+    pool: Option<usize>,
+    per_source: Option<usize>,
+    timeout: Option<String>,
+) -> anyhow::Result<HandshakeFlags> {
+    let pool = pool.unwrap_or(DEFAULT_HANDSHAKE_POOL);
+    if !(1..=65536).contains(&pool) {
+        bail!("--handshake-pool {pool}: expected 1..=65536");
+    }
+    let per_source = per_source.unwrap_or(DEFAULT_HANDSHAKE_POOL_PER_SOURCE.min(pool));
+    if !(1..=pool).contains(&per_source) {
+        bail!("--handshake-pool-per-source {per_source}: expected 1..=--handshake-pool ({pool})");
+    }
+    let timeout = match timeout {
+        Some(t) => parse_duration(&t).context("--handshake-timeout")?,
+        None => DEFAULT_HANDSHAKE_TIMEOUT,
+    };
+    if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&timeout) {
+        bail!("--handshake-timeout {timeout:?}: expected 100ms..=60s");
+    }
+    Ok(HandshakeFlags {
+        pool,
+        per_source,
+        timeout,
+    })
+}
+
+/// The `--backfill-*` flags other than the lake itself.
+struct BackfillFlags {
+    sessions: Option<usize>,
+    per_identity: Option<usize>,
+    prefetch: Option<usize>,
+}
+
+/// `--backfill URL` and its settings; the settings without the lake are a mistake.
+fn backfill_config(
+    url: Option<String>,
+    flags: BackfillFlags,
+    network: Option<String>,
+) -> anyhow::Result<Option<BackfillConfig>> {
+    let Some(url) = url else {
+        for (set, flag) in [
+            (flags.sessions.is_some(), "--backfill-sessions"),
+            (
+                flags.per_identity.is_some(),
+                "--backfill-sessions-per-identity",
+            ),
+            (flags.prefetch.is_some(), "--backfill-prefetch"),
+        ] {
+            if set {
+                bail!("{flag} needs --backfill URL");
+            }
+        }
+        return Ok(None);
+    };
+    let url = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--backfill: {e}"))?;
+    let mut b = BackfillConfig::new(url, network);
+    if let Some(n) = flags.sessions {
+        if !(1..=1024).contains(&n) {
+            bail!("--backfill-sessions {n}: expected 1..=1024");
+        }
+        b.sessions = n;
+    }
+    b.sessions_per_identity = match flags.per_identity {
+        Some(n) if (1..=b.sessions).contains(&n) => n,
+        Some(n) => bail!(
+            "--backfill-sessions-per-identity {n}: expected 1..=--backfill-sessions ({})",
+            b.sessions
+        ),
+        None => default_per_identity(b.sessions),
+    };
+    if let Some(n) = flags.prefetch {
+        if !(1..=256).contains(&n) {
+            bail!("--backfill-prefetch {n}: expected 1..=256");
+        }
+        b.prefetch.depth = n;
+    }
+    Ok(Some(b))
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileConfig> {

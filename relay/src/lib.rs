@@ -5,7 +5,9 @@
 //! compresses each chunk once, keeps the last N ledgers in a sled retention ring, and streams
 //! every ledger to every subscriber over several QUIC lanes with mutual TLS. It can write every
 //! ledger to a data lake as Galexie does (`--export`), and holds a lake to serve history below
-//! the ring from (`--backfill`, [`lake::backfill`]).
+//! the ring from (`--backfill`, [`lake::backfill`]). It forwards the requests RPC boxes make
+//! of stellar-core's HTTP ports to the core beside it, or to its upstream relays
+//! ([`core_http`]).
 //!
 //! It does not decode ledgers beyond their header, and it does not speak any protocol but its
 //! own (`docs/protocol.md`); the protocol logic itself lives in `ledger-relay-wire`.
@@ -21,6 +23,7 @@ mod auth;
 mod certinfo;
 mod closing;
 pub mod config;
+pub mod core_http;
 mod health;
 pub mod hub;
 pub mod lake;
@@ -79,6 +82,26 @@ pub struct Relay {
     task: JoinHandle<()>,
 }
 
+/// A tier's `--upstream-anchor` against its ring: a ring that holds the anchor's ledger with
+/// another hash holds another history than the one the operator trusts, and the relay does not
+/// start on it. (An empty ring starts at the anchor; a ring that does not hold its ledger
+/// resumes after its newest, as at every start.)
+fn check_upstream_anchor(ring: &Ring, config: &RelayConfig) -> anyhow::Result<()> {
+    let Some((seq, hash)) = config.upstream.as_ref().and_then(|u| u.anchor) else {
+        return Ok(());
+    };
+    match ring.stored_hash(seq) {
+        Ok(Some(held)) if held != hash => anyhow::bail!(
+            "--upstream-anchor {seq}:{}: the ring in {} holds ledger {seq} with hash {}; \
+             a ring of another history is not resumed (move it away, or correct the anchor)",
+            ledger_relay_wire::Hex(&hash),
+            config.data_dir.display(),
+            ledger_relay_wire::Hex(&held)
+        ),
+        _ => Ok(()),
+    }
+}
+
 impl Relay {
     /// Opens the ring, loads certificates, binds the endpoint and starts the source, the
     /// pipeline and the accept loop. Everything stops when `shutdown` is cancelled.
@@ -101,8 +124,10 @@ impl Relay {
             })
             .with_context(|| format!("opening the ring in {}", config.data_dir.display()))?,
         );
+        check_upstream_anchor(&ring, &config)?;
         pipeline::update_ring_metrics(&ring, &metrics);
         record_sizing(&config, &metrics);
+        let forwarder = core_forwarder(&config, &metrics)?;
         let hub = Arc::new(Hub::new(config.live_capacity, hub::RECENT_LEDGERS));
         let auth = Arc::new(
             Auth::load(auth_config(&config), config.transport.clone())
@@ -117,15 +142,7 @@ impl Relay {
                 .context("creating the QUIC endpoint")?;
         let addr = endpoint.local_addr()?;
 
-        let metrics_addr = match config.metrics {
-            Some(a) => {
-                let bound = metrics::spawn(a, metrics.clone(), shutdown.clone())
-                    .with_context(|| format!("binding metrics on {a}"))?;
-                info!(addr = %bound, "metrics listening");
-                Some(bound)
-            }
-            None => None,
-        };
+        let metrics_addr = serve_metrics(config.metrics, &metrics, &shutdown)?;
 
         tokio::spawn(certinfo::watch_crl(
             auth_config(&config).crl,
@@ -167,22 +184,28 @@ impl Relay {
         let source_stop = shutdown.child_token();
         let mut source_options = config.source_options.clone();
         source_options.lake_stats = source::LakeStatsHandle(metrics.lake.source.clone());
-        let source_thread = match (&config.source, &config.external_source) {
+        let (source_thread, on_refusal) = match (&config.source, &config.external_source) {
             (source::SourceSpec::Relay { .. }, Some(external)) => {
-                (external.0)(source::ExternalStart {
+                let (tell, refused) = tokio::sync::mpsc::unbounded_channel();
+                let thread = (external.0)(source::ExternalStart {
                     spec: config.source.clone(),
                     newest: ring.newest(),
                     events: tx,
                     shutdown: source_stop.clone(),
                     metrics: metrics.clone(),
-                })
+                    refused,
+                });
+                (thread, pipeline::OnRefusal::Tell(tell))
             }
             (source::SourceSpec::Relay { .. }, None) => unreachable!("checked at the start"),
-            _ => source::spawn(
-                config.source.clone(),
-                source_options,
-                tx,
-                source_stop.clone(),
+            _ => (
+                source::spawn(
+                    config.source.clone(),
+                    source_options,
+                    tx,
+                    source_stop.clone(),
+                ),
+                pipeline::OnRefusal::Stop(source_stop.clone()),
             ),
         };
         let pipeline = pipeline::spawn(
@@ -194,7 +217,7 @@ impl Relay {
                 newest: ring.newest(),
             },
             metrics.clone(),
-            source_stop,
+            on_refusal,
         )?;
         let shared = Shared {
             hub: hub.clone(),
@@ -225,7 +248,7 @@ impl Relay {
         let server_cfg = config.server.clone();
         let ring2 = ring.clone();
         let task = tokio::spawn(async move {
-            server::serve(endpoint, auth, shared, server_cfg, shutdown).await;
+            server::serve(endpoint, auth, shared, server_cfg, forwarder, shutdown).await;
             // The source stops with the shutdown token; the pipeline drains and the ring
             // writer flushes the ledgers it was given.
             let _ = tokio::task::spawn_blocking(move || {
@@ -285,6 +308,48 @@ fn record_sizing(config: &RelayConfig, metrics: &Metrics) {
         set(&metrics.sizing_source_pool_ledgers, source::POOL as u64);
         set(&metrics.sizing_source_upfront_bytes, source::UPFRONT_BYTES);
     }
+}
+
+/// Serves `/metrics` and `/healthz` on `addr` (`--metrics`), if given; the address bound.
+fn serve_metrics(
+    addr: Option<SocketAddr>,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(a) = addr else { return Ok(None) };
+    let bound = metrics::spawn(a, metrics.clone(), shutdown.clone())
+        .with_context(|| format!("binding metrics on {a}"))?;
+    info!(addr = %bound, "metrics listening");
+    Ok(Some(bound))
+}
+
+/// Where requests for stellar-core go: `--core-http` and `--core-query`, or a tier relay's
+/// upstream relays.
+fn core_forwarder(
+    config: &RelayConfig,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<core_http::forward::Forwarder>> {
+    let core = &config.core;
+    let upstream = config.core_upstream.clone();
+    let forwarder = core_http::forward::Forwarder::new(
+        core,
+        upstream.clone(),
+        &config.server.session.limits,
+        metrics.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("the HTTP client of --core-http/--core-query: {e}"))?;
+    match (&core.http, &core.query) {
+        (None, None) if upstream.is_some() => {
+            info!("requests for stellar-core go to the upstream relays");
+        }
+        (None, None) => {}
+        (http, query) => info!(
+            http = http.as_ref().map_or("off".to_owned(), |u| u.to_string()),
+            query = query.as_ref().map_or("off".to_owned(), |u| u.to_string()),
+            "requests for stellar-core go to its ports"
+        ),
+    }
+    Ok(Arc::new(forwarder))
 }
 
 /// Where the relay's certificates are: `--certs DIR --name NAME`.

@@ -28,6 +28,8 @@ macro_rules! counters {
             pub ring_degraded: AtomicBool,
             /// Data lakes: export, backfill and a `datalake:` source.
             pub lake: crate::lake::LakeMetrics,
+            /// Requests for stellar-core's HTTP ports.
+            pub core: crate::core_http::CoreMetrics,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
             /// Per lane number, over every session: what the lanes carried and their paths.
@@ -68,6 +70,7 @@ counters! {
     upstream_sessions_total: "relay: source: sessions opened with upstream relays (the first, then one per reconnect or failover).",
     upstream_cut_through_bytes_total: "relay: source with --cut-through: bytes passed on before their ledger was complete and verified.",
     upstream_taken_back_total: "relay: source with --cut-through: ledgers passed on in part and then taken back (verification failed, or the upstream session ended first).",
+    upstream_set_aside_total: "relay: source: times an upstream was set aside (left out of the subscription for a while) because bytes it sent failed a check.",
     ring_oldest: "Oldest ledger in the retention ring.",
     ring_newest: "Newest ledger in the retention ring.",
     ring_ledgers: "Ledgers in the retention ring.",
@@ -86,7 +89,7 @@ counters! {
     ring_given_up_total: "Ledgers given up for the ring because its queue was full (the ring then starts a new run after the gap, keeping the older ones).",
     sessions_open: "Open sessions.",
     lanes_open: "Open lanes over all sessions.",
-    connections_open: "Open QUIC connections.",
+    connections_open: "Open QUIC connections whose handshake completed with a verified client certificate (what the connection caps count).",
     sessions_total: "Sessions opened.",
     sessions_refused_total: "Sessions or lanes refused (authorization, limits, protocol).",
     ledgers_out_total: "Ledgers sent to subscribers (counted per subscriber).",
@@ -95,15 +98,18 @@ counters! {
     resent_chunks_total: "Chunks sent again (resend requests and lane loss).",
     ring_reads_total: "Ledgers read from the ring for replays and slow subscribers.",
     lagged_total: "Times a session fell behind the live stream and switched to ring reading.",
-    revoked_sessions_total: "Sessions closed because their certificate was revoked.",
+    revoked_sessions_total: "Sessions and request connections closed because their certificate was revoked.",
     crl_reloads_total: "Times the CRL was reloaded.",
     crl_errors_total: "CRL reloads that failed (the previous CRL stays in force).",
     certificate_reloads_total: "Times a new certificate and key of this relay were put in force for new handshakes.",
     certificate_errors_total: "Changed certificate or key files of this relay that could not be used (the pair in force stays).",
     protocol_errors_total: "Connections closed for protocol violations.",
     handshakes_failed_total: "QUIC/TLS handshakes that failed (no client certificate, another CA, expired, revoked at the handshake, or a broken handshake).",
-    handshakes_timed_out_total: "QUIC/TLS handshakes not finished within the handshake timeout.",
-    handshakes_unvalidated: "Handshakes in progress from addresses not validated yet (no Retry token, handshake not done).",
+    handshakes_timed_out_total: "QUIC/TLS handshakes not finished within the handshake timeout (--handshake-timeout), dropped from the pending pool.",
+    handshakes_pending: "Handshakes in the pending pool: begun, no verified client certificate yet (--handshake-pool).",
+    handshakes_unvalidated: "Of the pending handshakes, those from addresses not validated yet (no Retry token).",
+    handshakes_refused_total: "Connection attempts refused because the pending pool had no place for them (their source held its share, or the pool was full and no source held more).",
+    handshakes_evicted_total: "Pending handshakes ended to make room for an attempt from a source holding fewer (the pool's fairness).",
     retries_total: "Connection attempts answered with a QUIC Retry (address validation under load).",
     certificate_not_after_timestamp_seconds: "Unix time at which the certificate this relay serves expires (0: unreadable).",
     crl_next_update_timestamp_seconds: "Unix time of the next update DIR/crl.pem promises, as last read (0: no CRL, or none stated).",
@@ -190,6 +196,7 @@ impl Metrics {
         let _ = writeln!(out, "ledger_relay_ring_degraded {degraded}");
         let newest = self.source_newest.load(Ordering::Relaxed);
         self.lake.render(&mut out, newest);
+        self.core.render(&mut out);
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# HELP ledger_relay_subscriber_lag_ledgers Ledgers between the source's newest and the subscriber's last acknowledged.");
         let _ = writeln!(out, "# TYPE ledger_relay_subscriber_lag_ledgers gauge");
@@ -265,10 +272,13 @@ impl Metrics {
     }
 }
 
+/// A label value: the identity a client's certificate names, which its holder chose, escaped
+/// as peer text (no line break or terminal control reaches whoever reads the scrape), then as
+/// Prometheus quotes it.
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
+    ledger_relay_wire::text::escape(s)
+        .replace('\\', "\\\\")
         .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Serves `/metrics` and `/healthz` until `shutdown`.
@@ -372,6 +382,15 @@ pub fn spawn(
 mod tests {
     use super::*;
     use crate::health::ReasonKind;
+
+    #[test]
+    fn a_label_holds_no_line_break_or_terminal_control() {
+        assert_eq!(escape("rpc-1"), "rpc-1");
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+        let v = escape("x\n\x1b[2Jy");
+        assert!(!v.chars().any(char::is_control), "{v}");
+        assert_eq!(v, "x\\\\n\\\\u{1b}[2Jy");
+    }
 
     #[test]
     fn renders_counters_and_sessions() {

@@ -31,7 +31,7 @@ use ledger_relay_wire::chunker::{Chunker, RawChunk};
 use ledger_relay_wire::compress::{Codec, Compressor};
 use ledger_relay_wire::frame::{Chunk, ChunkHeader, LedgerEnd};
 use ledger_relay_wire::header::{peek_header, LedgerHeaderInfo, MAX_HEADER_PEEK};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -39,7 +39,7 @@ use crate::health::{self, Reason};
 use crate::hub::{CompleteLedger, Hub};
 use crate::metrics::Metrics;
 use crate::ring::{Ring, RingError};
-use crate::source::SourceEvent;
+use crate::source::{Refused, SourceEvent};
 
 mod cutter;
 pub mod ring_queue;
@@ -141,8 +141,19 @@ impl PipelineHandle {
     }
 }
 
-/// Starts the pipeline. `source_stop` is cancelled when the pipeline refuses the source's
-/// output (garbage, a gap, a conflicting hash), which stops the source.
+/// What the pipeline does when it refuses the source's output (garbage, a gap, a conflicting
+/// hash, a broken chain).
+#[derive(Debug)]
+pub enum OnRefusal {
+    /// Stop the source (this token is cancelled): a source with one origin (core's pipe, a
+    /// file, a lake) has nothing else to give.
+    Stop(CancellationToken),
+    /// Discard the ledger and tell the source, which goes on from another origin: a `relay:`
+    /// source sets the upstream that sent it aside and fails over (see [`Refused`]).
+    Tell(UnboundedSender<Refused>),
+}
+
+/// Starts the pipeline; `on_refusal` says what refusing the source's output does.
 pub fn spawn(
     mut config: PipelineConfig,
     events: UnboundedReceiver<SourceEvent>,
@@ -150,7 +161,7 @@ pub fn spawn(
     ring: Option<Arc<Ring>>,
     start: StartState,
     metrics: Arc<Metrics>,
-    source_stop: CancellationToken,
+    on_refusal: OnRefusal,
 ) -> std::io::Result<PipelineHandle> {
     let (pub_tx, pub_rx) = mpsc::channel::<ToPublisher>();
     let (job_tx, job_rx) = mpsc::sync_channel::<Job>(config.compress_queue);
@@ -203,7 +214,7 @@ pub fn spawn(
             .name("cutter".into())
             .spawn(move || {
                 let mut cutter = Cutter::new(config, start, job_tx, pub_tx, metrics, cutter_ring);
-                cutter.run(events, &source_stop);
+                cutter.run(events, &on_refusal);
             })?,
     );
     Ok(PipelineHandle { threads })

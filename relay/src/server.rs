@@ -1,6 +1,7 @@
 //! The QUIC endpoint: accepting connections, authorizing them, opening sessions, routing lane
-//! joins, enforcing connection and session limits ([`crate::admission`]), and revoking live
-//! sessions when the CRL changes.
+//! joins, handing request connections to [`crate::core_http`], enforcing connection and
+//! session limits ([`crate::admission`]), and revoking live sessions and request connections
+//! when the CRL changes.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -9,7 +10,8 @@ use std::time::Duration;
 
 use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::compress::Codec;
-use ledger_relay_wire::frame::{Frame, TOKEN_LEN};
+use ledger_relay_wire::core_http::CoreRequest;
+use ledger_relay_wire::frame::{Frame, LaneJoin, SessionOpen, TOKEN_LEN};
 use ledger_relay_wire::sender::{CloseReason, Violation};
 use ledger_relay_wire::PROTOCOL_VERSION;
 use quinn::{Connection, Endpoint};
@@ -18,9 +20,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::admission::{Admission, Caps, Decision, Slot};
-use crate::auth::Auth;
+use crate::admission::{Admission, Caps, Decision, Pending, Slot};
+use crate::auth::{Auth, ClientId};
 use crate::closing::{close_for, close_plain};
+use crate::core_http::conn::{RequestConn, RequestConns};
+use crate::core_http::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::reload::{Reloader, CRL_POLL};
 use crate::session::{
@@ -33,14 +37,14 @@ use crate::session::{
 pub struct ServerConfig {
     /// Per-session parameters.
     pub session: SessionConfig,
-    /// Most QUIC connections (lanes) from validated addresses open at once; more are refused
-    /// before the handshake.
+    /// Most QUIC connections (lanes) with a verified client certificate open at once; more are
+    /// refused (before the handshake while authenticated ones fill it).
     pub max_connections: usize,
     /// Most sessions open at once.
     pub max_sessions: usize,
     /// Most lanes per session.
     pub max_lanes: u8,
-    /// Most connections from one validated IP address at once.
+    /// Most authenticated connections from one IP address at once.
     pub max_connections_per_address: usize,
     /// Most connections of one client identity at once.
     pub max_connections_per_identity: usize,
@@ -48,11 +52,30 @@ pub struct ServerConfig {
     pub max_sessions_per_identity: usize,
     /// Handshakes from addresses not validated yet beyond which new attempts get a QUIC Retry.
     pub retry_threshold: usize,
-    /// Time allowed for the TLS handshake and for the first frame.
+    /// Handshakes without a verified client certificate yet held at once (the pending pool).
+    pub handshake_pool: usize,
+    /// Of those, most from one source (an IPv4 address or an IPv6 /64).
+    pub handshake_pool_per_source: usize,
+    /// Time allowed for the QUIC/TLS handshake, client certificate included; a handshake not
+    /// done by then leaves the pending pool.
     pub handshake_timeout: Duration,
+    /// Time an authenticated connection is allowed to open its control stream and send its
+    /// first frame.
+    pub first_frame_timeout: Duration,
     /// The codec chunks are compressed with (a subscriber must accept it).
     pub codec: Codec,
 }
+
+/// Handshakes held at once without `--handshake-pool`.
+pub const DEFAULT_HANDSHAKE_POOL: usize = 128;
+/// Pending handshakes of one source without `--handshake-pool-per-source`: two subscribers
+/// opening 16 lanes each at once from one address.
+pub const DEFAULT_HANDSHAKE_POOL_PER_SOURCE: usize = 32;
+/// Time a handshake may take without `--handshake-timeout`: a few round trips and a lost
+/// packet's retransmission (quinn's first probe timeout is about 1 s) over the longest path.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time an authenticated connection has for its first frame.
+pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ServerConfig {
     /// The caps the accept loop enforces.
@@ -64,6 +87,8 @@ impl ServerConfig {
             max_sessions: self.max_sessions,
             max_sessions_per_identity: self.max_sessions_per_identity,
             retry_threshold: self.retry_threshold,
+            handshake_pool: self.handshake_pool,
+            handshake_pool_per_source: self.handshake_pool_per_source,
         }
     }
 }
@@ -76,6 +101,10 @@ struct Ctx {
     shared: Shared,
     registry: Registry,
     admission: Arc<Admission>,
+    /// Where requests for stellar-core go.
+    forwarder: Arc<Forwarder>,
+    /// The request connections open.
+    core_conns: RequestConns,
     shutdown: CancellationToken,
 }
 
@@ -91,13 +120,15 @@ impl Ctx {
     }
 }
 
-/// Accepts connections on `endpoint` until `shutdown`, then ends every session with
-/// `ShuttingDown` and waits (briefly) for the endpoint to go idle.
-pub async fn serve(
+/// Accepts connections on `endpoint` until `shutdown`, then ends every session and request
+/// connection with `ShuttingDown` and waits (briefly) for the endpoint to go idle. Requests
+/// for stellar-core go to `forwarder`.
+pub(crate) async fn serve(
     endpoint: Endpoint,
     auth: Arc<Auth>,
     shared: Shared,
     cfg: ServerConfig,
+    forwarder: Arc<Forwarder>,
     shutdown: CancellationToken,
 ) {
     let admission = Admission::new(cfg.caps(), shared.metrics.clone());
@@ -107,6 +138,8 @@ pub async fn serve(
         admission,
         shared,
         registry: Arc::new(Mutex::new(HashMap::new())),
+        forwarder,
+        core_conns: RequestConns::default(),
         shutdown: shutdown.clone(),
     });
     tokio::spawn(watch_crl(ctx.clone(), endpoint.clone()));
@@ -118,29 +151,9 @@ pub async fn serve(
             },
             _ = shutdown.cancelled() => break,
         };
-        // Counted here, before the task is spawned, under one lock with the check.
-        let remote = incoming.remote_address();
-        match ctx
-            .admission
-            .incoming(remote.ip(), incoming.remote_address_validated())
-        {
-            Decision::Admit(slot) => {
-                tokio::spawn(handle(ctx.clone(), incoming, slot));
-            }
-            Decision::Retry => {
-                Metrics::add(&ctx.shared.metrics.retries_total, 1);
-                // Only unvalidated attempts are retried, and those may always be.
-                if let Err(e) = incoming.retry() {
-                    e.into_incoming().refuse();
-                }
-            }
-            Decision::Refuse(reason) => {
-                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                debug!(%remote, %reason, "connection refused");
-                incoming.refuse();
-            }
-        }
+        dispatch(&ctx, incoming);
     }
+    ctx.core_conns.close_all(&CloseReason::ShuttingDown);
     for h in &ctx.sessions() {
         h.end(CloseReason::ShuttingDown);
     }
@@ -160,8 +173,38 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
 }
 
+/// Decides on one connection attempt: counted here, before its task is spawned, under one
+/// lock with the check ([`Admission::incoming`]).
+fn dispatch(ctx: &Arc<Ctx>, incoming: quinn::Incoming) {
+    let remote = incoming.remote_address();
+    let validated = incoming.remote_address_validated();
+    match ctx.admission.incoming(remote.ip(), validated) {
+        Decision::Admit(pending) => {
+            tokio::spawn(handle(ctx.clone(), incoming, pending));
+        }
+        Decision::Retry => {
+            Metrics::add(&ctx.shared.metrics.retries_total, 1);
+            // Only unvalidated attempts are retried, and those may always be.
+            if let Err(e) = incoming.retry() {
+                e.into_incoming().refuse();
+            }
+        }
+        Decision::Refuse(reason) => {
+            Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+            debug!(%remote, %reason, "connection refused");
+            incoming.refuse();
+        }
+        Decision::Crowded(why) => {
+            // Counted by the admission (`handshakes_refused_total`).
+            debug!(%remote, reason = %why, "handshake refused");
+            incoming.refuse();
+        }
+    }
+}
+
 /// Polls the CRL and the relay's certificate and key ([`Reloader`]); on a change installs a new
-/// server config (new handshakes only) and ends sessions whose certificate a new CRL revokes.
+/// server config (new handshakes only) and ends sessions and request connections whose
+/// certificate a new CRL revokes.
 async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
     let mut tick = tokio::time::interval(CRL_POLL);
     let mut reloader = Reloader::new();
@@ -189,6 +232,10 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
                     identity: h.client.name.clone(),
                 });
             }
+        }
+        for client in ctx.core_conns.close_revoked(|s| ctx.auth.is_revoked(s)) {
+            info!(%client, "certificate revoked: closing request connection");
+            Metrics::add(&ctx.shared.metrics.revoked_sessions_total, 1);
         }
     }
 }
@@ -220,49 +267,19 @@ async fn first_frame(reader: &mut FrameReader) -> Result<Frame, String> {
     }
 }
 
-async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, mut slot: Slot) {
-    let timeout = ctx.cfg.handshake_timeout;
+/// Serves one connection attempt admitted to the pending pool: its handshake, then (once
+/// authenticated and counted) its first frame, which opens a session or joins a lane.
+async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, pending: Pending) {
     let remote = incoming.remote_address();
-    let conn = match tokio::time::timeout(timeout, incoming).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            Metrics::add(&ctx.shared.metrics.handshakes_failed_total, 1);
-            debug!(%remote, error = %e, "handshake failed");
-            return;
-        }
-        Err(_) => {
-            Metrics::add(&ctx.shared.metrics.handshakes_timed_out_total, 1);
-            debug!(%remote, "handshake timed out");
-            return;
-        }
-    };
-    // The handshake proved the address: it counts against the connection caps now.
-    if let Err(reason) = slot.handshake_done() {
-        Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-        debug!(%remote, %reason, "connection refused after its handshake");
-        close_plain(&conn, &reason);
+    let Some(conn) = handshake(&ctx, incoming, &pending).await else {
         return;
-    }
-    let client = ctx.auth.identify(&conn);
-    // Counted as soon as the identity is known: a connection that never opens a stream holds
-    // its place until the handshake timeout, and must hold it against its identity's cap.
-    if let Ok(c) = &client {
-        if let Err(reason) = slot.identify(&c.name) {
-            Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-            info!(%remote, client = %c.name, %reason, "connection refused");
-            close_plain(&conn, &reason);
-            return;
-        }
-    }
-    let (mut send, mut recv) = match tokio::time::timeout(timeout, conn.accept_bi()).await {
-        Ok(Ok((send, recv))) => (
-            FrameWriter::new(send),
-            FrameReader::new(recv, ctx.cfg.session.limits.clone()),
-        ),
-        _ => {
-            close_plain(&conn, &Violation::NoControlStream.into());
-            return;
-        }
+    };
+    // Held until the connection is done with: its place in the connection counts.
+    let Some((_slot, client)) = admit(&ctx, &conn, pending, remote) else {
+        return;
+    };
+    let Some((mut send, recv)) = control_stream(&ctx, &conn).await else {
+        return;
     };
     let client = match client {
         Ok(c) => c,
@@ -273,187 +290,366 @@ async fn handle(ctx: Arc<Ctx>, incoming: quinn::Incoming, mut slot: Slot) {
             return;
         }
     };
-    let first = match tokio::time::timeout(timeout, first_frame(&mut recv)).await {
+    let req = Request {
+        conn,
+        send,
+        recv,
+        client,
+        remote,
+    };
+    serve_request(&ctx, req).await;
+}
+
+/// The handshake of an admitted attempt, within the handshake timeout, unless the pending
+/// pool evicts it first; `None` when it does not complete (dropping quinn's future then closes
+/// the connection). A completed handshake carries a verified client certificate (see
+/// [`crate::admission`]).
+async fn handshake(ctx: &Ctx, incoming: quinn::Incoming, pending: &Pending) -> Option<Connection> {
+    let remote = incoming.remote_address();
+    let m = &ctx.shared.metrics;
+    tokio::select! {
+        done = tokio::time::timeout(ctx.cfg.handshake_timeout, incoming) => match done {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => {
+                Metrics::add(&m.handshakes_failed_total, 1);
+                debug!(%remote, error = %e, "handshake failed");
+                None
+            }
+            Err(_) => {
+                Metrics::add(&m.handshakes_timed_out_total, 1);
+                debug!(%remote, "handshake timed out");
+                None
+            }
+        },
+        // Counted by the admission (`handshakes_evicted_total`).
+        _ = pending.evicted() => {
+            debug!(%remote, "pending handshake displaced by another source's");
+            None
+        }
+    }
+}
+
+/// Counts an authenticated connection against the connection caps and, once its identity is
+/// known, its identity's cap; `None` (the connection closed) when a cap refuses it. The
+/// identity's refusal by the allow-list or the CRL is returned for the control stream.
+fn admit(
+    ctx: &Ctx,
+    conn: &Connection,
+    pending: Pending,
+    remote: std::net::SocketAddr,
+) -> Option<(Slot, Result<ClientId, crate::auth::Refusal>)> {
+    let m = &ctx.shared.metrics;
+    let mut slot = match pending.authenticated(remote.ip()) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            Metrics::add(&m.sessions_refused_total, 1);
+            debug!(%remote, %reason, "connection refused after its handshake");
+            close_plain(conn, &reason);
+            return None;
+        }
+    };
+    let client = ctx.auth.identify(conn);
+    // Counted as soon as the identity is known: a connection that never opens a stream holds
+    // its place until the first-frame timeout, and must hold it against its identity's cap.
+    if let Ok(c) = &client {
+        if let Err(reason) = slot.identify(&c.name) {
+            Metrics::add(&m.sessions_refused_total, 1);
+            info!(%remote, client = %c.name, %reason, "connection refused");
+            close_plain(conn, &reason);
+            return None;
+        }
+    }
+    Some((slot, client))
+}
+
+/// The connection's control stream, opened by the client within the first-frame timeout.
+async fn control_stream(ctx: &Ctx, conn: &Connection) -> Option<(FrameWriter, FrameReader)> {
+    match tokio::time::timeout(ctx.cfg.first_frame_timeout, conn.accept_bi()).await {
+        Ok(Ok((send, recv))) => Some((
+            FrameWriter::new(send),
+            FrameReader::new(recv, ctx.cfg.session.limits.clone()),
+        )),
+        _ => {
+            close_plain(conn, &Violation::NoControlStream.into());
+            None
+        }
+    }
+}
+
+/// An authenticated connection with its control stream, waiting for its first frame.
+struct Request {
+    conn: Connection,
+    send: FrameWriter,
+    recv: FrameReader,
+    client: ClientId,
+    remote: std::net::SocketAddr,
+}
+
+/// Reads the request's first frame and serves it: a session, a lane of one, or a request
+/// connection.
+async fn serve_request(ctx: &Arc<Ctx>, mut req: Request) {
+    let m = &ctx.shared.metrics;
+    let first = tokio::time::timeout(ctx.cfg.first_frame_timeout, first_frame(&mut req.recv));
+    let first = match first.await {
         Ok(Ok(f)) => f,
         Ok(Err(e)) => {
-            Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
-            refuse(&conn, &mut send, violation(e)).await;
+            Metrics::add(&m.protocol_errors_total, 1);
+            refuse(&req.conn, &mut req.send, violation(e)).await;
             return;
         }
         Err(_) => {
-            Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
-            refuse(&conn, &mut send, violation("no first frame in time")).await;
+            Metrics::add(&m.protocol_errors_total, 1);
+            refuse(
+                &req.conn,
+                &mut req.send,
+                violation("no first frame in time"),
+            )
+            .await;
             return;
         }
     };
     match first {
-        Frame::SessionOpen(open) => {
-            if open.version != PROTOCOL_VERSION {
-                let msg = format!("protocol version {} not supported", open.version);
-                refuse(&conn, &mut send, violation(msg)).await;
-                return;
-            }
-            if ctx.cfg.codec != Codec::None && open.codecs & ctx.cfg.codec.bit() == 0 {
-                let msg = format!("this relay sends {} chunks", ctx.cfg.codec);
-                refuse(&conn, &mut send, violation(msg)).await;
-                return;
-            }
-            let mut token = [0u8; TOKEN_LEN];
-            rand::thread_rng().fill_bytes(&mut token);
-            let id = rand::thread_rng().next_u64();
-            let (lanes_tx, lanes_rx) = mpsc::channel(8);
-            let lanes = open.lanes.min(ctx.cfg.max_lanes).max(1);
-            let handle = SessionHandle {
-                id,
-                token,
-                client: client.clone(),
-                lane_serials: Arc::default(),
-                lanes,
-                lanes_tx,
-                close: Arc::new(Mutex::new(None)),
-                cancel: ctx.shutdown.child_token(),
-            };
-            if let Err(reason) = ctx
-                .admission
-                .register_session(&ctx.registry, handle.clone())
-            {
-                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                info!(%remote, client = %client.name, %reason, "session refused");
-                refuse(&conn, &mut send, reason).await;
-                return;
-            }
-            // The CRL may have changed since `identify`, and the watcher may have scanned the
-            // registry before this session was in it: check again now that it is.
-            if ctx.auth.is_revoked(&client.serial) {
-                ctx.registry
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                info!(%remote, client = %client.name, "connection refused: certificate revoked");
-                let reason = CloseReason::Revoked {
-                    identity: client.name.clone(),
-                };
-                refuse(&conn, &mut send, reason).await;
-                return;
-            }
-            let mut cfg = ctx.cfg.session.clone();
-            cfg.window = cfg.window.min(open.window);
-            let start =
-                resolve_start(&ctx.shared, open.start, &handle.cancel, cfg.start_wait).await;
-            match start {
-                Ok(first) => {
-                    Metrics::add(&ctx.shared.metrics.sessions_total, 1);
-                    Metrics::add(&ctx.shared.metrics.sessions_open, 1);
-                    Metrics::add(&ctx.shared.metrics.lanes_open, 1);
-                    info!(session = id, client = %client.name, %remote, first, lanes, "session opened");
-                    let end = Session::run(
-                        cfg,
-                        ctx.shared.clone(),
-                        handle,
-                        conn.clone(),
-                        send,
-                        recv,
-                        first,
-                        lanes_rx,
-                    )
-                    .await;
-                    ctx.shared
-                        .metrics
-                        .sessions_open
-                        .fetch_sub(1, Ordering::Relaxed);
-                    info!(session = id, client = %client.name, code = ?end.code(), reason = %end, "session ended");
-                }
-                Err(reason) => {
-                    // Ended while waiting for its first ledger: say why (revoked), not just
-                    // that the wait was cut short.
-                    let reason = handle.end_reason().unwrap_or(reason);
-                    info!(session = id, client = %client.name, %reason, "session refused");
-                    refuse(&conn, &mut send, reason).await;
-                }
-            }
-            ctx.registry
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-        }
-        Frame::LaneJoin(join) => {
-            let handle = ctx
-                .registry
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&join.session_id)
-                .cloned();
-            let refusal = match &handle {
-                None => Some(unauthorized("no such session")),
-                Some(h) if !tokens_equal(&h.token, &join.token) => {
-                    Some(unauthorized("wrong session token"))
-                }
-                Some(h) if h.client.name != client.name => Some(unauthorized(format!(
-                    "lane identity {} differs from the session's {}",
-                    client.name, h.client.name
-                ))),
-                Some(h) if join.lane >= h.lanes => Some(violation(format!(
-                    "lane {} beyond the {} granted",
-                    join.lane, h.lanes
-                ))),
-                Some(_) if join.version != PROTOCOL_VERSION => Some(violation(format!(
-                    "protocol version {} not supported",
-                    join.version
-                ))),
-                Some(_) => None,
-            };
-            if let Some(reason) = refusal {
-                Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                info!(%remote, client = %client.name, %reason, "lane refused");
-                refuse(&conn, &mut send, reason).await;
-                return;
-            }
-            if let Some(h) = handle {
-                if !h.add_lane_serial(&client.serial) {
-                    Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                    let reason = CloseReason::Overloaded {
-                        detail: format!(
-                            "the session already holds {MAX_LANE_CERTIFICATES} other certificates"
-                        ),
-                    };
-                    info!(%remote, client = %client.name, %reason, "lane refused");
-                    refuse(&conn, &mut send, reason).await;
-                    return;
-                }
-                if client.serial != h.client.serial {
-                    // As at session open: the CRL watcher may have scanned the session before
-                    // this serial was on it.
-                    if ctx.auth.is_revoked(&client.serial) {
-                        Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
-                        let reason = CloseReason::Revoked {
-                            identity: client.name.clone(),
-                        };
-                        refuse(&conn, &mut send, reason).await;
-                        return;
-                    }
-                }
-                let req = LaneRequest {
-                    lane: join.lane,
-                    conn: conn.clone(),
-                    send,
-                    recv,
-                };
-                if h.lanes_tx.send(req).await.is_err() {
-                    close_plain(&conn, &CloseReason::SessionEnded);
-                    return;
-                }
-                // The session owns the lane now; keep this task (and its connection count)
-                // until the lane closes.
-                let _ = conn.closed().await;
-            }
-        }
+        Frame::SessionOpen(open) => open_session(ctx, req, open).await,
+        Frame::LaneJoin(join) => join_lane(ctx, req, join).await,
+        Frame::CoreRequest(first) => serve_core(ctx, req, first).await,
         other => {
-            Metrics::add(&ctx.shared.metrics.protocol_errors_total, 1);
+            Metrics::add(&m.protocol_errors_total, 1);
             let msg = format!("{} frame cannot open a lane", other.frame_type().name());
-            refuse(&conn, &mut send, violation(msg)).await;
+            refuse(&req.conn, &mut req.send, violation(msg)).await;
         }
     }
+}
+
+/// Serves a request connection, whose first stream carried `first`, until it closes. It
+/// keeps its place in the connection counts meanwhile, as a lane does.
+async fn serve_core(ctx: &Arc<Ctx>, req: Request, first: CoreRequest) {
+    let Request {
+        conn,
+        send,
+        recv,
+        client,
+        remote,
+    } = req;
+    let _registered = ctx.core_conns.register(&conn, &client);
+    // As at session open: the CRL watcher may have scanned the request connections before
+    // this one was among them.
+    if ctx.auth.is_revoked(&client.serial) {
+        let reason = CloseReason::Revoked {
+            identity: client.name.clone(),
+        };
+        refuse_plain(ctx, &conn, &reason);
+        return;
+    }
+    info!(%remote, client = %client.name, "request connection opened");
+    let served = RequestConn {
+        conn: conn.clone(),
+        identity: client.name.as_str().into(),
+        forwarder: ctx.forwarder.clone(),
+        limits: ctx.cfg.session.limits.clone(),
+        metrics: ctx.shared.metrics.clone(),
+    };
+    served.run(first, send, recv).await;
+    let why = conn
+        .close_reason()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    info!(%remote, client = %client.name, reason = %why, "request connection closed");
+}
+
+fn refuse_plain(ctx: &Ctx, conn: &Connection, reason: &CloseReason) {
+    Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+    close_plain(conn, reason);
+}
+
+/// Why a `SessionOpen` cannot be served by this relay (version, codecs), if it cannot.
+fn open_refusal(ctx: &Ctx, open: &SessionOpen) -> Option<CloseReason> {
+    if open.version != PROTOCOL_VERSION {
+        let msg = format!("protocol version {} not supported", open.version);
+        return Some(violation(msg));
+    }
+    if ctx.cfg.codec != Codec::None && open.codecs & ctx.cfg.codec.bit() == 0 {
+        return Some(violation(format!(
+            "this relay sends {} chunks",
+            ctx.cfg.codec
+        )));
+    }
+    None
+}
+
+/// A new session's handle and the receiver of its lane joins.
+fn new_session(
+    ctx: &Ctx,
+    client: &ClientId,
+    open: &SessionOpen,
+) -> (SessionHandle, mpsc::Receiver<LaneRequest>) {
+    let mut token = [0u8; TOKEN_LEN];
+    rand::thread_rng().fill_bytes(&mut token);
+    let (lanes_tx, lanes_rx) = mpsc::channel(8);
+    let handle = SessionHandle {
+        id: rand::thread_rng().next_u64(),
+        token,
+        client: client.clone(),
+        lane_serials: Arc::default(),
+        lanes: open.lanes.min(ctx.cfg.max_lanes).max(1),
+        lanes_tx,
+        close: Arc::new(Mutex::new(None)),
+        cancel: ctx.shutdown.child_token(),
+    };
+    (handle, lanes_rx)
+}
+
+/// Puts `handle` in the registry if the session caps allow and its certificate is not
+/// revoked; the reason to refuse it otherwise.
+fn register(ctx: &Ctx, handle: &SessionHandle) -> Result<(), CloseReason> {
+    ctx.admission
+        .register_session(&ctx.registry, handle.clone())?;
+    // The CRL may have changed since `identify`, and the watcher may have scanned the
+    // registry before this session was in it: check again now that it is.
+    if ctx.auth.is_revoked(&handle.client.serial) {
+        ctx.registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle.id);
+        return Err(CloseReason::Revoked {
+            identity: handle.client.name.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Serves a `SessionOpen`: checks it, registers the session, and runs it to its end.
+async fn open_session(ctx: &Arc<Ctx>, mut req: Request, open: SessionOpen) {
+    let (remote, name) = (req.remote, req.client.name.clone());
+    if let Some(reason) = open_refusal(ctx, &open) {
+        refuse(&req.conn, &mut req.send, reason).await;
+        return;
+    }
+    let (handle, lanes_rx) = new_session(ctx, &req.client, &open);
+    if let Err(reason) = register(ctx, &handle) {
+        Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+        info!(%remote, client = %name, %reason, "session refused");
+        refuse(&req.conn, &mut req.send, reason).await;
+        return;
+    }
+    let id = handle.id;
+    run_session(ctx, req, open, handle, lanes_rx).await;
+    ctx.registry
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+}
+
+/// Runs a registered session from its start until it ends.
+async fn run_session(
+    ctx: &Arc<Ctx>,
+    mut req: Request,
+    open: SessionOpen,
+    handle: SessionHandle,
+    lanes_rx: mpsc::Receiver<LaneRequest>,
+) {
+    let (id, lanes, remote) = (handle.id, handle.lanes, req.remote);
+    let name = req.client.name.clone();
+    let m = &ctx.shared.metrics;
+    let mut cfg = ctx.cfg.session.clone();
+    cfg.window = cfg.window.min(open.window);
+    let start = resolve_start(&ctx.shared, open.start, &handle.cancel, cfg.start_wait).await;
+    let first = match start {
+        Ok(first) => first,
+        Err(reason) => {
+            // Ended while waiting for its first ledger: say why (revoked), not just that the
+            // wait was cut short.
+            let reason = handle.end_reason().unwrap_or(reason);
+            info!(session = id, client = %name, %reason, "session refused");
+            refuse(&req.conn, &mut req.send, reason).await;
+            return;
+        }
+    };
+    Metrics::add(&m.sessions_total, 1);
+    Metrics::add(&m.sessions_open, 1);
+    Metrics::add(&m.lanes_open, 1);
+    info!(session = id, client = %name, %remote, first, lanes, "session opened");
+    let shared = ctx.shared.clone();
+    let end = Session::run(
+        cfg, shared, handle, req.conn, req.send, req.recv, first, lanes_rx,
+    )
+    .await;
+    m.sessions_open.fetch_sub(1, Ordering::Relaxed);
+    info!(session = id, client = %name, code = ?end.code(), reason = %end, "session ended");
+}
+
+/// Why a `LaneJoin` for `handle` (`None`: no such session) is refused, if it is.
+fn lane_refusal(
+    ctx: &Ctx,
+    handle: Option<&SessionHandle>,
+    join: &LaneJoin,
+    client: &ClientId,
+) -> Option<CloseReason> {
+    let Some(h) = handle else {
+        return Some(unauthorized("no such session"));
+    };
+    if !tokens_equal(&h.token, &join.token) {
+        return Some(unauthorized("wrong session token"));
+    }
+    if h.client.name != client.name {
+        return Some(unauthorized(format!(
+            "lane identity {} differs from the session's {}",
+            client.name, h.client.name
+        )));
+    }
+    if join.lane >= h.lanes {
+        let msg = format!("lane {} beyond the {} granted", join.lane, h.lanes);
+        return Some(violation(msg));
+    }
+    if join.version != PROTOCOL_VERSION {
+        let msg = format!("protocol version {} not supported", join.version);
+        return Some(violation(msg));
+    }
+    if !h.add_lane_serial(&client.serial) {
+        return Some(CloseReason::Overloaded {
+            detail: format!("the session already holds {MAX_LANE_CERTIFICATES} other certificates"),
+        });
+    }
+    // As at session open: the CRL watcher may have scanned the session before this serial
+    // was on it.
+    if client.serial != h.client.serial && ctx.auth.is_revoked(&client.serial) {
+        return Some(CloseReason::Revoked {
+            identity: client.name.clone(),
+        });
+    }
+    None
+}
+
+/// Serves a `LaneJoin`: hands the lane to its session, and keeps the connection's place in the
+/// counts until the lane closes.
+async fn join_lane(ctx: &Arc<Ctx>, mut req: Request, join: LaneJoin) {
+    let handle = ctx
+        .registry
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&join.session_id)
+        .cloned();
+    if let Some(reason) = lane_refusal(ctx, handle.as_ref(), &join, &req.client) {
+        Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+        info!(remote = %req.remote, client = %req.client.name, %reason, "lane refused");
+        refuse(&req.conn, &mut req.send, reason).await;
+        return;
+    }
+    // `lane_refusal` refuses a join to no session.
+    let Some(h) = handle else { return };
+    let conn = req.conn.clone();
+    let lane = LaneRequest {
+        lane: join.lane,
+        conn: req.conn,
+        send: req.send,
+        recv: req.recv,
+    };
+    if h.lanes_tx.send(lane).await.is_err() {
+        close_plain(&conn, &CloseReason::SessionEnded);
+        return;
+    }
+    // The session owns the lane now; keep this task (and its connection count) until the lane
+    // closes.
+    let _ = conn.closed().await;
 }
 
 /// Compares tokens without an early exit, so timing does not reveal a prefix.

@@ -275,7 +275,7 @@ impl Session {
             live: None,
             done_tx,
             loaded_tx,
-            lake: SessionLake::new(&shared, cfg.window),
+            lake: SessionLake::new(&shared, &handle.client.name, cfg.window),
             info: None,
             stats: SenderStats::default(),
             control: send,

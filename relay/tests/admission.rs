@@ -277,7 +277,7 @@ async fn one_identity_cannot_take_every_connection() {
     let relay = relay(&dir, |c| {
         c.server.max_connections = 5;
         c.server.max_connections_per_identity = 3;
-        c.server.handshake_timeout = Duration::from_secs(10);
+        c.server.first_frame_timeout = Duration::from_secs(10);
     })
     .await;
     let mut held = Vec::new();
@@ -400,7 +400,7 @@ async fn one_address_cannot_take_every_connection() {
     let dir = TestDir::new();
     let relay = relay(&dir, |c| {
         c.server.max_connections_per_address = 3;
-        c.server.handshake_timeout = Duration::from_secs(10);
+        c.server.first_frame_timeout = Duration::from_secs(10);
     })
     .await;
     let mut held = Vec::new();

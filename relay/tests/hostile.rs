@@ -26,7 +26,7 @@ async fn relay(
     let certs = certs(dir);
     let mut config = relay_config(certs.path(), &dir.join("data"), SYNTHETIC);
     config.source_options.cadence = Duration::from_millis(20);
-    config.server.handshake_timeout = Duration::from_secs(1);
+    config.server.first_frame_timeout = Duration::from_secs(1);
     tweak(&mut config);
     Running::start(config).await
 }
@@ -100,7 +100,7 @@ async fn malformed_oversize_unknown_and_unfinished_frames_are_protocol_violation
     let mut open = session_open(Start::Tip, 1).to_vec();
     open[12] = 0;
     violation(&relay, dir.path(), &open).await;
-    // A stream that never finishes its first frame: closed after the handshake timeout.
+    // A stream that never finishes its first frame: closed after the first-frame timeout.
     let raw = raw_connect(&relay, tls_client(&dir.path().join("certs"), "rpc-1")).await;
     let mut io = control(&raw.conn).await;
     io.writer.stream_mut().write_all(&open[..7]).await.unwrap();
@@ -182,7 +182,7 @@ async fn connection_session_and_lane_limits_are_enforced() {
         // Four idle connections and the one beyond the limit must all be opened before the
         // first idle one times out: 1 s was too short on a loaded 2-core CI machine (the 7th
         // connection was accepted because an idle one had already been closed).
-        c.server.handshake_timeout = Duration::from_secs(4);
+        c.server.first_frame_timeout = Duration::from_secs(4);
     })
     .await;
     relay.wait_for(3).await;
@@ -224,17 +224,17 @@ async fn connection_session_and_lane_limits_are_enforced() {
     })
     .await;
     // Connections: idle ones (no stream ever) fill the limit; beyond it, connections are refused
-    // before the handshake; the idle ones are closed after the handshake timeout.
+    // before the handshake; the idle ones are closed after the first-frame timeout.
     let mut idle = Vec::new();
     for _ in 0..4 {
         idle.push(raw_connect(&relay, tls_client(&certs, "rpc-1")).await);
     }
-    // A client sees its handshake complete before the relay counts the connection as
-    // validated: until it does, a validated 7th attempt is admitted and the idle connection
+    // A client sees its handshake complete before the relay has checked its certificate and
+    // counted the connection: until it does, a 7th attempt is admitted and the idle connection
     // refused instead (the cap holds either way). Wait for the relay's count.
     let m = &relay.relay.metrics;
-    eventually(5, "the idle connections counted as validated", || {
-        m.handshakes_unvalidated.load(Ordering::Relaxed) == 0
+    eventually(5, "the idle connections authenticated and counted", || {
+        m.handshakes_pending.load(Ordering::Relaxed) == 0
             && m.connections_open.load(Ordering::Relaxed) == 6
     })
     .await;

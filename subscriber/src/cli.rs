@@ -373,6 +373,27 @@ impl RunError {
     }
 }
 
+/// Writes why a command failed, as `ledger-subscribe` and `ledger-captive-core` both do: the
+/// error and its causes on one line ([`ledger_relay_cli::logging::fatal`], escaped, since it
+/// may quote a relay), then, when `subscribe` is a start below retention, the line for
+/// programs ([`SubscribeError::below_retention_line`]).
+///
+/// This is the one writer of that line, and it writes it last: no text from a peer can start
+/// a line of stderr (every log line and this error line are escaped), so a line that starts
+/// `below-retention requested=` is this one (the Go client takes the last such line).
+pub fn report_failure(
+    format: LogFormat,
+    program: &str,
+    error: &(dyn std::error::Error + 'static),
+    subscribe: Option<&SubscribeError>,
+) {
+    let text = format!("{program}: {}", crate::error::ErrorChain(error));
+    ledger_relay_cli::logging::fatal(format, program, &text);
+    if let Some(line) = subscribe.and_then(SubscribeError::below_retention_line) {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
+}
+
 /// What a run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -194,38 +194,16 @@ impl fmt::Display for Anchor {
 impl FromStr for Anchor {
     type Err = ParseError;
 
-    /// Parses `SEQ:HASH`, HASH the 64 hex digits of the ledger's header hash.
+    /// Parses `SEQ:HASH`, HASH the 64 hex digits of the ledger's header hash (the grammar is
+    /// [`ledger_relay_wire::header::parse_anchor`]'s, shared with the relay's
+    /// `--upstream-anchor`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason| ParseError {
-            what: "anchor",
-            input: s.to_owned(),
-            reason,
-        };
-        let (seq, hex) = s
-            .trim()
-            .split_once(':')
-            .ok_or_else(|| err("expected SEQ:HASH"))?;
-        let seq = match seq.parse::<u32>() {
-            Ok(0) => return Err(err("ledger sequence 0 names no ledger")),
-            Ok(seq) => seq,
-            Err(_) => return Err(err("SEQ is not a ledger sequence")),
-        };
-        if hex.len() != 64 {
-            return Err(err("HASH must be 64 hex digits"));
-        }
-        let digit = |c: u8| match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        };
-        let mut hash = [0u8; 32];
-        for (byte, pair) in hash.iter_mut().zip(hex.as_bytes().chunks(2)) {
-            match (digit(pair[0]), digit(pair[1])) {
-                (Some(hi), Some(lo)) => *byte = hi << 4 | lo,
-                _ => return Err(err("HASH is not hex")),
-            }
-        }
+        let (seq, hash) =
+            ledger_relay_wire::header::parse_anchor(s).map_err(|reason| ParseError {
+                what: "anchor",
+                input: s.to_owned(),
+                reason,
+            })?;
         Ok(Anchor { seq, hash })
     }
 }

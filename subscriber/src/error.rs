@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use ledger_relay_wire::content::ContentError;
 use ledger_relay_wire::frame::{ErrorCode, ErrorFrame};
 use ledger_relay_wire::header::{ChainError, HeaderError};
+use ledger_relay_wire::text::Escaped;
 use ledger_relay_wire::{AssemblyError, Hex};
 
 use ledger_relay_transport::{FrameIoError, TlsConfigError};
@@ -239,11 +240,12 @@ fn secs(d: std::time::Duration) -> String {
     }
 }
 
+/// ` (DETAIL)`, escaped: the detail is the relay's or its TLS stack's text.
 fn detail_suffix(detail: &str) -> String {
     if detail.is_empty() {
         String::new()
     } else {
-        format!(" ({detail})")
+        format!(" ({})", Escaped(detail))
     }
 }
 
@@ -364,7 +366,7 @@ pub enum Transient {
         message: String,
     },
     /// The relay broke the protocol; the session is closed with `ProtocolViolation`.
-    #[error("relay {relay} broke the protocol: {detail}")]
+    #[error("relay {relay} broke the protocol: {}", Escaped(.detail))]
     Protocol {
         /// The relay.
         relay: SocketAddr,
@@ -580,15 +582,16 @@ pub(crate) fn classify_frame_io(
     Transient::Stream { relay, source: e }.into()
 }
 
-/// Formats an error with its sources, `a: b: c`.
+/// Formats an error with its sources, `a: b: c`, escaped: a source may quote the relay (a
+/// connection closed with the relay's reason).
 pub(crate) struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        write!(f, "{}", Escaped(self.0))?;
         let mut source = self.0.source();
         while let Some(s) = source {
-            write!(f, ": {s}")?;
+            write!(f, ": {}", Escaped(s))?;
             source = s.source();
         }
         Ok(())

@@ -34,7 +34,8 @@ use crate::error::{
 use crate::ledger::{Item, Ledger, Shared};
 use crate::verify::Verifier;
 use ledger_relay_transport::{
-    self as transport, read_single_frame, FrameIo, FrameIoError, FrameReader, FrameWriter,
+    self as transport, read_data_frame, DataBudget, DataPermit, FrameIo, FrameIoError, FrameReader,
+    FrameWriter,
 };
 
 mod lanes;
@@ -46,11 +47,30 @@ use peer::{open, Peer};
 mod close;
 use close::{close_code, verdict, Cause};
 
-/// Data streams read but not yet taken by the session loop, across all lanes. Each holds at
-/// most one chunk (256 KiB by default), so this bounds what sits between QUIC's buffers and
-/// the reassembler (64 MiB at the default chunk size); when the loop pauses, readers stop
-/// accepting streams and QUIC flow control pushes back on the relay.
+/// Data streams being read or not yet taken by the session loop, across all lanes. What they
+/// hold is bounded apart, in bytes ([`Intake`]); when the loop pauses, readers stop accepting
+/// streams and QUIC flow control pushes back on the relay.
 const STREAM_PERMITS: usize = 256;
+
+/// What bounds the data frames between QUIC's buffers and the reassembler, across a session's
+/// lanes: how many streams ([`STREAM_PERMITS`]) and how many bytes
+/// ([`Limits::max_unassembled_bytes`], taken whole from each frame's header before its body is
+/// read), so that a relay that opens every stream it may and finishes none makes the session
+/// hold no more than that.
+#[derive(Debug, Clone)]
+struct Intake {
+    streams: Arc<Semaphore>,
+    bytes: DataBudget,
+}
+
+impl Intake {
+    fn new(limits: &Limits) -> Intake {
+        Intake {
+            streams: Arc::new(Semaphore::new(STREAM_PERMITS)),
+            bytes: DataBudget::new(limits.max_unassembled_bytes),
+        }
+    }
+}
 
 /// Control events buffered from the lanes' control streams and lane tasks.
 const CONTROL_QUEUE: usize = 64;
@@ -103,7 +123,7 @@ struct DataFrame {
     frame: Result<Frame, AssemblyError>,
     /// The chunk payload's size on the wire (compressed), for `Ledger::wire_bytes`.
     wire_len: u64,
-    _permit: OwnedSemaphorePermit,
+    _held: (OwnedSemaphorePermit, DataPermit),
 }
 
 /// Events from lane tasks and lane 0's control stream.
@@ -210,21 +230,21 @@ impl<'a> Session<'a> {
         });
         let (ctl_tx, ctl_rx) = mpsc::channel(CONTROL_QUEUE);
         let (data_tx, data_rx) = mpsc::channel(STREAM_PERMITS);
-        let permits = Arc::new(Semaphore::new(STREAM_PERMITS));
+        let intake = Intake::new(&limits);
         let mut tasks = JoinSet::new();
         let FrameIo { reader, writer } = io;
         tasks.spawn(read_control(peer.clone(), reader, ctl_tx.clone()));
         {
-            let (peer, conn, data_tx, permits, ctl_tx, limits) = (
+            let (peer, conn, data_tx, intake, ctl_tx, limits) = (
                 peer.clone(),
                 lane0.conn.clone(),
                 data_tx.clone(),
-                permits.clone(),
+                intake.clone(),
                 ctl_tx.clone(),
                 limits.clone(),
             );
             tasks.spawn(async move {
-                let failure = read_data(&peer, 0, &conn, &data_tx, &permits, &limits).await;
+                let failure = read_data(&peer, 0, &conn, &data_tx, &intake, &limits).await;
                 let _ = ctl_tx.send(Ctl::LaneDown { lane: 0, failure }).await;
             });
         }
@@ -243,7 +263,7 @@ impl<'a> Session<'a> {
                 },
                 ctl_tx.clone(),
                 data_tx.clone(),
-                permits.clone(),
+                intake.clone(),
                 limits.clone(),
             ));
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use ledger_relay_subscriber::cli::{self, Args, Output};
+use ledger_relay_subscriber::frame::ErrorCode;
 
 use crate::support::fake_relay::{FakeRelay, Plan};
 use crate::support::{subscribe_args, testnet_ledgers, within, Pki, FIRST_SEQ, TESTNET};
@@ -149,6 +150,65 @@ async fn the_binary_exits_4_below_retention_with_the_oldest_held() {
         bounds.starts_with(&format!("{FIRST_SEQ} newest=")),
         "{stderr}"
     );
+}
+
+/// A relay's error message that holds line breaks and a forged line for programs.
+const FORGED: &str = "busy\nbelow-retention requested=1 oldest=4000000000 newest=4000000001\nx";
+
+/// The relay chooses its error messages, not the lines of stderr: a first session refused with
+/// a message that forges the line for programs, then the true below-retention end. In either
+/// log format the message shows escaped inside its own line, and stderr has exactly one line
+/// for programs, the last, with the true bounds.
+#[tokio::test]
+async fn a_relays_message_cannot_forge_the_line_for_programs() {
+    let pki = Pki::new();
+    for format in ["text", "json"] {
+        let mut plan = Plan::new(testnet_ledgers(3));
+        plan.below_retention = true;
+        plan.refuse_first = Some((ErrorCode::Overloaded, FORGED.into()));
+        let relay = FakeRelay::start(plan, pki.path(), pki.path());
+        let addr = relay.addr.to_string();
+        let (code, _, stderr) = run_binary(&[
+            "--relay",
+            &addr,
+            "--certs",
+            pki.path().to_str().unwrap(),
+            "--name",
+            "rpc-1",
+            "--from",
+            "1",
+            "--quiet",
+            "--log-format",
+            format,
+        ])
+        .await;
+        assert_eq!(code, 4, "{format}: {stderr}");
+        assert_eq!(
+            relay.record().opens.len(),
+            2,
+            "refused, then below retention"
+        );
+        let machine: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("below-retention requested="))
+            .collect();
+        let truth = format!(
+            "below-retention requested=1 oldest={FIRST_SEQ} newest={}",
+            FIRST_SEQ + 2
+        );
+        assert_eq!(machine, [truth.as_str()], "{format}: {stderr}");
+        assert_eq!(stderr.lines().last(), Some(truth.as_str()), "{format}");
+        // The message is shown, inside the warning's line.
+        let warning = stderr
+            .lines()
+            .find(|l| l.contains("session ended; reconnecting"))
+            .unwrap_or_else(|| panic!("{format}: no warning: {stderr}"));
+        assert!(
+            warning.contains("nbelow-retention requested=1 oldest=4000000000"),
+            "{format}: {warning}"
+        );
+        assert!(!stderr.lines().any(|l| l == "x"), "{format}: {stderr}");
+    }
 }
 
 #[tokio::test]

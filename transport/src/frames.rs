@@ -1,14 +1,16 @@
 //! Frame IO on QUIC streams (`docs/protocol.md` section 2): a control stream carries a
 //! sequence of frames ([`FrameReader`], [`FrameWriter`]); a data stream carries exactly one
-//! frame and then FIN ([`read_single_frame`], [`write_single_frame`]); a session or lane ends
-//! with [`close_with_error`].
+//! frame and then FIN ([`read_data_frame`] within a [`DataBudget`], [`read_single_frame`],
+//! [`write_single_frame`]); a session or lane ends with [`close_with_error`].
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ledger_relay_wire::frame::{self, Frame, FrameDecoder};
 use ledger_relay_wire::{FrameError, Limits};
 use quinn::VarInt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Why reading or writing a frame on a QUIC stream failed.
 #[derive(Debug, thiserror::Error)]
@@ -240,4 +242,117 @@ pub async fn read_single_frame(
         Err(quinn::ReadToEndError::Read(e)) => return Err(e.into()),
     };
     Ok(frame::decode_exact(bytes.into(), limits)?)
+}
+
+/// The bytes of data frames a receiver may hold at once, shared by every stream of a session
+/// (`Limits::max_unassembled_bytes`, `docs/protocol.md` section 5). [`read_data_frame`] takes a
+/// frame's share whole, from its header, before it reads its body; the share comes back when
+/// the frame's [`DataPermit`] is dropped (once the reassembler has taken the frame).
+#[derive(Debug, Clone)]
+pub struct DataBudget {
+    bytes: Arc<Semaphore>,
+    max: u64,
+}
+
+/// A frame's share of a [`DataBudget`], given back when dropped.
+#[derive(Debug)]
+pub struct DataPermit {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl DataBudget {
+    /// A budget of `max` bytes (at most `u32::MAX`, more than any frame holds).
+    pub fn new(max: u64) -> DataBudget {
+        let max = max.clamp(1, u64::from(u32::MAX));
+        DataBudget {
+            bytes: Arc::new(Semaphore::new(max as usize)),
+            max,
+        }
+    }
+
+    /// The bytes held now by frames being read or not yet handed on.
+    pub fn held(&self) -> u64 {
+        self.max - self.bytes.available_permits() as u64
+    }
+
+    /// Waits for `n` bytes (at most the whole budget, so that one frame always fits).
+    async fn take(&self, n: u64) -> DataPermit {
+        let n = n.clamp(1, self.max) as u32;
+        // The semaphore is never closed (this struct owns it and never closes it), so the
+        // acquisition fails only if it could not have waited at all.
+        DataPermit {
+            _permit: self.bytes.clone().acquire_many_owned(n).await.ok(),
+        }
+    }
+}
+
+/// Reads a data stream (`docs/protocol.md` section 2, Data) as exactly one frame within
+/// `budget`: the frame's header (and a chunk's fixed fields) is read and checked first, then the
+/// bytes it will hold ([`frame::data_head`]) are taken from `budget`, then its body is read and
+/// the stream must end there. A stream waiting for the budget reads nothing more, so QUIC's
+/// flow control holds its sender back.
+pub async fn read_data_frame(
+    recv: &mut quinn::RecvStream,
+    limits: &Limits,
+    budget: &DataBudget,
+) -> Result<(Frame, DataPermit), FrameIoError> {
+    let mut head = [0u8; frame::DATA_HEAD_LEN];
+    let mut have = 0;
+    let info = loop {
+        if let Some(info) = frame::data_head(&head[..have], limits)? {
+            break info;
+        }
+        match recv.read(&mut head[have..]).await? {
+            Some(n) => have += n,
+            None => {
+                let need = if have < frame::FRAME_HEADER_LEN {
+                    frame::FRAME_HEADER_LEN
+                } else {
+                    frame::DATA_HEAD_LEN
+                };
+                return Err(FrameError::Truncated { have, need }.into());
+            }
+        }
+    };
+    let permit = budget.take(info.held).await;
+    // `frame_len` is checked against the limits and its bytes are in the budget.
+    let mut buf = Vec::with_capacity(info.frame_len.max(have));
+    buf.extend_from_slice(&head[..have]);
+    read_to_frame_end(recv, &mut buf, &info).await?;
+    Ok((frame::decode_exact(buf.into(), limits)?, permit))
+}
+
+/// Reads the rest of the frame `head` describes into `buf` and checks that the stream ends
+/// there. A `buf` already longer is left for the decoder to refuse (trailing bytes).
+async fn read_to_frame_end(
+    recv: &mut quinn::RecvStream,
+    buf: &mut Vec<u8>,
+    head: &frame::DataHead,
+) -> Result<(), FrameIoError> {
+    let frame_len = head.frame_len;
+    if buf.len() > frame_len {
+        return Ok(());
+    }
+    // Appended as it arrives, not zeroed ahead: a frame cut short costs what was sent of it.
+    while buf.len() < frame_len {
+        match recv.read_chunk(frame_len - buf.len(), true).await? {
+            Some(chunk) => buf.extend_from_slice(&chunk.bytes),
+            None => {
+                return Err(FrameError::Truncated {
+                    have: buf.len(),
+                    need: frame_len,
+                }
+                .into())
+            }
+        }
+    }
+    let mut more = [0u8; 1];
+    match recv.read(&mut more).await? {
+        None => Ok(()),
+        Some(extra) => Err(FrameError::TrailingBytes {
+            frame: head.frame_type.name(),
+            extra,
+        }
+        .into()),
+    }
 }

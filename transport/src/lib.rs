@@ -27,8 +27,8 @@ pub mod tls;
 pub mod units;
 
 pub use frames::{
-    close_with_error, read_single_frame, write_single_frame, FrameIo, FrameIoError, FrameReader,
-    FrameWriter, CONTROL_PRIORITY,
+    close_with_error, read_data_frame, read_single_frame, write_single_frame, DataBudget,
+    DataPermit, FrameIo, FrameIoError, FrameReader, FrameWriter, CONTROL_PRIORITY,
 };
 pub use settings::{endpoint_config, server_transport_config, transport_config, TransportSettings};
 pub use socket::{endpoint, udp_socket};

@@ -232,3 +232,105 @@ async fn jumbo_packets_are_not_lost_in_oversized_gso_batches() {
     assert!(sent >= (BYTES / 8952) as u64, "{sent} packets");
     assert!(lost * 20 <= sent, "{lost} of {sent} packets declared lost");
 }
+
+/// A connection between a relay-side and a client-side endpoint on loopback: (relay's end,
+/// client's end, the endpoints to keep alive).
+async fn connected(
+    pki: &Pki,
+    settings: &TransportSettings,
+) -> (quinn::Connection, quinn::Connection, [quinn::Endpoint; 2]) {
+    let relay = pki.credentials("relay");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in &relay.ca {
+        roots.add(c.clone()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        transport::crypto_provider(),
+    )
+    .build()
+    .unwrap();
+    let server = transport::server_config(relay.cert_chain, relay.key, verifier, settings).unwrap();
+    let client = pki.credentials("rpc-1");
+    let client = client_config(&client.ca, &[], client.cert_chain, client.key, settings).unwrap();
+    let local = "127.0.0.1:0".parse().unwrap();
+    let a =
+        transport::endpoint(udp_socket(local, settings).unwrap(), Some(server), settings).unwrap();
+    let mut b = transport::endpoint(udp_socket(local, settings).unwrap(), None, settings).unwrap();
+    b.set_default_client_config(client);
+    let connecting = b.connect(a.local_addr().unwrap(), "localhost").unwrap();
+    let (relay_end, client_end) =
+        tokio::join!(async { a.accept().await.unwrap().await }, connecting);
+    (relay_end.unwrap(), client_end.unwrap(), [a, b])
+}
+
+/// A data stream is read within the session's byte budget: a frame's share is held until its
+/// permit is dropped, a stream whose frame does not fit waits without reading its body, and a
+/// stream cut short or with bytes after its frame is a protocol violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_streams_are_read_within_the_byte_budget() {
+    use ledger_relay_wire::frame::{Chunk, ChunkHeader, Frame};
+    use ledger_relay_wire::{Codec, Limits};
+    let pki = Pki::new();
+    let (relay, client, _endpoints) = connected(&pki, &TransportSettings::default()).await;
+    let chunk = |index: u32| {
+        Frame::Chunk(Chunk {
+            header: ChunkHeader {
+                seq: 9,
+                index,
+                raw_offset: u64::from(index) * 1000,
+                raw_len: 1000,
+                codec: Codec::None,
+            },
+            payload: bytes::Bytes::from(vec![index as u8; 1000]),
+        })
+        .to_vec()
+    };
+    let frame_len = chunk(0).len() as u64;
+    let send = |bytes: Vec<u8>, finish: bool| {
+        let relay = relay.clone();
+        async move {
+            let mut s = relay.open_uni().await.unwrap();
+            s.write_all(&bytes).await.unwrap();
+            if finish {
+                s.finish().unwrap();
+            }
+            s
+        }
+    };
+    let limits = Limits::default();
+    // Room for one frame and a half.
+    let budget = transport::DataBudget::new(frame_len * 3 / 2);
+    let _a = send(chunk(0), true).await;
+    let mut first = client.accept_uni().await.unwrap();
+    let (frame, permit) = transport::read_data_frame(&mut first, &limits, &budget)
+        .await
+        .unwrap();
+    assert_eq!(frame.to_vec(), chunk(0));
+    assert_eq!(budget.held(), frame_len);
+    // The second frame does not fit beside the first: its read waits until the first is
+    // handed on.
+    let _b = send(chunk(1), true).await;
+    let mut second = client.accept_uni().await.unwrap();
+    let waiting = transport::read_data_frame(&mut second, &limits, &budget);
+    tokio::pin!(waiting);
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut waiting).await;
+    assert!(waited.is_err(), "read beyond the budget");
+    drop(permit);
+    let (frame, permit) = waiting.await.unwrap();
+    assert_eq!(frame.to_vec(), chunk(1));
+    drop(permit);
+    assert_eq!(budget.held(), 0);
+    // Cut short, or followed by more: protocol violations.
+    let mut long = chunk(2);
+    long.push(0);
+    let short = chunk(3)[..100].to_vec();
+    for bytes in [long, short] {
+        let _s = send(bytes, true).await;
+        let mut stream = client.accept_uni().await.unwrap();
+        let e = transport::read_data_frame(&mut stream, &limits, &budget)
+            .await
+            .unwrap_err();
+        assert!(e.is_protocol_violation(), "{e}");
+    }
+}

@@ -8,6 +8,10 @@
 //! check passes. `v2-soroban`: standalone ledger 85 (protocol 23, Soroban load test, its real
 //! 38 transactions; see `wire/tests/content.rs` on why the sample carries more). `v0-classic`:
 //! pubnet ledger 46154623 (protocol 19, classic operations).
+//!
+//! Beside them, what the check adds where the relay runs it, as a lake's ledgers enter its ring
+//! (`lake::decode_batch`): per ledger, the check alone against the whole read of a one-ledger
+//! batch, in CPU time, on every real ledger of `testdata/` and on the scaled ones.
 //! Run: `cargo bench -p ledger-relay-wire --bench content`.
 
 #![allow(missing_docs)] // criterion_group! generates an undocumented public function
@@ -15,9 +19,11 @@
 use std::fs::File;
 use std::time::Duration;
 
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ledger_relay_wire::content::{check_content, content_hashes};
 use ledger_relay_wire::header::peek_header;
+use ledger_relay_wire::lake::{decode_batch, decompress_object, encode_batch, BatchLimits};
 use ledger_relay_wire::record::{open_stream, Records, DEFAULT_MAX_RECORD_LEN};
 use sha2::{Digest, Sha256};
 use stellar_xdr::{
@@ -156,7 +162,117 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// The real ledgers of `testdata/`, by sample: the 320 testnet ledgers (v0), pubnet's base64
+/// ledgers (v0) and Galexie object (v1), and the standalone load-test ledgers (v2, Soroban).
+fn testdata_sets() -> Vec<(&'static str, Vec<Bytes>)> {
+    let records = |name: &str| -> Vec<Bytes> {
+        let stream = open_stream(File::open(testdata(name)).unwrap()).unwrap();
+        Records::new(stream, DEFAULT_MAX_RECORD_LEN)
+            .map(|r| Bytes::from(r.unwrap()))
+            .collect()
+    };
+    let text = std::fs::read_to_string(testdata("pubnet/ledgers-base64.txt")).unwrap();
+    let base64 = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| Bytes::from(base64_decode(l)))
+        .collect();
+    let galexie = |names: &[&str]| -> Vec<Bytes> {
+        let limits = BatchLimits::default();
+        names
+            .iter()
+            .flat_map(|name| {
+                let object = std::fs::read(testdata(name)).unwrap();
+                let xdr = decompress_object(&object, &limits).unwrap();
+                decode_batch(Bytes::from(xdr), &limits).unwrap().ledgers
+            })
+            .map(|l| l.raw)
+            .collect()
+    };
+    // Ledgers 85 and 88 of the load test carry merged content their headers do not commit to
+    // (see `wire/tests/content.rs`): they fail the check, and are left out.
+    let load_test: Vec<Bytes> = records("standalone/load-test-ledgers-v23-standalone.xdr.zstd")
+        .into_iter()
+        .filter(|l| check_content(l, &peek_header(l).unwrap().unwrap()).is_ok())
+        .collect();
+    let bucket = "standalone/galexie-testbucket";
+    vec![
+        (
+            "testnet",
+            records("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"),
+        ),
+        ("pubnet-base64", base64),
+        (
+            "pubnet-galexie",
+            galexie(&["pubnet/FCD285FF--53312000.xdr.zstd"]),
+        ),
+        (
+            "standalone-galexie",
+            galexie(&[
+                &format!("{bucket}/FFFFFC1A--997.xdr.zstd"),
+                &format!("{bucket}/FFFFFC19--998.xdr.zstd"),
+                &format!("{bucket}/FFFFFC18--999.xdr.zstd"),
+            ]),
+        ),
+        ("standalone-v23", load_test),
+    ]
+}
+
+/// How much CPU time each figure of [`at_the_lake`] is measured over: the process's clock
+/// counts in 10 ms ticks, so this keeps its rounding under 1%.
+const CPU_BUDGET_S: f64 = 2.0;
+
+/// CPU per ledger, in ms, of `f` over every ledger of `set`, repeated until the rounds took
+/// [`CPU_BUDGET_S`] of CPU.
+fn cpu_per_ledger(set: &[Bytes], mut f: impl FnMut(&Bytes)) -> f64 {
+    let start = process_cpu();
+    let mut rounds = 0u32;
+    while rounds == 0 || process_cpu() - start < CPU_BUDGET_S {
+        set.iter().for_each(&mut f);
+        rounds += 1;
+    }
+    (process_cpu() - start) * 1e3 / f64::from(rounds) / set.len() as f64
+}
+
+/// A batch of one ledger, as a lake object holds it with Galexie's defaults.
+fn one_ledger_batch(lcm: &Bytes) -> Bytes {
+    let seq = peek_header(lcm).unwrap().unwrap().ledger_seq;
+    Bytes::from(encode_batch(seq, seq, &[lcm]))
+}
+
+/// What the content check adds where a ledger enters the ring from a lake: the check alone,
+/// against `decode_batch` (the lake read: every ledger decoded whole, headers, chain, and the
+/// check) of the same ledger, per ledger, in CPU time.
+fn at_the_lake(name: &str, set: &[Bytes]) {
+    let infos: Vec<_> = set
+        .iter()
+        .map(|l| peek_header(l).unwrap().unwrap())
+        .collect();
+    let mut i = 0;
+    let check = cpu_per_ledger(set, |l| {
+        std::hint::black_box(check_content(l, &infos[i % infos.len()]).unwrap());
+        i += 1;
+    });
+    let batches: Vec<Bytes> = set.iter().map(one_ledger_batch).collect();
+    let limits = BatchLimits::default();
+    let read = cpu_per_ledger(&batches, |b| {
+        std::hint::black_box(decode_batch(b.clone(), &limits).unwrap());
+    });
+    let bytes = set.iter().map(|l| l.len()).sum::<usize>() / set.len();
+    eprintln!(
+        "{name}: {} ledgers, {bytes} bytes each on average; check_content {:.1} us CPU per \
+         ledger, decode_batch (check included) {:.1} us: the check is {:.1}% of the read",
+        set.len(),
+        check * 1e3,
+        read * 1e3,
+        check * 100.0 / read,
+    );
+}
+
 fn bench(c: &mut Criterion) {
+    for (name, set) in testdata_sets() {
+        at_the_lake(name, &set);
+    }
     let mut group = c.benchmark_group("content");
     group
         .sample_size(20)
@@ -199,6 +315,12 @@ fn bench(c: &mut Criterion) {
             &lcm,
             |b, lcm| b.iter(|| LedgerCloseMeta::from_xdr(lcm, Limits::none()).unwrap()),
         );
+        let lcm = Bytes::from(lcm);
+        at_the_lake(name, std::slice::from_ref(&lcm));
+        let batch = one_ledger_batch(&lcm);
+        group.bench_with_input(BenchmarkId::new("decode_batch", name), &batch, |b, x| {
+            b.iter(|| decode_batch(x.clone(), &BatchLimits::default()).unwrap())
+        });
     }
     group.finish();
 }

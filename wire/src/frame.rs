@@ -580,6 +580,54 @@ pub fn check_header(
     Ok((ty, len))
 }
 
+/// The first bytes of a data stream that [`data_head`] needs to tell what its frame will cost:
+/// the frame header and, for a chunk, its fixed fields.
+pub const DATA_HEAD_LEN: usize = FRAME_HEADER_LEN + CHUNK_FIXED_LEN;
+
+/// What a receiver will hold for the frame a data stream carries, known from its first bytes
+/// (see [`Limits::max_unassembled_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHead {
+    /// The frame's type, as its header says (a data stream carries a `Chunk` or a
+    /// `LedgerEnd`; the receiver refuses any other once it is decoded).
+    pub frame_type: FrameType,
+    /// The whole frame's length, header included: the bytes to read.
+    pub frame_len: usize,
+    /// The most the receiver holds for it at once: the frame, and for a compressed chunk also
+    /// the raw length it decompresses to (both are held while it decompresses).
+    pub held: u64,
+}
+
+/// The [`DataHead`] of the frame that `head`, the first bytes of a data stream, starts:
+/// `Ok(None)` while `head` is too short to tell (at most [`DATA_HEAD_LEN`] bytes are needed).
+/// The frame header is checked against `limits` as [`check_header`] does, so `frame_len` is at
+/// most [`Limits::max_frame_len`] and `held` at most that plus [`Limits::max_chunk_raw`].
+pub fn data_head(head: &[u8], limits: &Limits) -> Result<Option<DataHead>, FrameError> {
+    let Some(header) = head.first_chunk::<FRAME_HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let (frame_type, len) = check_header(header, limits)?;
+    let frame_len = FRAME_HEADER_LEN + len as usize;
+    let mut held = frame_len as u64;
+    if frame_type == FrameType::Chunk {
+        let Some(fixed) = head.get(FRAME_HEADER_LEN..DATA_HEAD_LEN) else {
+            return Ok(None);
+        };
+        // Fixed fields: seq 4, index 4, raw offset 8, raw length 4, codec 1.
+        let raw_len = u32::from_be_bytes([fixed[16], fixed[17], fixed[18], fixed[19]]);
+        let compressed = Codec::from_u8(fixed[20]).is_some_and(|c| c != Codec::None);
+        // A raw length beyond the limit is refused before anything is decompressed.
+        if compressed && raw_len <= limits.max_chunk_raw {
+            held += u64::from(raw_len);
+        }
+    }
+    Ok(Some(DataHead {
+        frame_type,
+        frame_len,
+        held,
+    }))
+}
+
 /// Decodes the first frame in `buf`, copying any chunk payload. Returns `Ok(None)` when `buf`
 /// holds only part of a frame (after checking the header, if present), and the number of bytes
 /// consumed otherwise.

@@ -27,6 +27,7 @@ fn small_limits() -> Limits {
         max_chunks_per_ledger: 64,
         max_ledgers_in_flight: 4,
         max_buffered_bytes: 1 << 14,
+        max_unassembled_bytes: 1 << 14,
         max_message_len: 256,
         max_core_request: 2048,
         max_core_response: 8192,
@@ -38,7 +39,8 @@ fn small_limits() -> Limits {
 /// exactly the bytes it came from, and the decoder never holds more than one frame plus a piece.
 pub fn frames(data: &[u8]) {
     let limits = small_limits();
-    let _ = frame::decode_exact(Bytes::copy_from_slice(data), &limits);
+    let decoded = frame::decode_exact(Bytes::copy_from_slice(data), &limits);
+    data_head_agrees(data, decoded.as_ref().ok(), &limits);
     let split = data.first().map_or(0, |b| *b as usize).min(data.len());
     let mut d = FrameDecoder::new(limits.clone());
     let mut consumed = 0usize;
@@ -61,6 +63,26 @@ pub fn frames(data: &[u8]) {
             }
         }
         assert!(d.buffered() <= limits.max_frame_len() + piece.len());
+    }
+}
+
+/// What a data stream's first bytes say its frame costs agrees with the frame itself: a frame
+/// that decodes is told whole from its first [`frame::DATA_HEAD_LEN`] bytes, with its length,
+/// and never costs more than the limits allow.
+fn data_head_agrees(data: &[u8], decoded: Option<&Frame>, limits: &Limits) {
+    let head = &data[..data.len().min(frame::DATA_HEAD_LEN)];
+    let Ok(Some(h)) = frame::data_head(head, limits) else {
+        assert!(
+            decoded.is_none(),
+            "a frame decodes but its head does not: {decoded:?}"
+        );
+        return;
+    };
+    assert!(h.frame_len <= limits.max_frame_len());
+    assert!(h.held <= (limits.max_frame_len() + limits.max_chunk_raw as usize) as u64);
+    if let Some(f) = decoded {
+        assert_eq!(h.frame_len, data.len());
+        assert_eq!(h.frame_type, f.frame_type());
     }
 }
 

@@ -370,6 +370,43 @@ impl std::fmt::Display for Hex<'_> {
     }
 }
 
+/// Parses a trusted ledger written `SEQ:HASH` (a sequence and the 64 hex digits of its header
+/// hash): the one grammar of every anchor an operator gives (`ledger-subscribe --anchor`,
+/// `ledger-relay --upstream-anchor`, the captive-core stand-in's `anchor`). On failure, the
+/// reason in a few words.
+///
+/// ```
+/// # use ledger_relay_wire::header::parse_anchor;
+/// let (seq, hash) = parse_anchor(&format!("1410048:{}", "ab".repeat(32))).unwrap();
+/// assert_eq!((seq, hash), (1_410_048, [0xab; 32]));
+/// assert_eq!(parse_anchor("1410048"), Err("expected SEQ:HASH"));
+/// ```
+pub fn parse_anchor(s: &str) -> Result<(u32, [u8; 32]), &'static str> {
+    let (seq, hex) = s.trim().split_once(':').ok_or("expected SEQ:HASH")?;
+    let seq = match seq.parse::<u32>() {
+        Ok(0) => return Err("ledger sequence 0 names no ledger"),
+        Ok(seq) => seq,
+        Err(_) => return Err("SEQ is not a ledger sequence"),
+    };
+    if hex.len() != 64 {
+        return Err("HASH must be 64 hex digits");
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    let mut hash = [0u8; 32];
+    for (byte, pair) in hash.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        match (digit(pair[0]), digit(pair[1])) {
+            (Some(hi), Some(lo)) => *byte = hi << 4 | lo,
+            _ => return Err("HASH is not hex"),
+        }
+    }
+    Ok((seq, hash))
+}
+
 /// Why [`ChainVerifier::check`] rejected a ledger.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

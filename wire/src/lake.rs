@@ -27,15 +27,18 @@
 //! Bytes read from a lake are hostile: [`read_object`] bounds the object, its decompressed size
 //! and every ledger by [`BatchLimits`] before allocating, decodes each ledger with
 //! `stellar-xdr` under a byte and depth budget (so a claimed length can never allocate more than
-//! the bytes that are there), checks each ledger's header hash ([`crate::header`]), that the
-//! sequences run `start..=end` and that the ledgers chain, and returns the ledgers as slices of
-//! the decompressed buffer, byte-identical to what the writer stored.
+//! the bytes that are there), checks each ledger's header hash ([`crate::header`]), its
+//! transaction set and results against the hashes its header commits to ([`crate::content`]:
+//! a lake is not trusted to hold what the network closed), that the sequences run
+//! `start..=end` and that the ledgers chain, and returns the ledgers as slices of the
+//! decompressed buffer, byte-identical to what the writer stored.
 
 use std::io::Read;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::content::{check_content, ContentError};
 use crate::header::{peek_header, ChainVerifier, HeaderError, LedgerHeaderInfo};
 
 /// Key of the manifest, relative to the lake's root.
@@ -506,6 +509,18 @@ pub enum BatchError {
         /// What is wrong.
         error: HeaderError,
     },
+    /// A ledger's transaction set or results do not hash to what its header commits to (a
+    /// changed, added, removed or reordered transaction or result), or its body cannot be
+    /// walked to compute them.
+    #[error("ledger {seq} (ledger {index} of the batch): {error}")]
+    Content {
+        /// Its index in the batch.
+        index: u32,
+        /// Its sequence.
+        seq: u32,
+        /// What is wrong.
+        error: ContentError,
+    },
     /// A ledger is not the one its position says.
     #[error("ledger {index} of the batch is sequence {got}, expected {expected}")]
     Sequence {
@@ -768,6 +783,13 @@ pub fn decode_batch(xdr: Bytes, limits: &BatchLimits) -> Result<Batch, BatchErro
                 index,
                 expected: want,
                 got: info.ledger_seq,
+            });
+        }
+        if let Err(error) = check_content(&raw, &info) {
+            return Err(BatchError::Content {
+                index,
+                seq: want,
+                error,
             });
         }
         if let Some(prev) = ledgers.last() {

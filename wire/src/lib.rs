@@ -28,6 +28,8 @@
 //!   with every checksum, key and length checked (bytes read back from disk are hostile too).
 //! - [`lake`]: SEP-54 data lakes (what Galexie writes): object names, the bounded
 //!   `LedgerCloseMetaBatch` codec and the `.config.json` manifest.
+//! - [`text`]: text a peer chose (error messages, close reasons, certificate names) escaped
+//!   before it reaches a log line or a terminal.
 //! - [`baseline`]: the messages of the relay's TCP baseline (one TLS-over-TCP flow a benchmark
 //!   compares the lanes with), bounded like the rest, and the NTP-style clock-offset estimate.
 //!
@@ -63,6 +65,7 @@ pub mod limits;
 pub mod record;
 pub mod sender;
 pub mod stored;
+pub mod text;
 
 pub use assembler::{AssembledLedger, Missing, Prefix, Reassembler};
 pub use chunker::{Chunker, LedgerSummary, RawChunk};

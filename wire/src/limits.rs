@@ -26,6 +26,16 @@ pub struct Limits {
     /// Most raw bytes the reassembler holds across all incomplete ledgers (default 512 MiB:
     /// eight in-flight ledgers of 64 MiB, four times the Phase 3 stress size).
     pub max_buffered_bytes: u64,
+    /// Most bytes of data frames a receiver holds before the reassembler takes them, across
+    /// all of a session's lanes: frames being read from their streams, chunks being
+    /// decompressed, frames waiting for the reassembler. A frame's share is taken whole, from
+    /// its header ([`crate::frame::data_head`]), before its body is read.
+    ///
+    /// Default 128 MiB: a window of 8 Phase 3 ledgers (14.5 MiB) in flight raw on one lane is
+    /// 116 MiB. A budget that an honest window outgrows can hold a lane back for good: the
+    /// streams waiting for it fill QUIC's receive window, and the frames holding it never get
+    /// their last bytes.
+    pub max_unassembled_bytes: u64,
     /// Longest error message carried in an `Error` frame (default 1 KiB).
     pub max_message_len: u16,
     /// Longest `CoreRequest` body: target, content type and form together (default 1 MiB; a
@@ -46,6 +56,7 @@ impl Default for Limits {
             max_chunks_per_ledger: 16_384,
             max_ledgers_in_flight: 8,
             max_buffered_bytes: 512 << 20,
+            max_unassembled_bytes: 128 << 20,
             max_message_len: 1024,
             max_core_request: 1 << 20,
             max_core_response: 32 << 20,

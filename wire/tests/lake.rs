@@ -1,11 +1,13 @@
 //! The SEP-54 batch codec on real ledgers: Galexie's own objects decode at their keys, the
 //! 320 testnet ledgers round-trip byte for byte through batches of several sizes, and every
 //! kind of damage (truncation, corruption, a wrong range, count, key, sequence or chain, a
-//! ledger too long, nesting too deep) is refused with its own error.
+//! ledger too long, nesting too deep, a changed transaction or result) is refused with its own
+//! error.
 
 use std::fs::File;
 
 use bytes::Bytes;
+use ledger_relay_wire::content::ContentError;
 use ledger_relay_wire::header::peek_header;
 use ledger_relay_wire::lake::{
     compress_object, decode_batch, decompress_object, encode_batch, parse_batch_name, read_object,
@@ -132,6 +134,52 @@ fn every_truncation_is_refused() {
             other => panic!("cut at {cut} of {}: {other:?}", obj.len()),
         }
     }
+}
+
+/// A lake is not trusted to hold what the network closed: a ledger whose first transaction
+/// has a byte changed (in its signature) or whose first result has (the transaction hash it is
+/// for), well-formed and with its header untouched, is refused with the content error naming
+/// it, and nothing of its batch is handed out.
+#[test]
+fn a_changed_transaction_or_result_is_refused() {
+    let ledgers = testnet();
+    let limits = BatchLimits::default();
+    let lcm = LedgerCloseMeta::from_xdr(&ledgers[1], Limits::none()).unwrap();
+    let LedgerCloseMeta::V0(v0) = lcm else {
+        panic!("the testnet sample is v0")
+    };
+    let envelope = v0.tx_set.txs[0].to_xdr(Limits::none()).unwrap();
+    let result = v0.tx_processing[0].result.to_xdr(Limits::none()).unwrap();
+    let changed = |needle: &[u8], last: bool| {
+        let at = ledgers[1]
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap();
+        let mut three = ledgers[..3].to_vec();
+        three[1][if last { at + needle.len() - 1 } else { at }] ^= 0x01;
+        encode_batch(FIRST, FIRST + 2, &three)
+    };
+    let tx = changed(&envelope, true);
+    match decode_batch(Bytes::from(tx.clone()), &limits) {
+        Err(BatchError::Content {
+            index: 1,
+            seq,
+            error: ContentError::TxSetHashMismatch { .. },
+        }) => assert_eq!(seq, FIRST + 1),
+        other => panic!("{other:?}"),
+    }
+    let obj = compress_object(&tx, 3).unwrap();
+    let e = read_object(&obj, FIRST, FIRST + 2, &limits).unwrap_err();
+    assert!(e.to_string().contains("txSetHash"), "{e}");
+    let res = changed(&result, false);
+    assert!(matches!(
+        decode_batch(Bytes::from(res), &limits),
+        Err(BatchError::Content {
+            index: 1,
+            error: ContentError::ResultSetHashMismatch { .. },
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -329,8 +377,12 @@ fn nesting_is_bounded_by_the_depth_budget_on_a_small_stack() {
             .expect("decoding must not overflow the stack")
     };
     // Legal nesting well inside the budget decodes; past the budget it is an error, not a crash.
-    // Soroban's own limit on SCVal nesting is 100.
-    assert_eq!(run(100), Ok(()));
+    // Soroban's own limit on SCVal nesting is 100. (The made-up ledger's results no longer hash
+    // to its header's: the content check, which runs once the ledger has decoded, refuses it.)
+    match run(100) {
+        Err(BatchError::Content { .. }) => {}
+        other => panic!("decoded, then refused for its content: {other:?}"),
+    }
     match run(XDR_DEPTH as usize * 4) {
         Err(BatchError::Xdr { reason, .. }) => assert!(reason.contains("depth"), "{reason}"),
         other => panic!("{other:?}"),

@@ -12,7 +12,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use ledger_relay_certs::{
     format_list, rfc3339, CertDir, Issued, DEFAULT_CA_DAYS, DEFAULT_LEAF_DAYS,
 };
-use ledger_relay_cli::AssetCommand;
+use ledger_relay_cli::{logging, AssetCommand, LogFormat};
 
 /// Certificate authority for Ledger Relay: a CA, relay (server) and subscriber (client)
 /// certificates, and the CRL relays load.
@@ -119,7 +119,9 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", one_line(&format!("{e:#}")));
+            // Escaped: the error may quote a file's content (a certificate, the index).
+            let text = format!("error: {}", one_line(&format!("{e:#}")));
+            logging::fatal(LogFormat::Text, "ledger-certs", &text);
             ExitCode::from(2)
         }
     }

@@ -5,18 +5,21 @@
 //! lacks too gets the below-retention error with the lake's oldest ledger; a damaged or
 //! missing object ends the session with a retryable error and nothing of that ledger, and the
 //! subscription goes on once the lake is mended; sessions beyond `--backfill-sessions` wait for
-//! a reader slot, and what the prefetch holds stays within its stated bound.
+//! a reader slot, as do an identity's beyond `--backfill-sessions-per-identity`, and what the
+//! prefetch holds stays within its stated bound.
 
 use std::time::Duration;
 
 use ledger_relay::lake::backfill::BackfillConfig;
 use ledger_relay_lake::testing::S3Server;
-use ledger_relay_lake::{ClientSettings, ErrorKind, PrefetchOptions, TESTNET_PASSPHRASE};
+use ledger_relay_lake::{
+    ClientSettings, ErrorKind, LakeError, PrefetchOptions, TESTNET_PASSPHRASE,
+};
 use ledger_relay_subscriber::SubscribeError;
 use ledger_relay_wire::frame::Start;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::lake::Place;
+use crate::lake::{with_a_changed_transaction_set, Place};
 use crate::support::{
     assert_identical, assert_two_runs, eventually, file_source, first_of_two_runs, load, take,
     testnet_ledgers, Collector, Running, TestDir, COUNT, FIRST, LAST,
@@ -165,6 +168,67 @@ async fn sessions_beyond_the_reader_slots_wait_and_the_prefetch_stays_within_its
     .await;
     // Never more than one reader at a time, each within (2 + 1) objects.
     assert_prefetch_within(&m, 1, 2, &want[..300]);
+    relay.stop().await;
+}
+
+/// One identity's slow sessions hold at most its share of the backfill reader slots: with the
+/// default four slots (two per identity), four stalled backfilling sessions of rpc-1 hold two,
+/// the other two of rpc-1 wait, and rpc-2 still gets a slot and every ledger while rpc-1's
+/// sessions hold theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_cannot_hold_every_backfill_reader_slot() {
+    let want = testnet_ledgers();
+    let place = Place::file();
+    place.fill(&want[..300], 1).await;
+    let dir = TestDir::new();
+    dir.certs.issue_client("rpc-2", 30).unwrap();
+    let mut config = dir.relay_config(&file_source());
+    config.retention = 20;
+    let mut backfill = backfill_from(&place);
+    backfill.prefetch.depth = 2;
+    assert_eq!((backfill.sessions, backfill.sessions_per_identity), (4, 2));
+    config.backfill = Some(backfill);
+    let relay = Running::start(config).await;
+    relay.wait_for(LAST).await;
+    let m = relay.relay.metrics.clone();
+    let sub = |name| Collector::start(dir.sub(&relay, name, 1, Start::Seq(FIRST)), LAST);
+
+    // Two sessions of rpc-1 take their slots and stall inside the lake.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let s = sub("rpc-1");
+        s.wait_for(10, 60).await;
+        stalled.push(s.halt().await);
+    }
+    assert_eq!(load(&m.lake.backfill_sessions), 2);
+    // Two more of rpc-1 find its share held: they wait, with two slots free.
+    let waiting = [sub("rpc-1"), sub("rpc-1")];
+    let busy = load(&m.lake.backfill_busy_total);
+    eventually(
+        60,
+        "rpc-1's third and fourth sessions ask for a slot",
+        || load(&m.lake.backfill_busy_total) >= busy + 6,
+    )
+    .await;
+    assert!(
+        waiting.iter().all(|w| w.len() == 0),
+        "nothing without a slot"
+    );
+    assert_eq!(load(&m.lake.backfill_sessions), 2, "rpc-1 holds its two");
+
+    // rpc-2 gets a slot and everything, from the lake then the ring, while rpc-1 holds its own.
+    let other = sub("rpc-2").finish(120).await;
+    other.assert_complete(&want);
+    assert!(stalled.iter().all(|s| s.error.is_none()));
+    for w in waiting {
+        let out = w.halt().await;
+        assert!(out.got.is_empty(), "rpc-1 still held to its share");
+    }
+    drop(stalled);
+    eventually(10, "the slots given back", || {
+        load(&m.lake.backfill_sessions) == 0
+    })
+    .await;
     relay.stop().await;
 }
 
@@ -486,6 +550,56 @@ async fn the_scrub_replaces_a_damaged_ledger_no_one_asked_for() {
         .await
         .unwrap();
     assert_identical(&got, &want, bad);
+    relay.stop().await;
+}
+
+/// A backfill lake whose copy of a ledger has a changed transaction set (header, hash and
+/// chain intact): a session's read of it is refused with the content error, after the ledgers
+/// before it, and the ring's scrub does not write it over a damaged copy of that ledger: the
+/// damage stays reported rather than turned into a ledger the scrub would then call intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_transaction_set_in_the_lake_is_never_served_nor_written_to_the_ring() {
+    let want = testnet_ledgers();
+    let bad = FIRST + 70;
+    let mut lake = want.clone();
+    lake[70] = with_a_changed_transaction_set(&lake[70]);
+    let place = Place::file();
+    place.fill(&lake, 1).await;
+    let dir = TestDir::new();
+    let writer = Running::start(dir.relay_config(&file_source())).await;
+    writer.wait_for(LAST).await;
+    writer.stop().await;
+    damage_ring(&dir.data(), bad);
+    let empty = dir.path().join("empty.xdr");
+    std::fs::write(&empty, b"").unwrap();
+    let mut config = dir.relay_config(&format!("file:{}", empty.display()));
+    config.backfill = Some(backfill_from(&place));
+    config.scrub_rate = 64 << 20;
+    let relay = Running::start(config).await;
+    let m = relay.relay.metrics.clone();
+    eventually(60, "a scrub pass over the whole ring", || {
+        load(&m.ring_scrub_passes_total) >= 1
+    })
+    .await;
+    assert_eq!(load(&m.ring_corrupt_total), 1, "found by the scrub");
+    assert_eq!(load(&m.ring_repaired_total), 0, "not from a changed copy");
+    assert!(m.lake.backfill.errors(ErrorKind::Content) >= 1);
+    assert!(relay.relay.ring.get(bad).is_err(), "still reported damaged");
+
+    // Read as a session reads the lake: the ledgers before it, then the content error.
+    let backfill = relay.relay.backfill.clone().unwrap();
+    let mut cursor = backfill.cursor(FIRST, LAST).await.unwrap();
+    for seq in FIRST..bad {
+        let l = cursor.fetch(seq).await.unwrap().unwrap();
+        assert_eq!(l.end.seq, seq);
+    }
+    match cursor.fetch(bad).await {
+        Err(LakeError::Content { seq, error, .. }) => {
+            assert_eq!(seq, bad);
+            assert!(error.to_string().contains("txSetHash"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
     relay.stop().await;
 }
 

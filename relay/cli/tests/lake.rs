@@ -146,6 +146,23 @@ impl Place {
     }
 }
 
+/// `ledger` (a testnet ledger, a `LedgerCloseMeta` v0) with a byte of its transaction set
+/// changed (the last byte of the set's `previousLedgerHash`, which the set's hash covers): still
+/// well-formed, its header (so its hash and its place in the chain) untouched; only the check of
+/// the transaction set against the header's `txSetHash` tells.
+pub(crate) fn with_a_changed_transaction_set(ledger: &Bytes) -> Bytes {
+    let info = ledger_relay_wire::header::peek_header(ledger)
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.lcm_version, 0, "the testnet sample is v0");
+    // After the header: the entry's `ext` (4 bytes), then `TransactionSet {
+    // previousLedgerHash; txs<> }`.
+    let at = info.header_end + 4 + 31;
+    let mut v = ledger.to_vec();
+    v[at] ^= 0x01;
+    Bytes::from(v)
+}
+
 pub(crate) fn export_to(place: &Place) -> ExportConfig {
     let mut e = ExportConfig::new(place.url.clone(), TESTNET_PASSPHRASE.into());
     e.options = place.options();
@@ -420,8 +437,16 @@ async fn a_failing_lake_never_stops_live_streaming_and_catches_up_from_the_ring(
     assert!(m.lake.export.errors(ErrorKind::Unreachable) > 0);
     assert!(load(&m.lake.export_retries_total) > 0);
 
-    // The store comes back: the export catches up from the ring, alone.
+    // The store comes back, without its bucket at first (as a store restarted empty does):
+    // the export meets it so, and goes on trying. Then the bucket is there, and the export
+    // catches up from the ring, alone.
+    let store_errors = m.lake.export.errors(ErrorKind::Store);
     let server = S3Server::start_on(port).unwrap();
+    eventually(30, "the export meets the store without its bucket", || {
+        m.lake.export.errors(ErrorKind::Store) > store_errors
+    })
+    .await;
+    assert_eq!(m.lake.export_health(), "degraded");
     server.create_bucket(&bucket).unwrap();
     eventually(60, "the lake holds the last ledger", || {
         load(&m.lake.export_newest) == u64::from(LAST)
@@ -521,6 +546,40 @@ async fn a_datalake_source_stops_at_damage_or_another_network() {
     eventually(30, "the source fails", || load(&m.source_errors_total) == 1).await;
     assert_eq!(m.lake.source.errors(ErrorKind::WrongNetwork), 1);
     assert_eq!(load(&m.ledgers_in_total), 0);
+    relay.stop().await;
+}
+
+/// A lake whose copy of a ledger has a changed transaction set (its header, hash and chain
+/// intact): a `datalake:` source replays up to the ledger before it and stops there with the
+/// content error; nothing of that ledger reaches the ring or a subscriber.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datalake_source_stops_at_a_changed_transaction_set() {
+    let want = testnet_ledgers();
+    let bad = FIRST + 30;
+    let mut lake = want[..40].to_vec();
+    lake[30] = with_a_changed_transaction_set(&lake[30]);
+    let place = Place::file();
+    place.fill(&lake, 1).await;
+    let dir = TestDir::new();
+    let mut config = dir.relay_config(&format!("datalake:{}", place.url));
+    config.source_options.lake = place.options();
+    let relay = Running::start(config).await;
+    let m = relay.relay.metrics.clone();
+    let sub = dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST));
+    let got = take(sub, 30, 60).await.unwrap();
+    assert_identical(&got, &want, FIRST);
+    eventually(30, "the source fails", || load(&m.source_errors_total) == 1).await;
+    assert_eq!(m.lake.source.errors(ErrorKind::Content), 1);
+    assert_eq!(
+        load(&m.source_newest),
+        u64::from(bad - 1),
+        "nothing of the changed ledger"
+    );
+    let ring = relay.relay.ring.clone();
+    eventually(10, "the ring holds the ledgers before it", || {
+        ring.range() == Some((FIRST, bad - 1))
+    })
+    .await;
     relay.stop().await;
 }
 

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ledger_relay_wire::content::ContentError;
 use ledger_relay_wire::header::ChainLink;
 use ledger_relay_wire::lake::BatchError;
 
@@ -51,6 +52,18 @@ pub enum LakeError {
         key: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A ledger's transaction set or results do not hash to what its header commits to: the
+    /// lake holds a ledger its network did not close (its object was altered, or written by
+    /// someone who did), and it is refused like a damaged one.
+    #[error("ledger {seq} in {key} does not hold what its header commits to: {error}")]
+    Content {
+        /// The key holding the ledger.
+        key: String,
+        /// The ledger.
+        seq: u32,
+        /// What is wrong.
+        error: ContentError,
     },
     /// The lake belongs to another network.
     #[error("lake {key} is for network {got:?}, not {expected:?}")]
@@ -146,6 +159,8 @@ pub enum ErrorKind {
     Truncated,
     /// [`LakeError::Corrupt`].
     Corrupt,
+    /// [`LakeError::Content`].
+    Content,
     /// [`LakeError::WrongNetwork`].
     WrongNetwork,
     /// [`LakeError::NoManifest`] and [`LakeError::Manifest`].
@@ -164,12 +179,13 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::BadUrl,
         ErrorKind::Missing,
         ErrorKind::Lacks,
         ErrorKind::Truncated,
         ErrorKind::Corrupt,
+        ErrorKind::Content,
         ErrorKind::WrongNetwork,
         ErrorKind::Manifest,
         ErrorKind::Unreachable,
@@ -187,6 +203,7 @@ impl ErrorKind {
             ErrorKind::Lacks => "lacks",
             ErrorKind::Truncated => "truncated",
             ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Content => "content",
             ErrorKind::WrongNetwork => "wrong_network",
             ErrorKind::Manifest => "manifest",
             ErrorKind::Unreachable => "unreachable",
@@ -232,6 +249,7 @@ impl LakeError {
             LakeError::Lacks { .. } => ErrorKind::Lacks,
             LakeError::Truncated { .. } => ErrorKind::Truncated,
             LakeError::Corrupt { .. } => ErrorKind::Corrupt,
+            LakeError::Content { .. } => ErrorKind::Content,
             LakeError::WrongNetwork { .. } => ErrorKind::WrongNetwork,
             LakeError::NoManifest { .. } | LakeError::Manifest { .. } => ErrorKind::Manifest,
             LakeError::Unreachable { .. } => ErrorKind::Unreachable,
@@ -253,6 +271,13 @@ impl LakeError {
 
     /// The error for a batch that failed to decode or check at `key`.
     pub fn from_batch(key: &str, e: BatchError) -> LakeError {
+        if let BatchError::Content { seq, error, .. } = e {
+            return LakeError::Content {
+                key: key.to_owned(),
+                seq,
+                error,
+            };
+        }
         if e.is_truncated() {
             LakeError::Truncated {
                 key: key.to_owned(),
@@ -276,6 +301,24 @@ impl LakeError {
             | object_store::Error::Unauthenticated { .. } => LakeError::Denied { key, reason },
             e if is_unreachable(&e) => LakeError::Unreachable { key, reason },
             _ => LakeError::Store { key, reason },
+        }
+    }
+}
+
+impl LakeError {
+    /// The error for a failed put of `key`. A put that finds no container (no such bucket) is
+    /// transient, unlike a read that finds no object ([`LakeError::Missing`]): a store that has
+    /// just come back may not have its bucket yet, and a writer must not stop for good on it.
+    pub fn from_put(key: &str, e: object_store::Error) -> LakeError {
+        match e {
+            object_store::Error::NotFound { .. } => LakeError::Store {
+                key: key.to_owned(),
+                reason: format!(
+                    "the store has no bucket or container for it (yet): {}",
+                    one_line(&e)
+                ),
+            },
+            e => LakeError::from_store(key, e),
         }
     }
 }

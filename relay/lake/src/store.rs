@@ -99,6 +99,10 @@ impl Lake {
 
     /// Opens a lake to write on `network` (a passphrase), publishing the manifest if the lake
     /// has none (put-if-absent, so two writers starting at once agree on one).
+    ///
+    /// A store that answers as it comes back (the put refused because a manifest exists, then
+    /// none to read; a bucket not there yet) fails with a transient error
+    /// ([`LakeError::is_transient`]): trying again later opens it.
     pub async fn open_for_writing(
         url: &LakeUrl,
         opts: &LakeOptions,
@@ -109,82 +113,25 @@ impl Lake {
         let store = url
             .open(&opts.client, &opts.store_config)
             .inspect_err(|e| stats.count(e))?;
+        Lake::open_store_for_writing(url, opts, store, network, layout, stats).await
+    }
+
+    /// [`Lake::open_for_writing`] on a store already opened.
+    async fn open_store_for_writing(
+        url: &LakeUrl,
+        opts: &LakeOptions,
+        store: Arc<dyn ObjectStore>,
+        network: &str,
+        layout: Layout,
+        stats: Arc<LakeStats>,
+    ) -> Result<Lake, LakeError> {
         let r = async {
             let manifest = match read_manifest(&store).await? {
                 Some(m) => m,
-                None => {
-                    let schema = Schema::new(
-                        layout
-                            .ledgers_per_batch
-                            .unwrap_or(DEFAULT_LEDGERS_PER_BATCH),
-                        layout
-                            .batches_per_partition
-                            .unwrap_or(DEFAULT_BATCHES_PER_PARTITION),
-                    )
-                    .map_err(|e| LakeError::Manifest {
-                        key: MANIFEST_KEY.into(),
-                        reason: e.to_string(),
-                    })?;
-                    let mine = Manifest::new(network, &schema);
-                    let opts = PutOptions {
-                        mode: PutMode::Create,
-                        attributes: Attributes::from_iter([(
-                            Attribute::ContentType,
-                            AttributeValue::from("application/json"),
-                        )]),
-                        ..PutOptions::default()
-                    };
-                    let opts = if url.supports_metadata() {
-                        opts
-                    } else {
-                        PutOptions::from(PutMode::Create)
-                    };
-                    match store
-                        .put_opts(&Path::from(MANIFEST_KEY), mine.to_json().into(), opts)
-                        .await
-                    {
-                        Ok(_) => {
-                            info!(lake = %url, "published the lake's manifest");
-                            mine
-                        }
-                        // Another writer published one first: use theirs.
-                        Err(object_store::Error::AlreadyExists { .. })
-                        | Err(object_store::Error::Precondition { .. }) => read_manifest(&store)
-                            .await?
-                            .ok_or_else(|| LakeError::NoManifest {
-                                key: MANIFEST_KEY.into(),
-                            })?,
-                        Err(e) => return Err(LakeError::from_store(MANIFEST_KEY, e)),
-                    }
-                }
+                None => publish_manifest(&store, url, network, layout).await?,
             };
             let schema = checked_schema(&manifest, Some(network))?;
-            let mut diffs = Vec::new();
-            if let Some(n) = layout.ledgers_per_batch {
-                if n != schema.ledgers_per_batch() {
-                    diffs.push(format!(
-                        "ledgers per file: asked {n}, the lake has {}",
-                        schema.ledgers_per_batch()
-                    ));
-                }
-            }
-            if let Some(n) = layout.batches_per_partition {
-                if n != schema.batches_per_partition() {
-                    diffs.push(format!(
-                        "files per partition: asked {n}, the lake has {}",
-                        schema.batches_per_partition()
-                    ));
-                }
-            }
-            if !diffs.is_empty() {
-                return Err(LakeError::Manifest {
-                    key: MANIFEST_KEY.into(),
-                    reason: format!(
-                        "the lake's layout differs ({}); drop the flags to use the lake's",
-                        diffs.join("; ")
-                    ),
-                });
-            }
+            check_layout(&schema, layout)?;
             Ok((manifest, schema))
         }
         .await;
@@ -486,33 +433,63 @@ impl Lake {
                 }
                 Err(object_store::Error::AlreadyExists { .. })
                 | Err(object_store::Error::Precondition { .. }) => {
-                    let held = self.read_batch(start).await.map_err(|e| LakeError::Conflict {
-                        key: key.clone(),
-                        reason: format!("an object is there but cannot be read: {e}"),
-                    })?;
-                    let same = held.ledgers.len() == ledgers.len()
-                        && held.ledgers.iter().zip(ledgers).all(|(a, b)| a.raw == b.raw);
-                    if same {
-                        LakeStats::add(&self.stats.objects_present, 1);
-                        Ok(PutOutcome::AlreadyPresent)
-                    } else {
-                        Err(LakeError::Conflict {
-                            key: key.clone(),
-                            reason: format!(
-                                "the lake holds {}-{} (first hash {}), this relay has {start}-{end} (first hash {})",
-                                held.start,
-                                held.end,
-                                held.ledgers.first().map_or(String::new(), |l| Hex(&l.info.hash).to_string()),
-                                Hex(&first.info.hash),
-                            ),
-                        })
-                    }
+                    self.check_present(&key, ledgers).await
                 }
-                Err(e) => Err(LakeError::from_store(&key, e)),
+                Err(e) => Err(LakeError::from_put(&key, e)),
             }
         }
         .await;
         self.counted(r)
+    }
+
+    /// After a put refused because `key` holds an object: [`PutOutcome::AlreadyPresent`] if it
+    /// holds `ledgers`, [`LakeError::Conflict`] if it holds others. An object the store cannot
+    /// read now, or that it said was there and then did not find (a store coming back), is a
+    /// transient failure: the put is tried again later.
+    async fn check_present(
+        &self,
+        key: &str,
+        ledgers: &[ledger_relay_wire::lake::BatchLedger],
+    ) -> Result<PutOutcome, LakeError> {
+        let (first, start, end) = match (ledgers.first(), ledgers.last()) {
+            (Some(f), Some(l)) => (f, f.info.ledger_seq, l.info.ledger_seq),
+            _ => return Ok(PutOutcome::AlreadyPresent),
+        };
+        let held = self.read_batch(start).await.map_err(|e| match e {
+            e if e.is_transient() => e,
+            LakeError::Missing { .. } => LakeError::Store {
+                key: key.to_owned(),
+                reason: "the store refused the put as present, then had no object to read (a \
+                         store coming back, or not yet consistent)"
+                    .into(),
+            },
+            e => LakeError::Conflict {
+                key: key.to_owned(),
+                reason: format!("an object is there but cannot be read: {e}"),
+            },
+        })?;
+        let same = held.ledgers.len() == ledgers.len()
+            && held
+                .ledgers
+                .iter()
+                .zip(ledgers)
+                .all(|(a, b)| a.raw == b.raw);
+        if same {
+            LakeStats::add(&self.stats.objects_present, 1);
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        Err(LakeError::Conflict {
+            key: key.to_owned(),
+            reason: format!(
+                "the lake holds {}-{} (first hash {}), this relay has {start}-{end} (first hash {})",
+                held.start,
+                held.end,
+                held.ledgers
+                    .first()
+                    .map_or(String::new(), |l| Hex(&l.info.hash).to_string()),
+                Hex(&first.info.hash),
+            ),
+        })
     }
 
     /// Galexie's object metadata (`x-lexie-*`), for tools that read it.
@@ -553,6 +530,88 @@ impl Lake {
             ),
         ])
     }
+}
+
+/// Publishes a manifest for `network` with `layout` (Galexie's defaults where `None`),
+/// put-if-absent; if another writer published one first, theirs.
+async fn publish_manifest(
+    store: &Arc<dyn ObjectStore>,
+    url: &LakeUrl,
+    network: &str,
+    layout: Layout,
+) -> Result<Manifest, LakeError> {
+    let schema = Schema::new(
+        layout
+            .ledgers_per_batch
+            .unwrap_or(DEFAULT_LEDGERS_PER_BATCH),
+        layout
+            .batches_per_partition
+            .unwrap_or(DEFAULT_BATCHES_PER_PARTITION),
+    )
+    .map_err(|e| LakeError::Manifest {
+        key: MANIFEST_KEY.into(),
+        reason: e.to_string(),
+    })?;
+    let mine = Manifest::new(network, &schema);
+    let mut opts = PutOptions::from(PutMode::Create);
+    if url.supports_metadata() {
+        opts.attributes = Attributes::from_iter([(
+            Attribute::ContentType,
+            AttributeValue::from("application/json"),
+        )]);
+    }
+    match store
+        .put_opts(&Path::from(MANIFEST_KEY), mine.to_json().into(), opts)
+        .await
+    {
+        Ok(_) => {
+            info!(lake = %url, "published the lake's manifest");
+            Ok(mine)
+        }
+        // Another writer published one first: use theirs. A store that has just come back may
+        // say so and then have none to read yet: that is worth another try, not a verdict.
+        Err(object_store::Error::AlreadyExists { .. })
+        | Err(object_store::Error::Precondition { .. }) => {
+            read_manifest(store).await?.ok_or_else(|| LakeError::Store {
+                key: MANIFEST_KEY.into(),
+                reason: "the store refused to create the manifest as present, then had none to \
+                         read (a store coming back, or not yet consistent)"
+                    .into(),
+            })
+        }
+        Err(e) => Err(LakeError::from_put(MANIFEST_KEY, e)),
+    }
+}
+
+/// Checks that the layout a writer asked for (where it asked) is the lake's.
+fn check_layout(schema: &Schema, layout: Layout) -> Result<(), LakeError> {
+    let mut diffs = Vec::new();
+    if let Some(n) = layout.ledgers_per_batch {
+        if n != schema.ledgers_per_batch() {
+            diffs.push(format!(
+                "ledgers per file: asked {n}, the lake has {}",
+                schema.ledgers_per_batch()
+            ));
+        }
+    }
+    if let Some(n) = layout.batches_per_partition {
+        if n != schema.batches_per_partition() {
+            diffs.push(format!(
+                "files per partition: asked {n}, the lake has {}",
+                schema.batches_per_partition()
+            ));
+        }
+    }
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    Err(LakeError::Manifest {
+        key: MANIFEST_KEY.into(),
+        reason: format!(
+            "the lake's layout differs ({}); drop the flags to use the lake's",
+            diffs.join("; ")
+        ),
+    })
 }
 
 async fn read_manifest(store: &Arc<dyn ObjectStore>) -> Result<Option<Manifest>, LakeError> {
@@ -606,3 +665,6 @@ fn check_network(manifest: &Manifest, network: Option<&str>) -> Result<(), LakeE
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests;

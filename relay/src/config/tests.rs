@@ -158,6 +158,67 @@ fn admission_flags_default_and_parse() {
 }
 
 #[test]
+fn handshake_pool_flags_default_parse_and_are_checked() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    let s = &c.server;
+    assert_eq!(
+        (
+            s.handshake_pool,
+            s.handshake_pool_per_source,
+            s.handshake_timeout
+        ),
+        (128, 32, Duration::from_secs(2))
+    );
+    assert_eq!(s.first_frame_timeout, Duration::from_secs(10));
+    let mut a = base();
+    a.handshake_pool = Some(16);
+    a.handshake_pool_per_source = Some(4);
+    a.handshake_timeout = Some("1500ms".into());
+    let s = RelayConfig::from_args(a).unwrap().server;
+    assert_eq!(
+        (
+            s.handshake_pool,
+            s.handshake_pool_per_source,
+            s.handshake_timeout
+        ),
+        (16, 4, Duration::from_millis(1500))
+    );
+    // A pool smaller than the default share: the share is the pool.
+    let mut a = base();
+    a.handshake_pool = Some(8);
+    assert_eq!(
+        RelayConfig::from_args(a)
+            .unwrap()
+            .server
+            .handshake_pool_per_source,
+        8
+    );
+    for (set, want) in [
+        (
+            (|a: &mut RunArgs| a.handshake_pool = Some(0)) as fn(&mut RunArgs),
+            "--handshake-pool 0: expected 1..=65536",
+        ),
+        (
+            |a| a.handshake_pool_per_source = Some(129),
+            "--handshake-pool-per-source 129: expected 1..=--handshake-pool (128)",
+        ),
+        (
+            |a| a.handshake_timeout = Some("10ms".into()),
+            "--handshake-timeout 10ms: expected 100ms..=60s",
+        ),
+        (
+            |a| a.handshake_timeout = Some("soon".into()),
+            "--handshake-timeout",
+        ),
+    ] {
+        let mut a = base();
+        set(&mut a);
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert!(e.starts_with(want), "{e}");
+    }
+}
+
+#[test]
 fn lake_flags_parse_and_are_checked() {
     let c = RelayConfig::from_args(base()).unwrap();
     assert!(c.export.is_none() && c.backfill.is_none());
@@ -176,7 +237,10 @@ fn lake_flags_parse_and_are_checked() {
     assert_eq!(e.zstd_level, 1);
     let b = c.backfill.unwrap();
     assert_eq!(b.url.to_string(), "file:///var/lake");
-    assert_eq!((b.sessions, b.prefetch.depth), (2, 8));
+    assert_eq!(
+        (b.sessions, b.sessions_per_identity, b.prefetch.depth),
+        (2, 1, 8)
+    );
     assert_eq!(
         b.network.as_deref(),
         Some(ledger_relay_lake::PUBNET_PASSPHRASE)
@@ -237,6 +301,17 @@ fn lake_flags_parse_and_are_checked() {
             "--backfill-sessions 0: expected 1..=1024",
         ),
         (
+            |a| a.backfill_sessions_per_identity = Some(1),
+            "--backfill-sessions-per-identity needs --backfill URL",
+        ),
+        (
+            |a| {
+                a.backfill = Some("file:///l".into());
+                a.backfill_sessions_per_identity = Some(5);
+            },
+            "--backfill-sessions-per-identity 5: expected 1..=--backfill-sessions (4)",
+        ),
+        (
             |a| a.source = Some("datalake:s3://b,from=9,to=5".into()),
             "bad datalake source: to=5 is before from=9",
         ),
@@ -258,7 +333,9 @@ fn flags_override_the_file() {
         "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
          retention = 50\nallow = [\"rpc-1\"]\ncodec = \"lz4\"\nstale_after = \"45s\"\n\
          max_sessions_per_identity = 3\nretry_threshold = 5\nstart_wait = \"2s\"\n\
-         max_connections_per_address = 7\nmax_connections_per_identity = 9\n[transport]\nsend_window = 1000000\n",
+         max_connections_per_address = 7\nmax_connections_per_identity = 9\n\
+         handshake_pool = 64\nhandshake_pool_per_source = 8\nhandshake_timeout = \"1s\"\n\
+         backfill = \"file:///l\"\nbackfill_sessions = 6\nbackfill_sessions_per_identity = 2\n[transport]\nsend_window = 1000000\n",
     )
     .unwrap();
     let args = RunArgs {
@@ -283,6 +360,17 @@ fn flags_override_the_file() {
         (3, 5, 7, 9)
     );
     assert_eq!(c.server.session.start_wait, Some(Duration::from_secs(2)));
+    let s = &c.server;
+    assert_eq!(
+        (
+            s.handshake_pool,
+            s.handshake_pool_per_source,
+            s.handshake_timeout
+        ),
+        (64, 8, Duration::from_secs(1))
+    );
+    let b = c.backfill.as_ref().unwrap();
+    assert_eq!((b.sessions, b.sessions_per_identity), (6, 2));
     std::fs::write(&path, "listen = \"127.0.0.1:7400\"\nbogus = 1\n").unwrap();
     let args = RunArgs {
         config: Some(path),
@@ -306,6 +394,7 @@ fn a_relay_source_needs_an_upstream_name_and_only_it_takes_one() {
             name: "edge-1".into(),
             lanes: DEFAULT_UPSTREAM_LANES,
             cut_through: false,
+            anchor: None,
         })
     );
     assert!(c.external_source.is_none(), "set by the binary");
@@ -321,6 +410,137 @@ fn a_relay_source_needs_an_upstream_name_and_only_it_takes_one() {
     assert!(e.contains("go with --source relay:"), "{e}");
     let mut b = base();
     b.cut_through = true;
+    let e = RelayConfig::from_args(b).unwrap_err().to_string();
+    assert!(e.contains("go with --source relay:"), "{e}");
+}
+
+#[test]
+fn core_flags_default_parse_and_are_checked() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    assert_eq!(c.core, CoreSettings::default());
+    assert_eq!(c.core.timeout, Duration::from_secs(5));
+    assert_eq!(c.core.max_request, 1 << 20);
+    assert_eq!(c.core.concurrency, 16);
+    assert!(!c.core.has_own_core() && c.core_upstream.is_none());
+    let mut a = base();
+    a.core_http = Some("http://127.0.0.1:11626".into());
+    a.core_query = Some("http://[::1]:11628/".into());
+    a.core_query_allow = vec!["rpc-1".into(), "rpc-2".into()];
+    a.core_timeout = Some("1500ms".into());
+    a.core_max_request = Some("64KiB".into());
+    a.core_concurrency = Some(4);
+    let c = RelayConfig::from_args(a).unwrap().core;
+    assert_eq!(c.http.unwrap().to_string(), "http://127.0.0.1:11626");
+    assert_eq!(c.query.unwrap().to_string(), "http://[::1]:11628");
+    assert_eq!(c.http_allow, None, "every client --allow admits");
+    assert_eq!(c.query_allow, Some(vec!["rpc-1".into(), "rpc-2".into()]));
+    assert_eq!(
+        (c.timeout, c.max_request, c.concurrency),
+        (Duration::from_millis(1500), 64 << 10, 4)
+    );
+    let refused = |f: &dyn Fn(&mut RunArgs), why: &str| {
+        let mut a = base();
+        f(&mut a);
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert!(e.contains(why), "{why}: {e}");
+    };
+    refused(
+        &|a| a.core_http = Some("https://core:11626".into()),
+        "not http",
+    );
+    refused(&|a| a.core_query = Some("http://core".into()), "no port");
+    refused(
+        &|a| a.core_query = Some("core:11628".into()),
+        "--core-query",
+    );
+    refused(
+        &|a| a.core_http_allow = vec!["bad name".into()],
+        "--core-http-allow",
+    );
+    refused(&|a| a.core_timeout = Some("0s".into()), "--core-timeout");
+    refused(&|a| a.core_timeout = Some("2m".into()), "--core-timeout");
+    refused(
+        &|a| a.core_max_request = Some("2MiB".into()),
+        "--core-max-request",
+    );
+    refused(
+        &|a| a.core_max_request = Some("0".into()),
+        "--core-max-request",
+    );
+    refused(&|a| a.core_concurrency = Some(0), "--core-concurrency");
+    refused(&|a| a.core_concurrency = Some(5000), "--core-concurrency");
+}
+
+#[test]
+fn core_keys_in_the_file_and_flags_over_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
+         core_http = \"http://127.0.0.1:11626\"\ncore_query = \"http://127.0.0.1:11628\"\n\
+         core_http_allow = [\"rpc-1\"]\ncore_query_allow = [\"rpc-2\"]\ncore_timeout = \"2s\"\n\
+         core_max_request = \"512KiB\"\ncore_concurrency = 8\n",
+    )
+    .unwrap();
+    let args = RunArgs {
+        config: Some(path.clone()),
+        core_query_allow: vec!["rpc-3".into()],
+        core_concurrency: Some(3),
+        ..RunArgs::default()
+    };
+    let c = RelayConfig::from_args(args).unwrap().core;
+    assert_eq!(c.http.unwrap().to_string(), "http://127.0.0.1:11626");
+    assert_eq!(c.query.unwrap().to_string(), "http://127.0.0.1:11628");
+    assert_eq!(c.http_allow, Some(vec!["rpc-1".into()]));
+    assert_eq!(c.query_allow, Some(vec!["rpc-3".into()]), "flag wins");
+    assert_eq!(
+        (c.timeout, c.max_request, c.concurrency),
+        (Duration::from_secs(2), 512 << 10, 3)
+    );
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
+         core_http = \"ftp://127.0.0.1:11626\"\n",
+    )
+    .unwrap();
+    let args = RunArgs {
+        config: Some(path),
+        ..RunArgs::default()
+    };
+    let e = format!("{:#}", RelayConfig::from_args(args).unwrap_err());
+    assert!(e.contains("--core-http ftp://127.0.0.1:11626"), "{e}");
+}
+
+/// `--upstream-anchor SEQ:HASH` (or `upstream_anchor` in the file) takes the grammar of
+/// `ledger-subscribe --anchor`, and only with a `relay:` source.
+#[test]
+fn an_upstream_anchor_is_a_trusted_ledger_for_a_relay_source() {
+    let hex = "0f".repeat(32);
+    let mut a = base();
+    a.source = Some("relay:10.0.0.1:7400".into());
+    a.upstream_name = Some("edge-1".into());
+    a.upstream_anchor = Some(format!("1410048:{hex}"));
+    let c = RelayConfig::from_args(a.clone()).unwrap();
+    assert_eq!(c.upstream.unwrap().anchor, Some((1_410_048, [0x0f; 32])));
+    for (bad, reason) in [
+        ("1410048", "expected SEQ:HASH"),
+        ("1410048:abcd", "HASH must be 64 hex digits"),
+        (&format!("0:{hex}")[..], "ledger sequence 0 names no ledger"),
+    ] {
+        a.upstream_anchor = Some(bad.into());
+        let e = format!("{:#}", RelayConfig::from_args(a.clone()).unwrap_err());
+        assert!(e.contains("--upstream-anchor") && e.contains(reason), "{e}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(&path, format!("upstream_anchor = \"7:{hex}\"\n")).unwrap();
+    a.upstream_anchor = None;
+    a.config = Some(path);
+    let c = RelayConfig::from_args(a).unwrap();
+    assert_eq!(c.upstream.unwrap().anchor, Some((7, [0x0f; 32])));
+    let mut b = base();
+    b.upstream_anchor = Some(format!("7:{hex}"));
     let e = RelayConfig::from_args(b).unwrap_err().to_string();
     assert!(e.contains("go with --source relay:"), "{e}");
 }

@@ -7,7 +7,9 @@
 //!    seconds), to decide whether a start the ring lacks can be served at all; when it cannot,
 //!    the "too far behind" error carries the lake's range beside the ring's.
 //! 2. [`Backfill::reader`]: one of the relay's `--backfill-sessions` reader slots, held while a
-//!    session reads the lake, so that the relay's backfill memory is that many cursors' bound.
+//!    session reads the lake, so that the relay's backfill memory is that many cursors' bound;
+//!    one client identity holds at most `--backfill-sessions-per-identity` of them, so that its
+//!    slow sessions cannot keep every other identity out of the lake.
 //! 3. [`Backfill::cursor`]`(start, stop)`: a [`BackfillCursor`] over `start..=stop`, `stop`
 //!    being the ledger before the oldest the ring (or memory) holds
 //!    ([`Backfill::cursor_after`] goes on from a previous cursor's last ledger, chain kept, if
@@ -26,6 +28,7 @@
 //! Prefetch runs ahead by [`PrefetchOptions::depth`] batches, in parallel; see
 //! `ledger_relay_lake::cursor` for the memory bound of one cursor.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,10 +58,21 @@ pub struct BackfillConfig {
     /// Sessions that may read the lake at once (`--backfill-sessions`, at least 1); each holds
     /// one cursor, so the relay's backfill memory is this many times a cursor's bound.
     pub sessions: usize,
+    /// Of those, sessions of one client identity at once
+    /// (`--backfill-sessions-per-identity`, at least 1).
+    pub sessions_per_identity: usize,
 }
 
 /// Sessions reading the backfill lake at once without `--backfill-sessions`.
 pub const DEFAULT_BACKFILL_SESSIONS: usize = 4;
+
+/// Sessions of one identity reading the lake at once without
+/// `--backfill-sessions-per-identity`, of `sessions` reader slots: half of them, rounded up,
+/// so that one identity's slow sessions leave the other half to the rest (all of them when
+/// there is one).
+pub fn default_per_identity(sessions: usize) -> usize {
+    sessions.div_ceil(2).max(1)
+}
 
 impl BackfillConfig {
     /// The defaults for `url`.
@@ -69,6 +83,7 @@ impl BackfillConfig {
             prefetch: PrefetchOptions::default(),
             options: LakeOptions::default(),
             sessions: DEFAULT_BACKFILL_SESSIONS,
+            sessions_per_identity: default_per_identity(DEFAULT_BACKFILL_SESSIONS),
         }
     }
 }
@@ -90,12 +105,45 @@ pub struct Backfill {
     lake: OnceCell<Arc<Lake>>,
     range: Mutex<Listed>,
     readers: Arc<Semaphore>,
+    /// Reader slots held, by client identity.
+    held: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// A reader slot of the backfill lake ([`Backfill::reader`]); dropping it frees the slot.
 #[derive(Debug)]
 pub struct Reader {
     _permit: OwnedSemaphorePermit,
+    held: Arc<Mutex<HashMap<String, usize>>>,
+    identity: String,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.identity) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.identity);
+            }
+        }
+    }
+}
+
+/// Why [`Backfill::reader`] gave no slot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoReader {
+    /// `--backfill-sessions` sessions hold one.
+    #[error("every backfill reader slot is taken")]
+    AllTaken,
+    /// The identity's sessions hold its share (`--backfill-sessions-per-identity`).
+    #[error("identity {identity} holds its {share} backfill reader slots")]
+    IdentityShare {
+        /// The client identity.
+        identity: String,
+        /// Its share.
+        share: usize,
+    },
 }
 
 impl Backfill {
@@ -110,6 +158,7 @@ impl Backfill {
             stats,
             lake: OnceCell::new(),
             range: Mutex::new(None),
+            held: Arc::default(),
         }
     }
 
@@ -123,13 +172,28 @@ impl Backfill {
         self.cfg.prefetch
     }
 
-    /// A reader slot, or `None` while `--backfill-sessions` sessions hold one.
-    pub fn reader(&self) -> Option<Reader> {
-        self.readers
+    /// A reader slot for a session of client `identity`, unless `--backfill-sessions`
+    /// sessions hold one, or `--backfill-sessions-per-identity` sessions of `identity` do.
+    pub fn reader(&self, identity: &str) -> Result<Reader, NoReader> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let share = self.cfg.sessions_per_identity.max(1);
+        if held.get(identity).is_some_and(|n| *n >= share) {
+            return Err(NoReader::IdentityShare {
+                identity: identity.to_owned(),
+                share,
+            });
+        }
+        let permit = self
+            .readers
             .clone()
             .try_acquire_owned()
-            .ok()
-            .map(|p| Reader { _permit: p })
+            .map_err(|_| NoReader::AllTaken)?;
+        *held.entry(identity.to_owned()).or_default() += 1;
+        Ok(Reader {
+            _permit: permit,
+            held: self.held.clone(),
+            identity: identity.to_owned(),
+        })
     }
 
     /// Ledger `seq` alone, read again (for a resend) and chunked; `hash` is the header hash it
@@ -316,4 +380,59 @@ pub fn verify_link(last: (u32, [u8; 32]), next: &LedgerEnd) -> Result<(), LakeEr
     ChainVerifier::after(seq, hash)
         .check_link(next.into())
         .map_err(|_| LakeError::broken_chain("ring".into(), seq, &hash, &next.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backfill(sessions: usize, per_identity: usize) -> Backfill {
+        let url = "file:///nonexistent-lake".parse().unwrap();
+        let mut cfg = BackfillConfig::new(url, None);
+        cfg.sessions = sessions;
+        cfg.sessions_per_identity = per_identity;
+        Backfill::new(cfg, &PipelineConfig::default(), Arc::default())
+    }
+
+    #[test]
+    fn one_identity_holds_at_most_its_share_of_the_reader_slots() {
+        let b = backfill(4, 2);
+        let a1 = b.reader("rpc-1").unwrap();
+        let _a2 = b.reader("rpc-1").unwrap();
+        assert!(matches!(
+            b.reader("rpc-1"),
+            Err(NoReader::IdentityShare { share: 2, .. })
+        ));
+        let _b1 = b.reader("rpc-2").unwrap();
+        let _b2 = b.reader("rpc-2").unwrap();
+        assert_eq!(b.reader("rpc-3").unwrap_err(), NoReader::AllTaken);
+        drop(a1);
+        assert!(matches!(
+            b.reader("rpc-2"),
+            Err(NoReader::IdentityShare { .. })
+        ));
+        let _c = b.reader("rpc-3").unwrap();
+        assert_eq!(b.held.lock().unwrap().get("rpc-1"), Some(&1));
+    }
+
+    #[test]
+    fn a_slot_given_back_is_no_longer_counted_against_its_identity() {
+        let b = backfill(2, 1);
+        let a = b.reader("rpc-1").unwrap();
+        assert!(b.reader("rpc-1").is_err());
+        drop(a);
+        assert!(b.held.lock().unwrap().is_empty());
+        let _a = b.reader("rpc-1").unwrap();
+    }
+
+    #[test]
+    fn by_default_one_identity_holds_half_the_slots() {
+        assert_eq!(default_per_identity(1), 1);
+        assert_eq!(default_per_identity(4), 2);
+        assert_eq!(default_per_identity(5), 3);
+        assert_eq!(
+            BackfillConfig::new("file:///l".parse().unwrap(), None).sessions_per_identity,
+            2
+        );
+    }
 }

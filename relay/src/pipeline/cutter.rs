@@ -1,5 +1,6 @@
 //! The cutter: source events in, ledgers out as chunks: the header peek, the sequence rules
-//! (duplicates dropped, a gap, a conflicting hash, a broken chain or garbage stops the source),
+//! (duplicates dropped; a gap, a conflicting hash, a broken chain or garbage is refused, which
+//! stops a source with one origin and makes a `relay:` source fail over, see [`OnRefusal`]),
 //! chunking, and the hand-off of chunks to the compression pool or, when it is full, raw.
 
 #[allow(clippy::wildcard_imports)]
@@ -33,6 +34,19 @@ pub(super) enum SourceRefused {
     NoHeader,
 }
 
+impl SourceRefused {
+    /// The refused ledger's sequence, when its header was read.
+    fn seq(&self) -> Option<u32> {
+        match self {
+            SourceRefused::Header(_) | SourceRefused::NoHeader | SourceRefused::Chain(_) => None,
+            SourceRefused::ConflictingHash { seq, .. }
+            | SourceRefused::BrokenChain { seq, .. }
+            | SourceRefused::Regression { seq, .. } => Some(*seq),
+            SourceRefused::Gap { got, .. } => Some(*got),
+        }
+    }
+}
+
 pub(super) enum Ledger {
     /// No ledger in progress.
     Idle,
@@ -47,6 +61,9 @@ pub(super) enum Ledger {
     },
     /// A duplicate being skipped until its end.
     Skipping,
+    /// The source's output was refused and it was told (`OnRefusal::Tell`): its ledger events
+    /// are ignored until its next `Abort`.
+    Refused,
 }
 
 pub(super) struct Cutter {
@@ -63,6 +80,8 @@ pub(super) struct Cutter {
     metrics: Arc<Metrics>,
     out: Vec<RawChunk>,
     ring: Option<Arc<Ring>>,
+    /// `Abort` events received: the epoch of a [`Refused`].
+    aborts: u64,
 }
 
 pub(super) const RECENT_HASHES: usize = 256;
@@ -114,87 +133,115 @@ impl Cutter {
             metrics,
             out: Vec::new(),
             ring,
+            aborts: 0,
         }
     }
 
     pub(super) fn run(
         &mut self,
         mut events: UnboundedReceiver<SourceEvent>,
-        stop: &CancellationToken,
+        on_refusal: &OnRefusal,
     ) {
         while let Some(ev) = events.blocking_recv() {
-            let r = match ev {
-                SourceEvent::Begin { at_ns, .. } => {
-                    self.metrics.health.source_bytes();
-                    self.abort("a new record began before the previous ended");
-                    self.state = Ledger::Peeking {
-                        first_ns: at_ns,
-                        head: Vec::new(),
-                    };
-                    Ok(())
+            if let Err(e) = self.handle(ev) {
+                if self.refuse(e, on_refusal) {
+                    return;
                 }
-                SourceEvent::Data(piece) => {
-                    self.metrics.health.source_bytes();
-                    self.data(piece)
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: SourceEvent) -> Result<(), SourceRefused> {
+        let ledger_part = matches!(
+            ev,
+            SourceEvent::Begin { .. }
+                | SourceEvent::Data(_)
+                | SourceEvent::FirstByte { .. }
+                | SourceEvent::End { .. }
+        );
+        if ledger_part && matches!(self.state, Ledger::Refused) {
+            // Output the source had passed on before it heard of the refusal.
+            return Ok(());
+        }
+        match ev {
+            SourceEvent::Begin { at_ns, .. } => {
+                self.metrics.health.source_bytes();
+                self.abort("a new record began before the previous ended");
+                self.state = Ledger::Peeking {
+                    first_ns: at_ns,
+                    head: Vec::new(),
+                };
+            }
+            SourceEvent::Data(piece) => {
+                self.metrics.health.source_bytes();
+                return self.data(piece);
+            }
+            SourceEvent::FirstByte { at_ns } => match &mut self.state {
+                Ledger::Peeking { first_ns, .. } | Ledger::Streaming { first_ns, .. } => {
+                    *first_ns = at_ns;
                 }
-                SourceEvent::FirstByte { at_ns } => {
-                    match &mut self.state {
-                        Ledger::Peeking { first_ns, .. } | Ledger::Streaming { first_ns, .. } => {
-                            *first_ns = at_ns;
-                        }
-                        Ledger::Idle | Ledger::Skipping => {}
-                    }
-                    Ok(())
-                }
-                SourceEvent::End { at_ns } => {
-                    self.end(at_ns);
-                    Ok(())
-                }
-                SourceEvent::Abort { reason } => {
-                    self.abort(&reason);
-                    Ok(())
-                }
-                SourceEvent::Down { reason } => {
-                    let restarts = self.metrics.source_restarts_total.load(Ordering::Relaxed);
-                    self.metrics.health.raise(
-                        health::SOURCE,
-                        Reason::SourceDown {
-                            restarts: u32::try_from(restarts).unwrap_or(u32::MAX),
-                            cause: reason,
-                        },
-                    );
-                    Ok(())
-                }
-                SourceEvent::Restarted { attempt, reason } => {
-                    Metrics::add(&self.metrics.source_restarts_total, 1);
-                    warn!(attempt, %reason, "source restarted");
-                    self.metrics.health.raise(
-                        health::SOURCE,
-                        Reason::SourceRestarted {
-                            restarts: attempt,
-                            cause: reason,
-                        },
-                    );
-                    Ok(())
-                }
-                SourceEvent::Finished => {
-                    info!("source finished");
-                    self.metrics
-                        .health
-                        .raise(health::SOURCE, Reason::SourceFinished);
-                    Ok(())
-                }
-                SourceEvent::Failed(reason) => {
-                    Metrics::add(&self.metrics.source_errors_total, 1);
-                    error!(%reason, "source failed");
-                    self.abort(&reason);
-                    self.metrics
-                        .health
-                        .raise(health::SOURCE, Reason::SourceFailed { cause: reason });
-                    Ok(())
-                }
-            };
-            if let Err(e) = r {
+                Ledger::Idle | Ledger::Skipping | Ledger::Refused => {}
+            },
+            SourceEvent::End { at_ns } => self.end(at_ns),
+            SourceEvent::Abort { reason } => {
+                self.aborts += 1;
+                self.abort(&reason);
+            }
+            other => self.source_state(other),
+        }
+        Ok(())
+    }
+
+    /// The events about the source itself rather than a ledger.
+    fn source_state(&mut self, ev: SourceEvent) {
+        let health = &self.metrics.health;
+        match ev {
+            SourceEvent::Down { reason } => {
+                let restarts = self.metrics.source_restarts_total.load(Ordering::Relaxed);
+                health.raise(
+                    health::SOURCE,
+                    Reason::SourceDown {
+                        restarts: u32::try_from(restarts).unwrap_or(u32::MAX),
+                        cause: reason,
+                    },
+                );
+            }
+            SourceEvent::Restarted { attempt, reason } => {
+                Metrics::add(&self.metrics.source_restarts_total, 1);
+                warn!(attempt, %reason, "source restarted");
+                health.raise(
+                    health::SOURCE,
+                    Reason::SourceRestarted {
+                        restarts: attempt,
+                        cause: reason,
+                    },
+                );
+            }
+            SourceEvent::Finished => {
+                info!("source finished");
+                health.raise(health::SOURCE, Reason::SourceFinished);
+            }
+            SourceEvent::Failed(reason) => {
+                Metrics::add(&self.metrics.source_errors_total, 1);
+                error!(%reason, "source failed");
+                self.abort(&reason);
+                self.metrics
+                    .health
+                    .raise(health::SOURCE, Reason::SourceFailed { cause: reason });
+            }
+            // Ledger events are handled by `handle`.
+            _ => {}
+        }
+    }
+
+    /// Refuses the source's output: the ledger in progress is discarded (sessions given some
+    /// of it end with `SourceReset`, the ring never sees it). A source with one origin is
+    /// stopped; a source that can go elsewhere is told, and its ledger events are ignored
+    /// until it says with an `Abort` that it starts again. Returns whether to stop reading.
+    fn refuse(&mut self, e: SourceRefused, on_refusal: &OnRefusal) -> bool {
+        let tell = match on_refusal {
+            OnRefusal::Tell(tell) => tell,
+            OnRefusal::Stop(stop) => {
                 Metrics::add(&self.metrics.source_errors_total, 1);
                 error!(error = %e, "source stopped: its output is refused");
                 self.metrics.health.raise(
@@ -205,14 +252,33 @@ impl Cutter {
                 );
                 self.abort("refused");
                 stop.cancel();
-                return;
+                return true;
             }
-        }
+        };
+        warn!(error = %e, "ledger refused: discarded, and the source told to go on elsewhere");
+        self.abort("refused");
+        self.state = Ledger::Refused;
+        let refused = Refused {
+            reason: e.to_string(),
+            seq: e.seq(),
+            resume_after: self.held(),
+            epoch: self.aborts,
+        };
+        // A source that is gone has nothing more to send either.
+        let _ = tell.send(refused);
+        false
+    }
+
+    /// The newest ledger this relay holds: the last published in this run, else the ring's
+    /// newest at start.
+    fn held(&self) -> Option<(u32, [u8; 32])> {
+        self.last
+            .or_else(|| self.recent.last_key_value().map(|(s, h)| (*s, *h)))
     }
 
     fn data(&mut self, piece: Bytes) -> Result<(), SourceRefused> {
         match &mut self.state {
-            Ledger::Idle | Ledger::Skipping => Ok(()),
+            Ledger::Idle | Ledger::Skipping | Ledger::Refused => Ok(()),
             Ledger::Streaming { .. } => {
                 self.chunker.push(&piece, &mut self.out);
                 self.dispatch();
@@ -427,7 +493,7 @@ impl Cutter {
                 Metrics::add(&self.metrics.source_errors_total, 1);
                 warn!("a record ended before its ledger header: discarded");
             }
-            Ledger::Idle | Ledger::Skipping => {}
+            Ledger::Idle | Ledger::Skipping | Ledger::Refused => {}
         }
     }
 
@@ -446,7 +512,7 @@ impl Cutter {
             Ledger::Peeking { .. } => {
                 Metrics::add(&self.metrics.source_aborts_total, 1);
             }
-            Ledger::Idle | Ledger::Skipping => {}
+            Ledger::Idle | Ledger::Skipping | Ledger::Refused => {}
         }
     }
 }

@@ -30,6 +30,17 @@ fn start(
     Arc<Hub>,
     PipelineHandle,
 ) {
+    start_with(store_and_forward, OnRefusal::Stop(CancellationToken::new()))
+}
+
+fn start_with(
+    store_and_forward: bool,
+    on_refusal: OnRefusal,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<SourceEvent>,
+    Arc<Hub>,
+    PipelineHandle,
+) {
     let config = PipelineConfig {
         chunk_size: 64 << 10,
         compress_threads: 2,
@@ -45,7 +56,7 @@ fn start(
         None,
         StartState::default(),
         Metrics::new(),
-        CancellationToken::new(),
+        on_refusal,
     )
     .unwrap();
     (tx, hub, handle)
@@ -179,6 +190,55 @@ fn chunked_mode_publishes_chunks_before_the_end() {
     handle.join();
 }
 
+/// A source that can go elsewhere (a `relay:` source) is told when its output is refused,
+/// and is not stopped: nothing of the refused ledger is published, what it sends before it
+/// starts again (an `Abort`) is ignored, and after that its ledgers are taken as usual.
+#[test]
+fn a_refused_ledger_is_discarded_and_its_source_told_not_stopped() {
+    let want = ledgers();
+    let (tell, mut refused) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, hub, handle) = start_with(true, OnRefusal::Tell(tell));
+    let mut rx = hub.join().rx;
+    let published = |rx: &mut tokio::sync::broadcast::Receiver<Item>| {
+        let Item::End(got) = next_item(rx) else {
+            panic!("whole ledgers only")
+        };
+        got.end.seq
+    };
+    send_ledger(&tx, &want[0]);
+    assert_eq!(published(&mut rx), 2);
+    // Ledger 3 with a byte of its header changed, then (not yet told) the rest of it and the
+    // next ledger, which no longer follows anything published.
+    let mut forged = want[1].to_vec();
+    forged[100] ^= 0x01;
+    send_ledger(&tx, &Bytes::from(forged));
+    send_ledger(&tx, &want[2]);
+    let told = refused.blocking_recv().unwrap();
+    let hash2 = peek_header(&want[0]).unwrap().unwrap().hash;
+    assert_eq!(told.seq, None, "its header does not hash to its hash");
+    assert_eq!(told.resume_after, Some((2, hash2)));
+    assert_eq!(told.epoch, 0);
+    assert!(told.reason.contains("header"), "{}", told.reason);
+    // The source starts again after ledger 2.
+    tx.send(SourceEvent::Abort {
+        reason: "going on from another upstream".into(),
+    })
+    .unwrap();
+    send_ledger(&tx, &want[1]);
+    send_ledger(&tx, &want[2]);
+    assert_eq!(published(&mut rx), 3, "nothing of the refused ledger");
+    assert_eq!(published(&mut rx), 4);
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+    assert!(refused.try_recv().is_err(), "told once");
+    // A later refusal carries the epoch the source is in now.
+    send_ledger(&tx, &want[1]);
+    send_ledger(&tx, &small_ledgers(6)[5]);
+    let told = refused.blocking_recv().unwrap();
+    assert_eq!((told.seq, told.epoch), (Some(7), 1), "{}", told.reason);
+    drop(tx);
+    handle.join();
+}
+
 /// `n` small ledgers from sequence 2: each one 64 KiB chunk.
 fn small_ledgers(n: u64) -> Vec<Bytes> {
     let spec = SyntheticSpec {
@@ -247,7 +307,7 @@ fn with_ring(
         Some(ring),
         start,
         metrics.clone(),
-        CancellationToken::new(),
+        OnRefusal::Stop(CancellationToken::new()),
     )
     .unwrap();
     (tx, hub, metrics, handle)

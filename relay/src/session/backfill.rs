@@ -5,7 +5,8 @@
 //! then in the ring, and asks this module only for one that neither holds any more. Here a
 //! session keeps at most one [`BackfillCursor`] (reading ahead by the prefetch depth, in
 //! parallel), holding one of the relay's reader slots while it does, so the relay's backfill
-//! memory is `--backfill-sessions` cursors' bound. A ledger served from the lake is verified
+//! memory is `--backfill-sessions` cursors' bound; the sessions of one client identity hold at
+//! most `--backfill-sessions-per-identity` of the slots. A ledger served from the lake is verified
 //! (its object decoded whole, its header hash, the chain from the one before); the first
 //! ledger served from the ring after the lake must link to the lake's last, which also ends
 //! the reading and frees the slot. A resend of a lake ledger is read again alone and must have
@@ -14,7 +15,8 @@
 //! What the lake says becomes a [`LoadResult`] for the sender: a ledger outside the lake's
 //! range is `NotHeld` with the lake's range (the below-retention end), a missing or damaged
 //! object or a broken chain is `Corrupt`, a store that fails after its client's retries is
-//! `Failed`, and all reader slots taken is `Unavailable` (asked again shortly). Nothing of a
+//! `Failed`, and all reader slots taken (or the identity's share of them) is `Unavailable`
+//! (asked again shortly). Nothing of a
 //! ledger is served before all of it checked out.
 
 use std::collections::VecDeque;
@@ -87,6 +89,8 @@ impl Drop for SlotGuard {
 /// One session's reads from the backfill lake.
 pub(crate) struct SessionLake {
     backfill: Arc<Backfill>,
+    /// The session's client identity, whose share of the reader slots it uses.
+    identity: String,
     /// The ring, to find where a gap between two of its runs ends.
     ring: Option<Arc<Ring>>,
     metrics: Arc<Metrics>,
@@ -100,12 +104,13 @@ pub(crate) struct SessionLake {
 }
 
 impl SessionLake {
-    /// The session's reader of `shared`'s backfill lake, if the relay has one; `window` is
-    /// the session's window.
-    pub(crate) fn new(shared: &Shared, window: u16) -> Option<Arc<SessionLake>> {
+    /// The reader of `shared`'s backfill lake, if the relay has one, of a session of client
+    /// `identity` with window `window`.
+    pub(crate) fn new(shared: &Shared, identity: &str, window: u16) -> Option<Arc<SessionLake>> {
         let backfill = shared.backfill.clone()?;
         Some(Arc::new(SessionLake {
             backfill,
+            identity: identity.to_owned(),
             ring: shared.ring.clone(),
             metrics: shared.metrics.clone(),
             reading: tokio::sync::Mutex::new(Reading::default()),
@@ -145,18 +150,8 @@ impl SessionLake {
         if r.cursor.as_ref().is_none_or(|c| c.position() != seq) {
             // The first ledger below the ring, or the ring pruned past the cursor's end.
             r.cursor = None;
-            if r.reader.is_none() {
-                let Some(reader) = self.backfill.reader() else {
-                    Metrics::add(&self.metrics.lake.backfill_busy_total, 1);
-                    return LoadResult::Unavailable {
-                        detail: "every backfill reader slot is taken".into(),
-                    };
-                };
-                Metrics::add(&self.metrics.lake.backfill_sessions, 1);
-                r.reader = Some(SlotGuard {
-                    _reader: reader,
-                    metrics: self.metrics.clone(),
-                });
+            if let Err(busy) = self.take_reader(&mut r) {
+                return busy;
             }
             // Up to the ledger before the ring, or, in a gap between two of the ring's runs,
             // before the next run: what the ring holds is served from it.
@@ -211,6 +206,26 @@ impl SessionLake {
                 self.failure(seq, e, oldest, newest)
             }
         }
+    }
+
+    /// Takes a reader slot for the session if it holds none; `Unavailable` when there is
+    /// none for it (all taken, or its identity's share).
+    fn take_reader(&self, r: &mut Reading) -> Result<(), LoadResult> {
+        if r.reader.is_some() {
+            return Ok(());
+        }
+        let reader = self.backfill.reader(&self.identity).map_err(|e| {
+            Metrics::add(&self.metrics.lake.backfill_busy_total, 1);
+            LoadResult::Unavailable {
+                detail: e.to_string(),
+            }
+        })?;
+        Metrics::add(&self.metrics.lake.backfill_sessions, 1);
+        r.reader = Some(SlotGuard {
+            _reader: reader,
+            metrics: self.metrics.clone(),
+        });
+        Ok(())
     }
 
     /// What memory and the ring gave for `seq`, completed by the lake: a ledger they do not

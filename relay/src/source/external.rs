@@ -5,7 +5,7 @@ use std::fmt;
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::{SourceEvent, SourceSpec};
@@ -23,6 +23,29 @@ pub struct ExternalStart {
     pub shutdown: CancellationToken,
     /// The relay's metrics, for what the source reports of itself (upstream lag).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// What the pipeline refused of the source's output (see [`Refused`]): the source does not
+    /// stop for it, it goes on from another upstream.
+    pub refused: UnboundedReceiver<Refused>,
+}
+
+/// The pipeline refused a ledger an external source passed on (a header that does not hash
+/// to its hash, a broken chain, a gap, a hash that conflicts with one held): it discarded
+/// what it had of that ledger, and ignores the source's ledger events from then on until the
+/// source sends an `Abort`, which says it dropped what it was passing on and starts again
+/// from `resume_after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// Why, one line.
+    pub reason: String,
+    /// The refused ledger's sequence, when its header could be read.
+    pub seq: Option<u32>,
+    /// The newest ledger the pipeline holds (published in this run, or the ring's newest at
+    /// start) and its hash: where the source resumes, anchored.
+    pub resume_after: Option<(u32, [u8; 32])>,
+    /// How many `Abort` events the pipeline had received before the refused ledger's events.
+    /// A source that has sent more since then had already started again: the refusal is
+    /// about output it has dropped, and is ignored.
+    pub epoch: u64,
 }
 
 /// A source run outside this crate: the `relay:` source, whose upstream client is the

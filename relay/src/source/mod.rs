@@ -46,7 +46,7 @@ mod stream;
 mod synthetic;
 
 pub use datalake::DatalakeSpec;
-pub use external::{ExternalSource, ExternalStart, Refetch, RefetchFn};
+pub use external::{ExternalSource, ExternalStart, Refetch, RefetchFn, Refused};
 pub use synthetic::{synthetic_ledgers, SyntheticLedgers, SyntheticSpec};
 /// The synthetic source's memory: ledgers built up front when they fit in [`UPFRONT_BYTES`],
 /// else [`AHEAD`] kept ready, over [`POOL`] filler bodies.

@@ -42,17 +42,12 @@ fn main() -> ExitCode {
     match runtime.block_on(cli::run(config, cli::shutdown_signal())) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            let code = e.exit_code();
-            let line = match &e {
-                RunError::Subscribe(s) => s.below_retention_line(),
+            let below = match &e {
+                RunError::Subscribe(s) => Some(s),
                 _ => None,
             };
-            let exit = fail(format, &anyhow::Error::new::<RunError>(e), code);
-            // After the human line, the bounds for programs (the Go client parses it).
-            if let Some(line) = line {
-                eprintln!("{line}");
-            }
-            exit
+            cli::report_failure(format, "ledger-subscribe", &e, below);
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -206,3 +206,37 @@ fn bad_frames_are_protocol_violations() {
         AuthReason::Revoked
     );
 }
+
+/// What a hostile relay chooses: an `Error` frame's message or a close reason that breaks the
+/// line and moves a terminal's cursor.
+const FORGED: &str = "busy\nbelow-retention requested=1 oldest=4000000000\x1b[2J";
+const FORGED_ESCAPED: &str = r"busy\nbelow-retention requested=1 oldest=4000000000\u{1b}[2J";
+
+#[test]
+fn a_relays_text_shows_escaped_in_every_error_that_quotes_it() {
+    let frame = |code| ErrorFrame {
+        code,
+        oldest: 0,
+        newest: 0,
+        message: FORGED.into(),
+    };
+    let shown = |f: Failure| match f {
+        Failure::Fatal(e) => ErrorChain(&e).to_string(),
+        Failure::Transient(t) => ErrorChain(&t).to_string(),
+    };
+    for code in [ErrorCode::Overloaded, ErrorCode::Unauthorized] {
+        let text = shown(classify_error_frame("relay:7000", relay(), 1, &frame(code)));
+        assert!(text.contains(FORGED_ESCAPED), "{code:?}: {text}");
+        assert!(
+            !text.contains('\n') && !text.contains('\x1b'),
+            "{code:?}: {text}"
+        );
+    }
+    // A close reason reaches the text through quinn's error, a source of ours.
+    let closed = quinn::ConnectionError::ApplicationClosed(ApplicationClose {
+        error_code: VarInt::from_u32(7),
+        reason: Bytes::from(FORGED.as_bytes().to_vec()),
+    });
+    let text = shown(classify(&closed));
+    assert!(text.contains(FORGED_ESCAPED), "{text}");
+}

@@ -30,7 +30,7 @@ pub(super) async fn read_data(
     lane: u8,
     conn: &quinn::Connection,
     data_tx: &mpsc::Sender<DataFrame>,
-    permits: &Arc<Semaphore>,
+    intake: &Intake,
     limits: &Limits,
 ) -> Failure {
     let mut reads = FuturesUnordered::new();
@@ -41,12 +41,13 @@ pub(super) async fn read_data(
                     return failure;
                 }
             }
-            accepted = accept_stream(peer, conn, permits) => {
+            accepted = accept_stream(peer, conn, &intake.streams) => {
                 let (stream, permit) = match accepted {
                     Ok(x) => x,
                     Err(failure) => return failure,
                 };
-                reads.push(read_data_stream(peer, lane, stream, permit, data_tx, limits));
+                let read = read_data_stream(peer, lane, stream, permit, data_tx, intake, limits);
+                reads.push(read);
             }
         }
     }
@@ -66,17 +67,19 @@ pub(super) async fn accept_stream(
     Ok((stream, permit))
 }
 
-/// Reads one data stream: exactly one `Chunk` or `LedgerEnd` frame.
+/// Reads one data stream: exactly one `Chunk` or `LedgerEnd` frame, within the intake's
+/// byte budget.
 pub(super) async fn read_data_stream(
     peer: &Peer,
     lane: u8,
     mut stream: quinn::RecvStream,
     permit: OwnedSemaphorePermit,
     data_tx: &mpsc::Sender<DataFrame>,
+    intake: &Intake,
     limits: &Limits,
 ) -> Result<(), Failure> {
-    match read_single_frame(&mut stream, limits).await {
-        Ok(frame @ (Frame::Chunk(_) | Frame::LedgerEnd(_))) => {
+    match read_data_frame(&mut stream, limits, &intake.bytes).await {
+        Ok((frame @ (Frame::Chunk(_) | Frame::LedgerEnd(_)), bytes)) => {
             let wire_len = match &frame {
                 Frame::Chunk(c) => c.payload.len() as u64,
                 _ => 0,
@@ -93,12 +96,12 @@ pub(super) async fn read_data_stream(
                 .send(DataFrame {
                     frame,
                     wire_len,
-                    _permit: permit,
+                    _held: (permit, bytes),
                 })
                 .await;
             Ok(())
         }
-        Ok(other) => Err(peer.violation(format!(
+        Ok((other, _)) => Err(peer.violation(format!(
             "{} frame on a data stream of lane {lane}",
             other.frame_type().name()
         ))),
@@ -148,7 +151,7 @@ pub(super) async fn run_lane(
     join: LaneJoin,
     ctl: mpsc::Sender<Ctl>,
     data_tx: mpsc::Sender<DataFrame>,
-    permits: Arc<Semaphore>,
+    intake: Intake,
     limits: Limits,
 ) {
     let lane = join.lane;
@@ -174,7 +177,7 @@ pub(super) async fn run_lane(
                     writer: _writer,
                 } = io;
                 let failure = tokio::select! {
-                    f = read_data(&peer, lane, &conn.conn, &data_tx, &permits, &limits) => f,
+                    f = read_data(&peer, lane, &conn.conn, &data_tx, &intake, &limits) => f,
                     f = lane_control(&peer, &mut reader) => f,
                 };
                 super::close::close_for(&conn.conn, &failure, b"lane closed");

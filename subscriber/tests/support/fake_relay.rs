@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use ledger_relay_subscriber::frame::{
 };
 use ledger_relay_transport::{self as transport, FrameIo, TransportSettings};
 use ledger_relay_wire::compress::{Codec, Compressor};
+use ledger_relay_wire::core_http::{CoreRequest, CoreResponse, Origin};
 use ledger_relay_wire::Limits;
 use quinn::VarInt;
 use rustls::server::WebPkiClientVerifier;
@@ -36,6 +38,9 @@ pub struct Plan {
     pub zstd: bool,
     /// Answer every SessionOpen with Error BelowRetention.
     pub below_retention: bool,
+    /// First session only: answer SessionOpen with an Error of this code and message (a
+    /// relay's text, which a hostile relay chooses).
+    pub refuse_first: Option<(ErrorCode, String)>,
     /// First session only: after this many ledgers are acknowledged, send this Error (code,
     /// oldest, newest; by default ShuttingDown) and close.
     pub close_after: Option<usize>,
@@ -47,6 +52,11 @@ pub struct Plan {
     pub drop_chunks: Vec<(u32, u32)>,
     /// Flip a byte of chunk 0 of this ledger (sent raw).
     pub tamper: Option<u32>,
+    /// Lie about every ledger: send it as one raw chunk with this byte flipped, and the true
+    /// ledger's end record.
+    pub forge: Option<usize>,
+    /// Send no end records: a ledger never completes (heartbeats go on).
+    pub no_ends: bool,
     /// Declare chunk 1 of this ledger one byte further on than it is (its framing is wrong).
     pub misplace: Option<u32>,
     /// Accept sessions, then say nothing at all (no heartbeats, no data).
@@ -61,6 +71,75 @@ pub struct Plan {
     /// Flow-control credit, in bytes, the relay gives each stream and each connection of a
     /// subscriber (what a deaf relay lets the subscriber write before its writes block).
     pub control_credit: Option<u64>,
+    /// How `CoreRequest`s are answered; `None`: a request connection is closed with
+    /// `ProtocolViolation`, as by a relay that forwards nothing to stellar-core.
+    pub core: Option<CoreFake>,
+    /// Accept the first session, then hoard: open data streams and never finish one.
+    pub hoard: Option<Hoard>,
+}
+
+/// A relay that makes a subscriber hold partial frames: once `start` is notified, it opens
+/// `streams` data streams on lane 0 at once, each a `Chunk` frame of the largest size
+/// (`max_chunk_raw`, raw), writes `bytes_each` bytes of it and never the rest; heartbeats go
+/// on, announcing no ledger, so the session stays up.
+#[derive(Clone)]
+pub struct Hoard {
+    pub streams: usize,
+    pub bytes_each: usize,
+    pub start: Arc<tokio::sync::Notify>,
+}
+
+/// How the fake relay answers requests for stellar-core (in place of the relay's forwarding).
+#[derive(Clone)]
+pub struct CoreFake {
+    /// The answer to each request.
+    pub answer: Arc<dyn Fn(&CoreRequest) -> CoreResponse + Send + Sync>,
+    /// Wait this long before answering each request.
+    pub delay: Duration,
+    /// Answer every request with this many zero bytes instead of a frame.
+    pub oversize: Option<usize>,
+    /// Close each request connection (code `ShuttingDown`) after answering this many requests
+    /// on it.
+    pub close_after: Option<usize>,
+}
+
+impl CoreFake {
+    /// Answers every request with 200 `application/json` and a JSON echo of it: `relay` (the
+    /// tag), `port`, `method`, `target`, `content_type`, `timeout_ms` and `body` (as text).
+    pub fn echo(tag: &str) -> CoreFake {
+        let tag = tag.to_owned();
+        CoreFake::answering(move |r| CoreResponse {
+            status: 200,
+            origin: Origin::Core,
+            content_type: "application/json".into(),
+            body: Bytes::from(echo_json(&tag, r).to_string()),
+        })
+    }
+
+    /// Answers every request with `answer`.
+    pub fn answering(
+        answer: impl Fn(&CoreRequest) -> CoreResponse + Send + Sync + 'static,
+    ) -> CoreFake {
+        CoreFake {
+            answer: Arc::new(answer),
+            delay: Duration::ZERO,
+            oversize: None,
+            close_after: None,
+        }
+    }
+}
+
+/// The JSON [`CoreFake::echo`] answers `r` with.
+pub fn echo_json(tag: &str, r: &CoreRequest) -> serde_json::Value {
+    serde_json::json!({
+        "relay": tag,
+        "port": r.port.name(),
+        "method": r.method.as_str(),
+        "target": r.target,
+        "content_type": r.content_type,
+        "timeout_ms": r.timeout_ms,
+        "body": String::from_utf8_lossy(&r.body),
+    })
 }
 
 impl Plan {
@@ -73,17 +152,22 @@ impl Plan {
             window: 8,
             zstd: true,
             below_retention: false,
+            refuse_first: None,
             close_after: None,
             close_with: (ErrorCode::ShuttingDown, 0, 0),
             kill_lane1_after: None,
             drop_chunks: Vec::new(),
             tamper: None,
+            forge: None,
+            no_ends: false,
             misplace: None,
             silent: false,
             no_heartbeats: false,
             pace: None,
             deaf: false,
             control_credit: None,
+            core: None,
+            hoard: None,
         }
     }
 }
@@ -105,6 +189,14 @@ pub struct Record {
     pub resends: Vec<Resend>,
     /// Highest Ack received.
     pub acked: u32,
+    /// Request connections (first stream a `CoreRequest`).
+    pub core_connections: usize,
+    /// `CoreRequest`s received, in the order they arrived.
+    pub core_requests: Vec<CoreRequest>,
+    /// Most requests being answered at once.
+    pub core_peak: usize,
+    /// Bytes a hoarding relay has written to its streams (taken by its QUIC stack).
+    pub hoarded: u64,
 }
 
 /// A ledger cut and encoded as the relay sends it.
@@ -123,12 +215,19 @@ fn prepare(plan: &Plan) -> Vec<Prepared> {
                 .unwrap()
                 .unwrap();
             let seq = info.ledger_seq;
-            let (raw_chunks, summary) =
-                ledger_relay_wire::chunker::chunk_ledger(data, plan.chunk_size);
+            let chunk_size = match plan.forge {
+                Some(_) => data.len(),
+                None => plan.chunk_size,
+            };
+            let (raw_chunks, summary) = ledger_relay_wire::chunker::chunk_ledger(data, chunk_size);
             let chunks = raw_chunks
                 .iter()
                 .map(|c| {
-                    let (codec, payload) = if plan.tamper == Some(seq) && c.index == 0 {
+                    let (codec, payload) = if let Some(at) = plan.forge {
+                        let mut bad = c.data.to_vec();
+                        bad[at] ^= 0x01;
+                        (Codec::None, Bytes::from(bad))
+                    } else if plan.tamper == Some(seq) && c.index == 0 {
                         let mut bad = c.data.to_vec();
                         let mid = bad.len() / 2;
                         bad[mid] ^= 0x55;
@@ -190,6 +289,8 @@ struct Shared {
     sessions: Mutex<HashMap<u64, Vec<Option<quinn::Connection>>>>,
     /// Sessions opened so far (misbehaviour applies to the first).
     opened: Mutex<u64>,
+    /// Requests being answered now.
+    core_in_flight: AtomicUsize,
 }
 
 impl FakeRelay {
@@ -237,6 +338,7 @@ impl FakeRelay {
             record: record.clone(),
             sessions: Mutex::new(HashMap::new()),
             opened: Mutex::new(0),
+            core_in_flight: AtomicUsize::new(0),
         });
         let ep = endpoint.clone();
         let task = tokio::spawn(async move {
@@ -282,6 +384,7 @@ async fn handle(shared: Arc<Shared>, conn: quinn::Connection) -> Res {
     let mut io = FrameIo::new(send, recv, Limits::default());
     match io.reader.next().await? {
         Some(Frame::SessionOpen(open)) => serve(shared, conn, io, open).await,
+        Some(Frame::CoreRequest(first)) => serve_core(shared, conn, io, first).await,
         Some(Frame::LaneJoin(join)) => {
             shared
                 .record
@@ -327,12 +430,19 @@ async fn serve(
     }
     let oldest = shared.prepared[0].seq;
     let newest = shared.prepared.last().unwrap().seq;
-    if plan.below_retention {
+    let refusal = match &plan.refuse_first {
+        Some((code, message)) if first_session => Some((*code, message.clone())),
+        _ if plan.below_retention => {
+            Some((ErrorCode::BelowRetention, "start is below the ring".into()))
+        }
+        _ => None,
+    };
+    if let Some((code, message)) = refusal {
         let error = ErrorFrame {
-            code: ErrorCode::BelowRetention,
+            code,
             oldest,
             newest,
-            message: "start is below the ring".into(),
+            message,
         };
         transport::close_with_error(
             &conn,
@@ -347,6 +457,9 @@ async fn serve(
         Start::Tip => oldest,
         Start::Seq(s) => s,
     };
+    if let Some(hoard) = plan.hoard.clone().filter(|_| first_session) {
+        return hoard_streams(shared.clone(), conn, io, first_seq, hoard).await;
+    }
     let lanes = open.lanes.min(plan.max_lanes);
     let session_id = 1000 + session_no;
     shared.sessions.lock().unwrap().insert(session_id, {
@@ -441,8 +554,9 @@ async fn serve(
             let Some(p) = resend_shared.prepared.iter().find(|p| p.seq == r.seq) else {
                 continue;
             };
+            let end = (!resend_shared.plan.no_ends).then_some(&p.end);
             let frames: Vec<&Frame> = if r.whole {
-                p.chunks.iter().chain(std::iter::once(&p.end)).collect()
+                p.chunks.iter().chain(end).collect()
             } else {
                 r.indices
                     .iter()
@@ -489,8 +603,10 @@ async fn serve(
                 next_lane += 1;
                 send_frame(lane, chunk).await?;
             }
-            send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
-            next_lane += 1;
+            if !plan.no_ends {
+                send_frame(&lanes_now[next_lane % lanes_now.len()], &p.end).await?;
+                next_lane += 1;
+            }
             sent += 1;
             if first_session && plan.kill_lane1_after == Some(sent) {
                 if let Some(Some(lane1)) = shared.sessions.lock().unwrap()[&session_id].get(1) {
@@ -529,8 +645,157 @@ async fn serve(
     result
 }
 
+/// A request connection: answers the first request on its stream, then every stream the
+/// client opens, each concurrently.
+async fn serve_core(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    io: FrameIo,
+    first: CoreRequest,
+) -> Res {
+    let Some(fake) = shared.plan.core.clone() else {
+        conn.close(
+            VarInt::from_u32(ErrorCode::ProtocolViolation.close_code()),
+            b"no core requests here",
+        );
+        return Ok(());
+    };
+    shared.record.lock().unwrap().core_connections += 1;
+    let answered = Arc::new(AtomicUsize::new(0));
+    let FrameIo { reader, mut writer } = io;
+    drop(reader);
+    let (s, f, c, a) = (shared.clone(), fake.clone(), conn.clone(), answered.clone());
+    tokio::spawn(async move { answer_core(&s, &f, &c, &a, first, writer.stream_mut()).await });
+    let limits = Limits::default();
+    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        let (s, f, c, a) = (shared.clone(), fake.clone(), conn.clone(), answered.clone());
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            let bytes = recv.read_to_end(limits.max_core_frame_len()).await.ok()?;
+            match ledger_relay_wire::frame::decode_exact(bytes.into(), &limits) {
+                Ok(Frame::CoreRequest(req)) => answer_core(&s, &f, &c, &a, req, &mut send).await,
+                _ => c.close(
+                    VarInt::from_u32(ErrorCode::ProtocolViolation.close_code()),
+                    b"not a core request",
+                ),
+            }
+            Some(())
+        });
+    }
+    Ok(())
+}
+
+async fn answer_core(
+    shared: &Shared,
+    fake: &CoreFake,
+    conn: &quinn::Connection,
+    answered: &AtomicUsize,
+    req: CoreRequest,
+    send: &mut quinn::SendStream,
+) {
+    let now = shared.core_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    {
+        let mut r = shared.record.lock().unwrap();
+        r.core_requests.push(req.clone());
+        r.core_peak = r.core_peak.max(now);
+    }
+    tokio::time::sleep(fake.delay).await;
+    shared.core_in_flight.fetch_sub(1, Ordering::SeqCst);
+    let wrote = match fake.oversize {
+        Some(n) => send.write_all(&vec![0u8; n]).await.is_ok() && send.finish().is_ok(),
+        None => {
+            let frame = Frame::CoreResponse((fake.answer)(&req));
+            transport::write_single_frame(send, &frame).await.is_ok()
+        }
+    };
+    let n = answered.fetch_add(1, Ordering::SeqCst) + 1;
+    if wrote && fake.close_after == Some(n) {
+        // Let the answer reach the client before the connection goes.
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+        conn.close(
+            VarInt::from_u32(ErrorCode::ShuttingDown.close_code()),
+            b"test relay stopping",
+        );
+    }
+}
+
 async fn send_frame(conn: &quinn::Connection, frame: &Frame) -> Res {
     let mut stream = conn.open_uni().await?;
     transport::write_single_frame(&mut stream, frame).await?;
     Ok(())
+}
+
+/// Serves a session as [`Hoard`] says.
+async fn hoard_streams(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    mut io: FrameIo,
+    first_seq: u32,
+    hoard: Hoard,
+) -> Res {
+    let max_chunk_raw: u32 = 4 << 20;
+    io.writer
+        .write(&Frame::SessionAccept(SessionAccept {
+            version: 1,
+            session_id: 1,
+            token: [7; 16],
+            lanes: 1,
+            first_seq,
+            oldest: first_seq - 1,
+            newest: first_seq - 1,
+            chunk_size: max_chunk_raw,
+            window: 8,
+            heartbeat_ms: shared.plan.heartbeat_ms,
+            max_chunk_raw,
+            max_ledger_raw: 256 << 20,
+        }))
+        .await?;
+    let heartbeats = async {
+        loop {
+            let hb = Frame::Heartbeat(Heartbeat {
+                newest: first_seq - 1,
+                oldest: first_seq - 1,
+                time_ns: now_ns(),
+            });
+            io.writer.write(&hb).await?;
+            tokio::time::sleep(Duration::from_millis(u64::from(shared.plan.heartbeat_ms))).await;
+        }
+    };
+    let streams = async {
+        hoard.start.notified().await;
+        let writers = (0..hoard.streams).map(|i| {
+            let (conn, shared) = (conn.clone(), shared.clone());
+            async move {
+                let mut stream = conn.open_uni().await?;
+                let header = ChunkHeader {
+                    seq: first_seq,
+                    index: i as u32,
+                    raw_offset: u64::from(max_chunk_raw) * i as u64,
+                    raw_len: max_chunk_raw,
+                    codec: Codec::None,
+                };
+                stream
+                    .write_all(&header.frame_prefix(max_chunk_raw as usize))
+                    .await?;
+                let piece = vec![0x5a; 64 << 10];
+                let mut left = hoard.bytes_each;
+                while left > 0 {
+                    let n = left.min(piece.len());
+                    stream.write_all(&piece[..n]).await?;
+                    shared.record.lock().unwrap().hoarded += n as u64;
+                    left -= n;
+                }
+                // Never finished: the stream stays open with its frame cut short.
+                std::future::pending::<()>().await;
+                Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+            }
+        });
+        futures::future::join_all(writers).await;
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    tokio::select! {
+        r = heartbeats => r,
+        r = streams => r,
+        _ = conn.closed() => Ok(()),
+    }
 }

@@ -340,6 +340,71 @@ fn chunk_payload_is_shared_not_copied() {
     );
 }
 
+fn chunk_frame(raw_len: u32, codec: Codec, payload_len: usize) -> Vec<u8> {
+    Frame::Chunk(Chunk {
+        header: ChunkHeader {
+            seq: 7,
+            index: 0,
+            raw_offset: 0,
+            raw_len,
+            codec,
+        },
+        payload: Bytes::from(vec![1u8; payload_len]),
+    })
+    .to_vec()
+}
+
+#[test]
+fn a_data_streams_head_tells_what_its_frame_will_hold() {
+    let limits = Limits::default();
+    let raw = chunk_frame(4000, Codec::None, 4000);
+    let zstd = chunk_frame(4 << 20, Codec::Zstd, 100);
+    let end = samples()
+        .into_iter()
+        .find(|f| matches!(f, Frame::LedgerEnd(_)))
+        .unwrap()
+        .to_vec();
+    let cases = [
+        (&raw, DATA_HEAD_LEN, raw.len() as u64),
+        (&zstd, DATA_HEAD_LEN, zstd.len() as u64 + (4 << 20)),
+        (&end, FRAME_HEADER_LEN, end.len() as u64),
+    ];
+    for (bytes, need, held) in cases {
+        for short in 0..need {
+            assert_eq!(
+                data_head(&bytes[..short], &limits),
+                Ok(None),
+                "{short} bytes"
+            );
+        }
+        let want = Some(DataHead {
+            frame_type: FrameType::from_u8(bytes[0]).unwrap(),
+            frame_len: bytes.len(),
+            held,
+        });
+        assert_eq!(data_head(&bytes[..need], &limits), Ok(want));
+        assert_eq!(data_head(bytes, &limits), Ok(want));
+    }
+}
+
+#[test]
+fn a_data_streams_head_is_checked_before_anything_is_held() {
+    let limits = Limits::default();
+    // A chunk longer than the limit is refused from its 5-byte header.
+    let mut long = chunk_frame(10, Codec::None, 10);
+    long[1..5].copy_from_slice(&(limits.max_chunk_body() + 1).to_be_bytes());
+    assert!(matches!(
+        data_head(&long[..FRAME_HEADER_LEN], &limits),
+        Err(FrameError::TooLong { .. })
+    ));
+    assert!(data_head(&[0xee, 0, 0, 0, 0], &limits).is_err());
+    // A compressed chunk claiming more than the largest raw chunk costs only its frame: it is
+    // refused before it is decompressed.
+    let big = chunk_frame(limits.max_chunk_raw + 1, Codec::Lz4, 100);
+    let head = data_head(&big, &limits).unwrap().unwrap();
+    assert_eq!(head.held, big.len() as u64);
+}
+
 #[test]
 fn long_messages_are_cut_at_a_char_boundary() {
     let s = "é".repeat(40_000);
