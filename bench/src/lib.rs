@@ -18,6 +18,7 @@
 pub mod baseline;
 pub mod cluster;
 pub mod cpu;
+pub mod delay;
 pub mod fanout;
 pub mod harness;
 pub mod lake;
@@ -27,6 +28,7 @@ pub mod netem;
 pub mod perlane;
 pub mod proc;
 pub mod projection;
+pub mod query;
 pub mod remote;
 pub mod report;
 pub mod ring_disk;
@@ -112,6 +114,17 @@ pub enum Helper {
     /// subscribers behind E edges against N direct ones, and hedged against single-relay p99
     /// with one relay's path capped at a tenth (emulated network, root only).
     Tiers(tiers::TiersArgs),
+    /// stellar-core's query port carried through relays: getLedgerEntries of 1, 10 and 100
+    /// keys through stand-in -> relay -> core double against the double called directly, on
+    /// loopback and over an emulated round trip (root), and ledger delivery with and without
+    /// queries running.
+    Query(query::QueryArgs),
+    /// Posts form bodies and writes each request's latency (the query bench's client).
+    #[command(hide = true)]
+    QueryClient(query::client::ClientArgs),
+    /// Forwards UDP, holding each datagram in each direction (the query bench's round trip).
+    #[command(hide = true)]
+    UdpDelay(delay::DelayArgs),
     /// Prints the body of an HTTP GET (the bench scrapes a relay inside its namespace).
     #[command(hide = true)]
     HttpGet {
@@ -469,6 +482,8 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
                 | Helper::TcpRecv { .. }
                 | Helper::Cpu(_)
                 | Helper::HttpGet { .. }
+                | Helper::QueryClient(_)
+                | Helper::UdpDelay(_)
         )
     ) {
         install_signal_handler();
@@ -489,6 +504,9 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Some(Helper::RingDisk(a)) => return ring_disk::main(&a),
         Some(Helper::Fanout(a)) => return fanout::main(&a),
         Some(Helper::Tiers(a)) => return tiers::main(&a),
+        Some(Helper::Query(a)) => return query::main(&a),
+        Some(Helper::QueryClient(a)) => return query::client::main(&a),
+        Some(Helper::UdpDelay(a)) => return delay::run(a.listen, a.to, a.delay),
         Some(Helper::HttpGet { addr, path }) => {
             print!("{}", harness::http_get(addr, &path)?);
             return Ok(());
