@@ -438,7 +438,7 @@ async fn a_catchup_is_checked_against_the_anchor_setting() {
         "ledgers FIRST+4 and FIRST+5 only, byte for byte"
     );
     let state = std::fs::read_to_string(dir.path().join("ledger-captive-core.state")).unwrap();
-    assert_eq!(state.trim(), format!("{to} {}", hash(5)));
+    assert_eq!(state.trim(), format!("{to} {} protocol=19", hash(5)));
 
     let ((code, out, err), _) = catchup(format!("{}:{}", FIRST_SEQ + 1, hash(2))).await;
     assert_eq!(code, 2, "{err}");
