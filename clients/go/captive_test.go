@@ -33,20 +33,28 @@ func historyArchive(t testing.TB, current uint32) string {
 }
 
 // captiveCore is the SDK's own CaptiveStellarCore with ledger-captive-core as its core
-// binary, reaching relay through the environment the stand-in reads.
-func (e *env) captiveCore(t testing.TB, relay string) (*ledgerbackend.CaptiveStellarCore, *lockedBuffer) {
+// binary, reaching relay through the environment the stand-in reads; each of params changes
+// the captive-core settings first (core's HTTP ports, as stellar-rpc sets them).
+func (e *env) captiveCore(t testing.TB, relay string, params ...func(*ledgerbackend.CaptiveCoreTomlParams)) (*ledgerbackend.CaptiveStellarCore, *lockedBuffer) {
 	t.Helper()
 	t.Setenv("LEDGER_CAPTIVE_CORE_CONFIG", "")
 	t.Setenv("LEDGER_CAPTIVE_CORE_RELAY", relay)
 	t.Setenv("LEDGER_CAPTIVE_CORE_CERTS", e.certs)
 	t.Setenv("LEDGER_CAPTIVE_CORE_NAME", "rpc-1")
 	archive := historyArchive(t, testnetLast)
-	toml, err := ledgerbackend.NewCaptiveCoreTomlFromData(ledgerbackend.TestnetDefaultConfig,
-		ledgerbackend.CaptiveCoreTomlParams{
-			NetworkPassphrase:  testnetPass,
-			HistoryArchiveURLs: []string{archive},
-			CoreBinaryPath:     e.bin.Captive,
-		})
+	// No HTTP ports unless params set them: the stand-in would serve core's default 11626,
+	// which another test or service on the machine may hold.
+	var noHTTPPort uint
+	tomlParams := ledgerbackend.CaptiveCoreTomlParams{
+		NetworkPassphrase:  testnetPass,
+		HistoryArchiveURLs: []string{archive},
+		CoreBinaryPath:     e.bin.Captive,
+		HTTPPort:           &noHTTPPort,
+	}
+	for _, p := range params {
+		p(&tomlParams)
+	}
+	toml, err := ledgerbackend.NewCaptiveCoreTomlFromData(ledgerbackend.TestnetDefaultConfig, tomlParams)
 	if err != nil {
 		t.Fatal(err)
 	}

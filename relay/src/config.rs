@@ -14,6 +14,7 @@ use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::Limits;
 use serde::Deserialize;
 
+use crate::core_http::{CoreBackend, CoreSettings, CoreUrl};
 use crate::health;
 use crate::lake::backfill::{default_per_identity, BackfillConfig};
 use crate::lake::export::ExportConfig;
@@ -190,6 +191,35 @@ pub struct RunArgs {
     /// resume). The ring keeps only verified ledgers either way.
     #[arg(long = "cut-through")]
     pub cut_through: bool,
+    /// stellar-core's command port, e.g. http://127.0.0.1:11626: subscribers' stand-ins send
+    /// the /tx and /info requests of stellar-rpc, Horizon and Galexie here. A relay with a
+    /// relay: source and neither --core-http nor --core-query forwards them to its upstreams.
+    #[arg(long = "core-http", value_name = "URL")]
+    pub core_http: Option<String>,
+    /// stellar-core's query server, e.g. http://127.0.0.1:11628: /getledgerentry and
+    /// /getledgerentryraw are forwarded here.
+    #[arg(long = "core-query", value_name = "URL")]
+    pub core_query: Option<String>,
+    /// Client identity that may send requests for the command port (repeatable) [default:
+    /// every client --allow admits].
+    #[arg(long = "core-http-allow", value_name = "NAME")]
+    pub core_http_allow: Vec<String>,
+    /// Client identity that may send requests for the query server (repeatable) [default:
+    /// every client --allow admits].
+    #[arg(long = "core-query-allow", value_name = "NAME")]
+    pub core_query_allow: Vec<String>,
+    /// Longest a forwarded request is given, or the request's own timeout when shorter;
+    /// 1ms..=60s [default: 5s].
+    #[arg(long = "core-timeout", value_name = "DURATION")]
+    pub core_timeout: Option<String>,
+    /// Largest request forwarded (target, content type and body), at most 1MiB [default:
+    /// 1MiB].
+    #[arg(long = "core-max-request", value_name = "SIZE")]
+    pub core_max_request: Option<String>,
+    /// Requests of one client identity in flight at once, 1..=1024; more are answered 429
+    /// at once [default: 16].
+    #[arg(long = "core-concurrency", value_name = "N")]
+    pub core_concurrency: Option<u32>,
     /// With --source relay:...: a trusted ledger, SEQ:HASH (its header hash, 64 hex digits),
     /// that a relay with an empty ring starts at: the upstream's ledger SEQ must have this hash
     /// (without it, an empty ring trusts the upstream's first ledger).
@@ -247,6 +277,13 @@ struct FileConfig {
     upstream_name: Option<String>,
     upstream_lanes: Option<u8>,
     cut_through: Option<bool>,
+    core_http: Option<String>,
+    core_query: Option<String>,
+    core_http_allow: Option<Vec<String>>,
+    core_query_allow: Option<Vec<String>>,
+    core_timeout: Option<String>,
+    core_max_request: Option<String>,
+    core_concurrency: Option<u32>,
     upstream_anchor: Option<String>,
     transport: Option<TransportSettings>,
 }
@@ -304,6 +341,12 @@ pub struct RelayConfig {
     /// upstream relays of a `relay:` source (set by the `ledger-relay` binary, like
     /// `external_source`).
     pub refetch: Option<crate::source::Refetch>,
+    /// Requests for stellar-core's HTTP ports (`--core-*`).
+    pub core: CoreSettings,
+    /// Where a relay without `--core-http` and `--core-query` forwards requests for
+    /// stellar-core: a tier relay's upstream relays (set by the `ledger-relay` binary, like
+    /// `external_source`). `None`: such requests are refused.
+    pub core_upstream: Option<std::sync::Arc<dyn CoreBackend>>,
 }
 
 /// How a relay with a `relay:` source subscribes to its upstreams.
@@ -589,42 +632,14 @@ impl RelayConfig {
             codec: pipeline.codec,
         };
         let cut_through = args.cut_through || file.cut_through.unwrap_or(false);
-        let upstream = match &source {
-            SourceSpec::Relay { .. } => {
-                let name = pick!(upstream_name).context(
-                    "--source relay:... needs --upstream-name NAME (a client certificate in --certs)",
-                )?;
-                ledger_relay_certs::validate_name(&name)
-                    .with_context(|| format!("--upstream-name {name}"))?;
-                let lanes = pick!(upstream_lanes).unwrap_or(DEFAULT_UPSTREAM_LANES);
-                if !(1..=64).contains(&lanes) {
-                    bail!("--upstream-lanes {lanes}: expected 1..=64");
-                }
-                let anchor = match pick!(upstream_anchor) {
-                    Some(a) => Some(
-                        ledger_relay_wire::header::parse_anchor(&a)
-                            .map_err(|reason| anyhow::anyhow!("--upstream-anchor {a}: {reason}"))?,
-                    ),
-                    None => None,
-                };
-                Some(UpstreamConfig {
-                    name,
-                    lanes,
-                    cut_through,
-                    anchor,
-                })
-            }
-            _ => {
-                if pick!(upstream_name).is_some()
-                    || pick!(upstream_lanes).is_some()
-                    || pick!(upstream_anchor).is_some()
-                    || cut_through
-                {
-                    bail!("--upstream-name, --upstream-lanes, --upstream-anchor and --cut-through go with --source relay:ADDR[,ADDR...]");
-                }
-                None
-            }
-        };
+        let upstream = upstream_config(
+            &source,
+            pick!(upstream_name),
+            pick!(upstream_lanes),
+            pick!(upstream_anchor),
+            cut_through,
+        )?;
+        let core = core_settings(CoreFlags::pick(&args, &file), &server.session.limits)?;
         Ok(RelayConfig {
             listen,
             certs,
@@ -649,8 +664,136 @@ impl RelayConfig {
             upstream,
             external_source: None,
             refetch: None,
+            core,
+            core_upstream: None,
         })
     }
+}
+
+/// How a relay with a `relay:` source subscribes to its upstreams; the upstream flags without
+/// such a source are a mistake.
+fn upstream_config(
+    source: &SourceSpec,
+    name: Option<String>,
+    lanes: Option<u8>,
+    anchor: Option<String>,
+    cut_through: bool,
+) -> anyhow::Result<Option<UpstreamConfig>> {
+    if !matches!(source, SourceSpec::Relay { .. }) {
+        if name.is_some() || lanes.is_some() || anchor.is_some() || cut_through {
+            bail!("--upstream-name, --upstream-lanes, --upstream-anchor and --cut-through go with --source relay:ADDR[,ADDR...]");
+        }
+        return Ok(None);
+    }
+    let name = name.context(
+        "--source relay:... needs --upstream-name NAME (a client certificate in --certs)",
+    )?;
+    ledger_relay_certs::validate_name(&name).with_context(|| format!("--upstream-name {name}"))?;
+    let lanes = lanes.unwrap_or(DEFAULT_UPSTREAM_LANES);
+    if !(1..=64).contains(&lanes) {
+        bail!("--upstream-lanes {lanes}: expected 1..=64");
+    }
+    let anchor = anchor
+        .map(|a| {
+            ledger_relay_wire::header::parse_anchor(&a)
+                .map_err(|reason| anyhow::anyhow!("--upstream-anchor {a}: {reason}"))
+        })
+        .transpose()?;
+    Ok(Some(UpstreamConfig {
+        name,
+        lanes,
+        cut_through,
+        anchor,
+    }))
+}
+
+/// A repeatable flag's values, or the config file's list when the flag is not given; `None`
+/// when neither names any.
+fn list(flags: &[String], file: &Option<Vec<String>>) -> Option<Vec<String>> {
+    if !flags.is_empty() {
+        return Some(flags.to_vec());
+    }
+    file.clone().filter(|l| !l.is_empty())
+}
+
+/// The `--core-*` flags, as given.
+struct CoreFlags {
+    http: Option<String>,
+    query: Option<String>,
+    http_allow: Option<Vec<String>>,
+    query_allow: Option<Vec<String>>,
+    timeout: Option<String>,
+    max_request: Option<String>,
+    concurrency: Option<u32>,
+}
+
+impl CoreFlags {
+    /// The flags of `args` over the keys of `file`.
+    fn pick(args: &RunArgs, file: &FileConfig) -> CoreFlags {
+        CoreFlags {
+            http: args.core_http.clone().or(file.core_http.clone()),
+            query: args.core_query.clone().or(file.core_query.clone()),
+            http_allow: list(&args.core_http_allow, &file.core_http_allow),
+            query_allow: list(&args.core_query_allow, &file.core_query_allow),
+            timeout: args.core_timeout.clone().or(file.core_timeout.clone()),
+            max_request: args
+                .core_max_request
+                .clone()
+                .or(file.core_max_request.clone()),
+            concurrency: args.core_concurrency.or(file.core_concurrency),
+        }
+    }
+}
+
+/// The longest `--core-timeout`: a request is an RPC's call waiting (stellar-rpc gives core
+/// 2 s); beyond a minute it is a typo.
+const MAX_CORE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most `--core-concurrency` accepts.
+const MAX_CORE_CONCURRENCY: u32 = 1024;
+
+/// Checks the `--core-*` flags: http URLs with a host and a port, valid identity names, and
+/// bounds within what the protocol (`limits`) allows.
+fn core_settings(flags: CoreFlags, limits: &Limits) -> anyhow::Result<CoreSettings> {
+    let url = |flag: &str, v: Option<String>| -> anyhow::Result<Option<CoreUrl>> {
+        v.map(|u| u.parse().map_err(|e| anyhow::anyhow!("--{flag} {u}: {e}")))
+            .transpose()
+    };
+    let names = |flag: &str, v: &Option<Vec<String>>| -> anyhow::Result<()> {
+        for name in v.iter().flatten() {
+            ledger_relay_certs::validate_name(name).with_context(|| format!("--{flag} {name}"))?;
+        }
+        Ok(())
+    };
+    names("core-http-allow", &flags.http_allow)?;
+    names("core-query-allow", &flags.query_allow)?;
+    let mut core = CoreSettings {
+        http: url("core-http", flags.http)?,
+        query: url("core-query", flags.query)?,
+        http_allow: flags.http_allow,
+        query_allow: flags.query_allow,
+        ..CoreSettings::default()
+    };
+    if let Some(t) = flags.timeout {
+        core.timeout = parse_duration(&t).context("--core-timeout")?;
+        if core.timeout.is_zero() || core.timeout > MAX_CORE_TIMEOUT {
+            bail!("--core-timeout {t}: expected 1ms..=60s");
+        }
+    }
+    if let Some(m) = flags.max_request {
+        let max = parse_size(&m).context("--core-max-request")?;
+        let limit = limits.max_core_request;
+        if max == 0 || max > u64::from(limit) {
+            bail!("--core-max-request {m}: expected 1..={limit} bytes (the protocol's limit)");
+        }
+        core.max_request = max as u32;
+    }
+    if let Some(n) = flags.concurrency {
+        if !(1..=MAX_CORE_CONCURRENCY).contains(&n) {
+            bail!("--core-concurrency {n}: expected 1..={MAX_CORE_CONCURRENCY}");
+        }
+        core.concurrency = n;
+    }
+    Ok(core)
 }
 
 /// The pending pool's settings (`--handshake-pool`, `--handshake-pool-per-source`,

@@ -5,7 +5,9 @@
 //! compresses each chunk once, keeps the last N ledgers in a sled retention ring, and streams
 //! every ledger to every subscriber over several QUIC lanes with mutual TLS. It can write every
 //! ledger to a data lake as Galexie does (`--export`), and holds a lake to serve history below
-//! the ring from (`--backfill`, [`lake::backfill`]).
+//! the ring from (`--backfill`, [`lake::backfill`]). It forwards the requests RPC boxes make
+//! of stellar-core's HTTP ports to the core beside it, or to its upstream relays
+//! ([`core_http`]).
 //!
 //! It does not decode ledgers beyond their header, and it does not speak any protocol but its
 //! own (`docs/protocol.md`); the protocol logic itself lives in `ledger-relay-wire`.
@@ -21,6 +23,7 @@ mod auth;
 mod certinfo;
 mod closing;
 pub mod config;
+pub mod core_http;
 mod health;
 pub mod hub;
 pub mod lake;
@@ -121,6 +124,7 @@ impl Relay {
         check_upstream_anchor(&ring, &config)?;
         pipeline::update_ring_metrics(&ring, &metrics);
         record_sizing(&config, &metrics);
+        let forwarder = core_forwarder(&config, &metrics)?;
         let hub = Arc::new(Hub::new(config.live_capacity, hub::RECENT_LEDGERS));
         let auth = Arc::new(
             Auth::load(auth_config(&config), config.transport.clone())
@@ -135,15 +139,7 @@ impl Relay {
                 .context("creating the QUIC endpoint")?;
         let addr = endpoint.local_addr()?;
 
-        let metrics_addr = match config.metrics {
-            Some(a) => {
-                let bound = metrics::spawn(a, metrics.clone(), shutdown.clone())
-                    .with_context(|| format!("binding metrics on {a}"))?;
-                info!(addr = %bound, "metrics listening");
-                Some(bound)
-            }
-            None => None,
-        };
+        let metrics_addr = serve_metrics(config.metrics, &metrics, &shutdown)?;
 
         tokio::spawn(certinfo::watch_crl(
             auth_config(&config).crl,
@@ -239,7 +235,7 @@ impl Relay {
         let server_cfg = config.server.clone();
         let ring2 = ring.clone();
         let task = tokio::spawn(async move {
-            server::serve(endpoint, auth, shared, server_cfg, shutdown).await;
+            server::serve(endpoint, auth, shared, server_cfg, forwarder, shutdown).await;
             // The source stops with the shutdown token; the pipeline drains and the ring
             // writer flushes the ledgers it was given.
             let _ = tokio::task::spawn_blocking(move || {
@@ -298,6 +294,48 @@ fn record_sizing(config: &RelayConfig, metrics: &Metrics) {
         set(&metrics.sizing_source_pool_ledgers, source::POOL as u64);
         set(&metrics.sizing_source_upfront_bytes, source::UPFRONT_BYTES);
     }
+}
+
+/// Serves `/metrics` and `/healthz` on `addr` (`--metrics`), if given; the address bound.
+fn serve_metrics(
+    addr: Option<SocketAddr>,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(a) = addr else { return Ok(None) };
+    let bound = metrics::spawn(a, metrics.clone(), shutdown.clone())
+        .with_context(|| format!("binding metrics on {a}"))?;
+    info!(addr = %bound, "metrics listening");
+    Ok(Some(bound))
+}
+
+/// Where requests for stellar-core go: `--core-http` and `--core-query`, or a tier relay's
+/// upstream relays.
+fn core_forwarder(
+    config: &RelayConfig,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<core_http::forward::Forwarder>> {
+    let core = &config.core;
+    let upstream = config.core_upstream.clone();
+    let forwarder = core_http::forward::Forwarder::new(
+        core,
+        upstream.clone(),
+        &config.server.session.limits,
+        metrics.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("the HTTP client of --core-http/--core-query: {e}"))?;
+    match (&core.http, &core.query) {
+        (None, None) if upstream.is_some() => {
+            info!("requests for stellar-core go to the upstream relays");
+        }
+        (None, None) => {}
+        (http, query) => info!(
+            http = http.as_ref().map_or("off".to_owned(), |u| u.to_string()),
+            query = query.as_ref().map_or("off".to_owned(), |u| u.to_string()),
+            "requests for stellar-core go to its ports"
+        ),
+    }
+    Ok(Arc::new(forwarder))
 }
 
 /// Where the relay's certificates are: `--certs DIR --name NAME`.

@@ -40,6 +40,8 @@ macro_rules! counters {
             pub ring_degraded: AtomicBool,
             /// Data lakes: export, backfill and a `datalake:` source.
             pub lake: crate::lake::LakeMetrics,
+            /// Requests for stellar-core's HTTP ports.
+            pub core: crate::core_http::CoreMetrics,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
             /// Per lane number, over every session: what the lanes carried and their paths.
@@ -105,7 +107,7 @@ counters! {
     resent_chunks_total: "Chunks sent again (resend requests and lane loss).",
     ring_reads_total: "Ledgers read from the ring for replays and slow subscribers.",
     lagged_total: "Times a session fell behind the live stream and switched to ring reading.",
-    revoked_sessions_total: "Sessions closed because their certificate was revoked.",
+    revoked_sessions_total: "Sessions and request connections closed because their certificate was revoked.",
     crl_reloads_total: "Times the CRL was reloaded.",
     crl_errors_total: "CRL reloads that failed (the previous CRL stays in force).",
     certificate_reloads_total: "Times a new certificate and key of this relay were put in force for new handshakes.",
@@ -203,6 +205,7 @@ impl Metrics {
         let _ = writeln!(out, "ledger_relay_ring_degraded {degraded}");
         let newest = self.source_newest.load(Ordering::Relaxed);
         self.lake.render(&mut out, newest);
+        self.core.render(&mut out);
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# HELP ledger_relay_subscriber_lag_ledgers Ledgers between the source's newest and the subscriber's last acknowledged.");
         let _ = writeln!(out, "# TYPE ledger_relay_subscriber_lag_ledgers gauge");

@@ -1,6 +1,7 @@
 //! The QUIC endpoint: accepting connections, authorizing them, opening sessions, routing lane
-//! joins, enforcing connection and session limits ([`crate::admission`]), and revoking live
-//! sessions when the CRL changes.
+//! joins, handing request connections to [`crate::core_http`], enforcing connection and
+//! session limits ([`crate::admission`]), and revoking live sessions and request connections
+//! when the CRL changes.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::compress::Codec;
+use ledger_relay_wire::core_http::CoreRequest;
 use ledger_relay_wire::frame::{Frame, LaneJoin, SessionOpen, TOKEN_LEN};
 use ledger_relay_wire::sender::{CloseReason, Violation};
 use ledger_relay_wire::PROTOCOL_VERSION;
@@ -21,6 +23,8 @@ use tracing::{debug, info, warn};
 use crate::admission::{Admission, Caps, Decision, Pending, Slot};
 use crate::auth::{Auth, ClientId};
 use crate::closing::{close_for, close_plain};
+use crate::core_http::conn::{RequestConn, RequestConns};
+use crate::core_http::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::reload::{Reloader, CRL_POLL};
 use crate::session::{
@@ -97,6 +101,10 @@ struct Ctx {
     shared: Shared,
     registry: Registry,
     admission: Arc<Admission>,
+    /// Where requests for stellar-core go.
+    forwarder: Arc<Forwarder>,
+    /// The request connections open.
+    core_conns: RequestConns,
     shutdown: CancellationToken,
 }
 
@@ -112,13 +120,15 @@ impl Ctx {
     }
 }
 
-/// Accepts connections on `endpoint` until `shutdown`, then ends every session with
-/// `ShuttingDown` and waits (briefly) for the endpoint to go idle.
-pub async fn serve(
+/// Accepts connections on `endpoint` until `shutdown`, then ends every session and request
+/// connection with `ShuttingDown` and waits (briefly) for the endpoint to go idle. Requests
+/// for stellar-core go to `forwarder`.
+pub(crate) async fn serve(
     endpoint: Endpoint,
     auth: Arc<Auth>,
     shared: Shared,
     cfg: ServerConfig,
+    forwarder: Arc<Forwarder>,
     shutdown: CancellationToken,
 ) {
     let admission = Admission::new(cfg.caps(), shared.metrics.clone());
@@ -128,6 +138,8 @@ pub async fn serve(
         admission,
         shared,
         registry: Arc::new(Mutex::new(HashMap::new())),
+        forwarder,
+        core_conns: RequestConns::default(),
         shutdown: shutdown.clone(),
     });
     tokio::spawn(watch_crl(ctx.clone(), endpoint.clone()));
@@ -141,6 +153,7 @@ pub async fn serve(
         };
         dispatch(&ctx, incoming);
     }
+    ctx.core_conns.close_all(&CloseReason::ShuttingDown);
     for h in &ctx.sessions() {
         h.end(CloseReason::ShuttingDown);
     }
@@ -190,7 +203,8 @@ fn dispatch(ctx: &Arc<Ctx>, incoming: quinn::Incoming) {
 }
 
 /// Polls the CRL and the relay's certificate and key ([`Reloader`]); on a change installs a new
-/// server config (new handshakes only) and ends sessions whose certificate a new CRL revokes.
+/// server config (new handshakes only) and ends sessions and request connections whose
+/// certificate a new CRL revokes.
 async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
     let mut tick = tokio::time::interval(CRL_POLL);
     let mut reloader = Reloader::new();
@@ -218,6 +232,10 @@ async fn watch_crl(ctx: Arc<Ctx>, endpoint: Endpoint) {
                     identity: h.client.name.clone(),
                 });
             }
+        }
+        for client in ctx.core_conns.close_revoked(|s| ctx.auth.is_revoked(s)) {
+            info!(%client, "certificate revoked: closing request connection");
+            Metrics::add(&ctx.shared.metrics.revoked_sessions_total, 1);
         }
     }
 }
@@ -367,7 +385,8 @@ struct Request {
     remote: std::net::SocketAddr,
 }
 
-/// Reads the request's first frame and serves it: a session, or a lane of one.
+/// Reads the request's first frame and serves it: a session, a lane of one, or a request
+/// connection.
 async fn serve_request(ctx: &Arc<Ctx>, mut req: Request) {
     let m = &ctx.shared.metrics;
     let first = tokio::time::timeout(ctx.cfg.first_frame_timeout, first_frame(&mut req.recv));
@@ -392,12 +411,54 @@ async fn serve_request(ctx: &Arc<Ctx>, mut req: Request) {
     match first {
         Frame::SessionOpen(open) => open_session(ctx, req, open).await,
         Frame::LaneJoin(join) => join_lane(ctx, req, join).await,
+        Frame::CoreRequest(first) => serve_core(ctx, req, first).await,
         other => {
             Metrics::add(&m.protocol_errors_total, 1);
             let msg = format!("{} frame cannot open a lane", other.frame_type().name());
             refuse(&req.conn, &mut req.send, violation(msg)).await;
         }
     }
+}
+
+/// Serves a request connection, whose first stream carried `first`, until it closes. It
+/// keeps its place in the connection counts meanwhile, as a lane does.
+async fn serve_core(ctx: &Arc<Ctx>, req: Request, first: CoreRequest) {
+    let Request {
+        conn,
+        send,
+        recv,
+        client,
+        remote,
+    } = req;
+    let _registered = ctx.core_conns.register(&conn, &client);
+    // As at session open: the CRL watcher may have scanned the request connections before
+    // this one was among them.
+    if ctx.auth.is_revoked(&client.serial) {
+        let reason = CloseReason::Revoked {
+            identity: client.name.clone(),
+        };
+        refuse_plain(ctx, &conn, &reason);
+        return;
+    }
+    info!(%remote, client = %client.name, "request connection opened");
+    let served = RequestConn {
+        conn: conn.clone(),
+        identity: client.name.as_str().into(),
+        forwarder: ctx.forwarder.clone(),
+        limits: ctx.cfg.session.limits.clone(),
+        metrics: ctx.shared.metrics.clone(),
+    };
+    served.run(first, send, recv).await;
+    let why = conn
+        .close_reason()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    info!(%remote, client = %client.name, reason = %why, "request connection closed");
+}
+
+fn refuse_plain(ctx: &Ctx, conn: &Connection, reason: &CloseReason) {
+    Metrics::add(&ctx.shared.metrics.sessions_refused_total, 1);
+    close_plain(conn, reason);
 }
 
 /// Why a `SessionOpen` cannot be served by this relay (version, codecs), if it cannot.

@@ -10,6 +10,8 @@ macro_rules! testdata {
 
 mod admission;
 mod auth;
+mod core_http;
+mod core_stand_in;
 mod dashboard;
 mod e2e;
 mod faults;

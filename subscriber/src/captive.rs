@@ -6,9 +6,12 @@
 //!
 //! The commands the SDK (go-stellar-sdk v0.7.3) builds, and what this stand-in does with each
 //! (docs/rpc.md has the table):
-//! - `version`: a first line `vX.Y.Z-...` and `ledger protocol version: N`.
-//! - `--conf FILE [--console]` before every other command: accepted; the SDK's core config is
-//!   not needed, the relay settings come from [`Settings`].
+//! - `version`: a first line `vX.Y.Z-...` and `ledger protocol version: N`, N the protocol of
+//!   the last ledger streamed (never below 23, the lowest the SDK accepts).
+//! - `--conf FILE [--console]` before every other command: accepted. `run` and `catchup` with a
+//!   stream read core's HTTP ports from FILE ([`CoreConf`]: `HTTP_PORT`, `HTTP_QUERY_PORT`,
+//!   `PUBLIC_HTTP_PORT`) and serve them while they stream ([`http`]); the relay settings come
+//!   from [`Settings`].
 //! - `new-db`: forgets the last closed ledger (it becomes 1, as in a fresh core database).
 //! - `offline-info`: core's info JSON with the last closed ledger; fails when there is none.
 //! - `catchup TO/0`: records TO as the last closed ledger (the ledger after it is where `run`
@@ -25,8 +28,8 @@
 //! see [`anchored_start`]; without it, the first ledger the relays send is trusted (every
 //! ledger after it is checked against the one before).
 //!
-//! The state (the last closed ledger and its hash) is a small file in the working directory,
-//! which the SDK sets to its storage path, as core keeps its database there.
+//! The state (the last closed ledger, its hash and its protocol) is a small file in the working
+//! directory, which the SDK sets to its storage path, as core keeps its database there.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -36,10 +39,15 @@ use std::str::FromStr;
 use ledger_relay_transport::parse_duration;
 
 use crate::config::{Anchor, Credentials, RelayAddr, SubscribeConfig};
+use crate::core_http::{CoreClient, CoreClientConfig, CoreClientError};
 use crate::error::SubscribeError;
 
+mod conf;
+pub mod http;
 mod run;
-pub use run::{stream, StreamEnd};
+pub use conf::{CoreConf, DEFAULT_HTTP_PORT};
+pub use http::{HttpOptions, HttpServers};
+pub use run::{stream, Serve, StreamEnd};
 
 /// The environment variable naming the settings file.
 pub const CONFIG_ENV: &str = "LEDGER_CAPTIVE_CORE_CONFIG";
@@ -51,8 +59,13 @@ pub const ENV_PREFIX: &str = "LEDGER_CAPTIVE_CORE_";
 /// The state file, in the working directory.
 pub const STATE_FILE: &str = "ledger-captive-core.state";
 /// The lowest ledger protocol the Go SDK accepts from `version` (go-stellar-sdk v0.7.3's
-/// `minProtocolVersionSupported`); reported unless `protocol_version` says otherwise.
+/// `minProtocolVersionSupported`): reported when no ledger was streamed yet, and the floor of
+/// what is reported otherwise (unless `protocol_version` says otherwise).
 pub const DEFAULT_PROTOCOL_VERSION: u32 = 23;
+/// Where the SDK's runner keeps core's working directory under its storage path, which is
+/// the service's own working directory unless configured: `version`, run from there, looks
+/// for the state in this subdirectory too.
+pub const SDK_WORKING_DIR: &str = "captive-core";
 
 /// Why the stand-in failed.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +105,9 @@ pub enum CaptiveError {
     /// The subscription failed.
     #[error(transparent)]
     Subscribe(#[from] SubscribeError),
+    /// The client for stellar-core's ports could not be set up.
+    #[error("requests for stellar-core")]
+    CoreClient(#[from] CoreClientError),
 }
 
 impl CaptiveError {
@@ -122,11 +138,15 @@ pub enum Command {
         count: u32,
         /// `--metadata-output-stream fd:N`.
         stream: Option<i32>,
+        /// `--conf FILE`: core's config, for its HTTP ports.
+        conf: Option<PathBuf>,
     },
     /// `run`.
     Run {
         /// `--metadata-output-stream fd:N`.
         stream: Option<i32>,
+        /// `--conf FILE`: core's config, for its HTTP ports.
+        conf: Option<PathBuf>,
         /// `--start-at-ledger`.
         start_at: Option<u32>,
         /// `--start-at-hash`.
@@ -134,8 +154,9 @@ pub enum Command {
     },
 }
 
-/// Parses the arguments after the program name. Options core takes and that change nothing
-/// here (`--conf FILE`, `--console`, `--in-memory`, `--ll LEVEL`) are accepted anywhere.
+/// Parses the arguments after the program name. Options core takes are accepted anywhere;
+/// `--conf FILE` matters to `run` and `catchup` (core's HTTP ports), `--console`,
+/// `--in-memory` and `--ll LEVEL` change nothing here.
 pub fn parse_args(args: &[String]) -> Result<Command, CaptiveError> {
     let usage = || CaptiveError::Usage(args.join(" "));
     let mut words = Vec::new();
@@ -160,6 +181,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, CaptiveError> {
         .get("--metadata-output-stream")
         .map(|s| parse_fd(s).ok_or_else(usage))
         .transpose()?;
+    let conf = flags.get("--conf").map(PathBuf::from);
     match words.as_slice() {
         ["version"] => Ok(Command::Version),
         ["new-db"] => Ok(Command::NewDb),
@@ -170,6 +192,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, CaptiveError> {
                 to: to.parse().map_err(|_| usage())?,
                 count: count.parse().map_err(|_| usage())?,
                 stream,
+                conf,
             })
         }
         ["run"] => {
@@ -183,6 +206,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, CaptiveError> {
                 .transpose()?;
             Ok(Command::Run {
                 stream,
+                conf,
                 start_at,
                 start_hash,
             })
@@ -304,14 +328,25 @@ pub struct Settings {
     pub connect_timeout: Option<String>,
     /// Ledgers per history checkpoint (64 on every public network).
     pub checkpoint_frequency: Option<u32>,
-    /// The protocol `version` reports.
+    /// The protocol `version` reports; unset: the last streamed ledger's (at least 23).
     pub protocol_version: Option<u32>,
+    /// How long a query for a ledger newer than the last one written waits for it (default
+    /// 1 s).
+    pub query_wait: Option<String>,
+    /// How long a request to core's ports may take in all (default 2 s).
+    pub core_timeout: Option<String>,
     /// A trusted ledger, `SEQ:HASH` (`ledger-subscribe --anchor`'s grammar), that a stream
     /// with no hash of its own to start from (after `new-db` or `catchup TO/0`, or `run
     /// --start-at-ledger` without `--start-at-hash`) is checked against: see
     /// [`anchored_start`]. Without it such a stream trusts the relays' first ledger.
     pub anchor: Option<String>,
 }
+
+/// Default of [`Settings::query_wait`]: well under stellar-rpc's 2 s client timeout.
+pub const DEFAULT_QUERY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Default of [`Settings::core_timeout`]: stellar-rpc's own client timeout
+/// (`STELLAR_CORE_TIMEOUT`).
+pub const DEFAULT_CORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Settings {
     /// Reads the settings: the file, then the environment `env` over it.
@@ -358,6 +393,8 @@ impl Settings {
                 "PROTOCOL_VERSION" => {
                     self.protocol_version = Some(value.parse().map_err(|_| bad("a number"))?)
                 }
+                "QUERY_WAIT" => self.query_wait = Some(value.clone()),
+                "CORE_TIMEOUT" => self.core_timeout = Some(value.clone()),
                 "ANCHOR" => self.anchor = Some(value.clone()),
                 _ => return Err(bad("unknown setting")),
             }
@@ -370,9 +407,50 @@ impl Settings {
         self.checkpoint_frequency.unwrap_or(64)
     }
 
-    /// The protocol `version` reports.
-    pub fn protocol_version(&self) -> u32 {
-        self.protocol_version.unwrap_or(DEFAULT_PROTOCOL_VERSION)
+    /// The protocol `version` and `offline-info` report: the setting if given, else the
+    /// protocol of the last ledger streamed (`state`), never below
+    /// [`DEFAULT_PROTOCOL_VERSION`] (the SDK refuses a core below it).
+    pub fn protocol_version(&self, state: Option<&State>) -> u32 {
+        self.protocol_version.unwrap_or_else(|| {
+            state
+                .and_then(|s| s.protocol)
+                .unwrap_or(DEFAULT_PROTOCOL_VERSION)
+                .max(DEFAULT_PROTOCOL_VERSION)
+        })
+    }
+
+    fn duration(
+        value: &Option<String>,
+        key: &str,
+        default: std::time::Duration,
+    ) -> Result<std::time::Duration, CaptiveError> {
+        let Some(text) = value else {
+            return Ok(default);
+        };
+        let d = parse_duration(text)
+            .map_err(|e| CaptiveError::Settings(format!("{key} {text}: {e}")))?;
+        if d.is_zero() {
+            return Err(CaptiveError::Settings(format!(
+                "{key} {text}: must be positive"
+            )));
+        }
+        Ok(d)
+    }
+
+    /// How core's ports are answered: requests go to the relays of `config` (the
+    /// subscription's), bounded by `core_timeout`, queries wait up to `query_wait`.
+    pub fn http_options(&self, config: &SubscribeConfig) -> Result<HttpOptions, CaptiveError> {
+        let core_timeout =
+            Self::duration(&self.core_timeout, "core_timeout", DEFAULT_CORE_TIMEOUT)?;
+        let query_wait = Self::duration(&self.query_wait, "query_wait", DEFAULT_QUERY_WAIT)?;
+        let mut client = CoreClientConfig::from_subscription(config);
+        client.timeout = core_timeout;
+        Ok(HttpOptions {
+            client: CoreClient::new(client)?,
+            query_wait,
+            core_timeout,
+            max_request: config.limits.max_core_request,
+        })
     }
 
     /// The trusted ledger of the `anchor` setting, if set.
@@ -430,20 +508,29 @@ impl Settings {
 }
 
 /// The last closed ledger, as the stand-in's "database" holds it.
+///
+/// On disk: one line, `LEDGER [HASH] [protocol=N]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
     /// Its sequence (1 after `new-db`).
     pub ledger: u32,
     /// Its header hash, once a ledger was streamed.
     pub hash: Option<[u8; 32]>,
+    /// The ledger protocol (`ledgerVersion`) of the last ledger streamed; kept across
+    /// `new-db` and `catchup TO/0`, which move the position but not the network.
+    pub protocol: Option<u32>,
 }
 
 impl fmt::Display for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.hash {
-            Some(h) => write!(f, "{} {}", self.ledger, ledger_relay_wire::Hex(&h)),
-            None => write!(f, "{}", self.ledger),
+        write!(f, "{}", self.ledger)?;
+        if let Some(h) = self.hash {
+            write!(f, " {}", ledger_relay_wire::Hex(&h))?;
         }
+        if let Some(p) = self.protocol {
+            write!(f, " protocol={p}")?;
+        }
+        Ok(())
     }
 }
 
@@ -467,11 +554,55 @@ impl State {
             .next()
             .and_then(|s| s.parse().ok())
             .ok_or_else(damaged)?;
-        let hash = match parts.next() {
-            Some(h) => Some(parse_hash(h).ok_or_else(damaged)?),
-            None => None,
+        let mut state = State {
+            ledger,
+            hash: None,
+            protocol: None,
         };
-        Ok(Some(State { ledger, hash }))
+        for part in parts {
+            match part.strip_prefix("protocol=") {
+                Some(p) if state.protocol.is_none() => {
+                    state.protocol = Some(p.parse().map_err(|_| damaged())?)
+                }
+                None if state.hash.is_none() && state.protocol.is_none() => {
+                    state.hash = Some(parse_hash(part).ok_or_else(damaged)?)
+                }
+                _ => return Err(damaged()),
+            }
+        }
+        Ok(Some(state))
+    }
+
+    /// The state `version` reports from: in the working directory, else in the SDK's
+    /// working directory under it ([`SDK_WORKING_DIR`]), where it is when the service runs
+    /// from its captive-core storage path (stellar-rpc's default). `None` when neither has one
+    /// or it cannot be read.
+    pub fn find(dir: &Path) -> Option<State> {
+        [dir.to_path_buf(), dir.join(SDK_WORKING_DIR)]
+            .iter()
+            .find_map(|d| State::load(d).ok().flatten())
+    }
+
+    /// This state at another position: `ledger`, with no hash (nothing streamed there),
+    /// keeping the protocol (`new-db` and `catchup TO/0` move the position, not the network).
+    pub fn moved_to(self, ledger: u32) -> State {
+        State {
+            ledger,
+            hash: None,
+            protocol: self.protocol,
+        }
+    }
+
+    /// Records `ledger` as the last closed one in `dir` ([`State::moved_to`]; a missing or
+    /// unreadable state is replaced).
+    pub fn move_to(dir: &Path, ledger: u32) -> Result<(), CaptiveError> {
+        let fresh = State {
+            ledger,
+            hash: None,
+            protocol: None,
+        };
+        let old = State::load(dir).ok().flatten();
+        old.map_or(fresh, |s| s.moved_to(ledger)).save(dir)
     }
 
     /// Writes it to `dir`, atomically (a temporary file renamed over the old one).

@@ -26,6 +26,10 @@
 //! - Each lane's QUIC figures (bytes and packets received, round trip, congestion window,
 //!   path MTU) are kept per relay and lane: [`Subscription::lane_stats`], [`LaneMonitor`].
 //! - Lanes, TLS and frame IO come from `ledger-relay-transport`, which the relay shares.
+//! - [`core_http::CoreClient`] carries HTTP requests meant for stellar-core (its query and
+//!   command ports) to relays on a connection of its own, failing over along the same relay
+//!   list: what the stand-in `ledger-captive-core` answers stellar-rpc's state and submission
+//!   calls with.
 //! - [`cli`] is `ledger-subscribe`: ledgers written in stellar-core's record-marked framing
 //!   to stdout, a file or a FIFO, so any consumer of core's metadata pipe reads it unchanged.
 //!
@@ -89,6 +93,7 @@ pub mod captive;
 pub mod cli;
 mod client;
 pub mod config;
+pub mod core_http;
 pub mod error;
 pub mod hedge;
 pub mod lanestats;

@@ -4,9 +4,11 @@ mod support;
 
 mod auth;
 mod captive;
+mod captive_http;
 mod cli;
 mod consume_delay;
 mod content;
+mod core_http;
 mod hoard;
 mod session;
 mod sessions;

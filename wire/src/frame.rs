@@ -8,6 +8,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::compress::Codec;
+use crate::core_http::{self, CoreRequest, CoreResponse};
 use crate::error::FrameError;
 use crate::limits::Limits;
 
@@ -53,6 +54,10 @@ pub enum FrameType {
     Heartbeat = 0x22,
     /// A typed error; the sender closes the session after it.
     Error = 0x30,
+    /// A request for stellar-core's HTTP ports, on a request stream.
+    CoreRequest = 0x40,
+    /// The answer to a `CoreRequest`, on the same stream.
+    CoreResponse = 0x41,
 }
 
 impl FrameType {
@@ -69,6 +74,8 @@ impl FrameType {
             0x21 => FrameType::Resend,
             0x22 => FrameType::Heartbeat,
             0x30 => FrameType::Error,
+            0x40 => FrameType::CoreRequest,
+            0x41 => FrameType::CoreResponse,
             _ => return None,
         })
     }
@@ -86,6 +93,8 @@ impl FrameType {
             FrameType::Resend => "resend",
             FrameType::Heartbeat => "heartbeat",
             FrameType::Error => "error",
+            FrameType::CoreRequest => "core-request",
+            FrameType::CoreResponse => "core-response",
         }
     }
 
@@ -99,7 +108,11 @@ impl FrameType {
             FrameType::LedgerEnd => Some(LEDGER_END_LEN as u32),
             FrameType::Ack => Some(ACK_LEN),
             FrameType::Heartbeat => Some(HEARTBEAT_LEN),
-            FrameType::Chunk | FrameType::Resend | FrameType::Error => None,
+            FrameType::Chunk
+            | FrameType::Resend
+            | FrameType::Error
+            | FrameType::CoreRequest
+            | FrameType::CoreResponse => None,
         }
     }
 }
@@ -393,6 +406,10 @@ pub enum Frame {
     Heartbeat(Heartbeat),
     /// See [`ErrorFrame`].
     Error(ErrorFrame),
+    /// See [`CoreRequest`].
+    CoreRequest(CoreRequest),
+    /// See [`CoreResponse`].
+    CoreResponse(CoreResponse),
 }
 
 impl Frame {
@@ -409,6 +426,8 @@ impl Frame {
             Frame::Resend(_) => FrameType::Resend,
             Frame::Heartbeat(_) => FrameType::Heartbeat,
             Frame::Error(_) => FrameType::Error,
+            Frame::CoreRequest(_) => FrameType::CoreRequest,
+            Frame::CoreResponse(_) => FrameType::CoreResponse,
         }
     }
 
@@ -487,6 +506,8 @@ impl Frame {
                 out.put_u16(msg.len() as u16);
                 out.put_slice(msg.as_bytes());
             }
+            Frame::CoreRequest(r) => core_http::put_request(r, out),
+            Frame::CoreResponse(r) => core_http::put_response(r, out),
         }
         let body_len = (out.len() - start - FRAME_HEADER_LEN) as u32;
         out[start + 1..start + FRAME_HEADER_LEN].copy_from_slice(&body_len.to_be_bytes());
@@ -533,6 +554,14 @@ pub fn check_header(
     let (min, max) = match ty {
         FrameType::Chunk => (CHUNK_FIXED_LEN as u32, limits.max_chunk_body()),
         FrameType::Resend => (RESEND_FIXED_LEN, limits.max_control_body),
+        FrameType::CoreRequest => (
+            core_http::CORE_REQUEST_FIXED_LEN as u32,
+            limits.max_core_request,
+        ),
+        FrameType::CoreResponse => (
+            core_http::CORE_RESPONSE_FIXED_LEN as u32,
+            limits.max_core_response,
+        ),
         _ => (ERROR_FIXED_LEN, limits.max_control_body),
     };
     if len > max {
@@ -675,7 +704,18 @@ impl FrameDecoder {
     fn check_pending(&mut self) -> Result<Option<(FrameType, u32)>, FrameError> {
         if self.pending.is_none() {
             if let Some(h) = self.buf.first_chunk::<FRAME_HEADER_LEN>() {
-                self.pending = Some(check_header(h, &self.limits)?);
+                let (ty, len) = check_header(h, &self.limits)?;
+                // A control stream holds no frame larger than a chunk: a core response's own
+                // bound (tens of MiB) applies on a request stream only, read whole there.
+                let max = (self.limits.max_frame_len() - FRAME_HEADER_LEN) as u32;
+                if len > max {
+                    return Err(FrameError::TooLong {
+                        frame: ty.name(),
+                        len,
+                        max,
+                    });
+                }
+                self.pending = Some((ty, len));
             }
         }
         Ok(self.pending)
@@ -901,6 +941,8 @@ fn parse_body(ty: FrameType, mut b: Bytes, limits: &Limits) -> Result<Frame, Fra
                 message,
             })
         }
+        FrameType::CoreRequest => Frame::CoreRequest(core_http::parse_request(b)?),
+        FrameType::CoreResponse => Frame::CoreResponse(core_http::parse_response(b)?),
     };
     Ok(frame)
 }

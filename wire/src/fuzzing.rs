@@ -31,6 +31,8 @@ fn small_limits() -> Limits {
         max_buffered_bytes: 1 << 14,
         max_unassembled_bytes: 1 << 14,
         max_message_len: 256,
+        max_core_request: 2048,
+        max_core_response: 8192,
     }
 }
 
@@ -118,6 +120,40 @@ pub fn header(data: &[u8]) {
         let mut longer = data.to_vec();
         longer.extend_from_slice(&[0xAB; 8]);
         assert_eq!(crate::header::peek_header(&longer), Ok(Some(info)));
+    }
+}
+
+/// stellar-core requests: arbitrary bytes as a request target and as a query-server form.
+/// Classifying never panics; a form's `ledgerSeq` survives pinning another form to it; a
+/// `CoreRequest` or `CoreResponse` built from the bytes decodes back to itself or is refused
+/// with a typed error.
+pub fn core_http(data: &[u8]) {
+    use crate::core_http::{
+        form_ledger_seq, pin_ledger_seq, CorePort, Endpoint, HttpMethod, LedgerSeqParam,
+    };
+    let text = String::from_utf8_lossy(data);
+    for port in [CorePort::Command, CorePort::Query] {
+        for method in [HttpMethod::Get, HttpMethod::Post] {
+            let _ = Endpoint::classify(port, method, &text);
+        }
+    }
+    let seq = data.len() as u32;
+    if let LedgerSeqParam::Absent = form_ledger_seq(data) {
+        let pinned = pin_ledger_seq(data, seq);
+        assert_eq!(
+            form_ledger_seq(&pinned),
+            LedgerSeqParam::Seq(seq),
+            "pinning a form without ledgerSeq must name {seq}"
+        );
+    }
+    let limits = small_limits();
+    for ty in [0x40u8, 0x41] {
+        let mut framed = vec![ty];
+        framed.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        framed.extend_from_slice(data);
+        if let Ok(f) = frame::decode_exact(Bytes::from(framed.clone()), &limits) {
+            assert_eq!(f.to_vec(), framed, "re-encoding changes {f:?}");
+        }
     }
 }
 
@@ -563,6 +599,8 @@ mod tests {
         super::sender(&[0, 1, 8, 0, 5, 0, 0, 1, 0, 2]);
         super::records(&seed);
         super::header(&seed);
+        super::core_http(&seed);
+        super::core_http(b"key=AAAA&ledgerSeq=5");
         super::content(&seed);
         super::reassembler(&seed);
         // A whole ledger (v2, empty transaction set and results) and every prefix of it:

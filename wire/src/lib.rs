@@ -13,6 +13,8 @@
 //!   a `LedgerCloseMeta`, with `sha256(header) == hash` checked, and the hash-chain verifier.
 //! - [`content`]: the transaction set and results of a ledger hashed in place and checked
 //!   against the header's `txSetHash` and `txSetResultHash`, without decoding the ledger.
+//! - [`core_http`]: stellar-core's HTTP requests carried through relays (`CoreRequest`,
+//!   `CoreResponse`), which endpoints a relay forwards, and core's form rules for `ledgerSeq`.
 //! - [`frame`]: the relay protocol's frames, encoded and decoded with every length checked
 //!   against [`Limits`] before a body is buffered.
 //! - [`compress`]: the chunk codecs (none, lz4, zstd) with decompression bounded by the declared
@@ -50,6 +52,7 @@ pub mod assembler;
 pub mod chunker;
 pub mod compress;
 pub mod content;
+pub mod core_http;
 pub mod error;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -38,6 +38,12 @@ pub struct Limits {
     pub max_unassembled_bytes: u64,
     /// Longest error message carried in an `Error` frame (default 1 KiB).
     pub max_message_len: u16,
+    /// Longest `CoreRequest` body: target, content type and form together (default 1 MiB; a
+    /// `/tx?blob=` of the largest Soroban transaction is about 200 KiB).
+    pub max_core_request: u32,
+    /// Longest `CoreResponse` body (default 32 MiB: `/getledgerentry` of 200 keys, the most
+    /// stellar-rpc asks at once, each a contract of up to 128 KiB in base64).
+    pub max_core_response: u32,
 }
 
 impl Default for Limits {
@@ -52,6 +58,8 @@ impl Default for Limits {
             max_buffered_bytes: 512 << 20,
             max_unassembled_bytes: 128 << 20,
             max_message_len: 1024,
+            max_core_request: 1 << 20,
+            max_core_response: 32 << 20,
         }
     }
 }
@@ -65,8 +73,14 @@ impl Limits {
             .saturating_add(crate::frame::CHUNK_FIXED_LEN as u32)
     }
 
-    /// Largest whole frame (header and body) of any type.
+    /// Largest whole frame (header and body) on a control or data stream. A request stream's
+    /// frames are bounded apart: [`Limits::max_core_frame_len`].
     pub fn max_frame_len(&self) -> usize {
         crate::frame::FRAME_HEADER_LEN + self.max_chunk_body().max(self.max_control_body) as usize
+    }
+
+    /// Largest whole `CoreRequest` or `CoreResponse` frame, read whole from a request stream.
+    pub fn max_core_frame_len(&self) -> usize {
+        crate::frame::FRAME_HEADER_LEN + self.max_core_request.max(self.max_core_response) as usize
     }
 }

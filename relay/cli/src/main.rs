@@ -5,6 +5,7 @@
 //! it. It lives in a package of its own because the demo runs a subscriber in the same process,
 //! and the relay library does not depend on the subscriber library.
 
+mod core_upstream;
 mod demo;
 mod upstream;
 
@@ -104,6 +105,10 @@ fn main() -> ExitCode {
                     config.external_source =
                         Some(upstream::external(config.certs.clone(), up.clone()));
                     if let ledger_relay::source::SourceSpec::Relay { upstreams } = &config.source {
+                        if !config.core.has_own_core() {
+                            config.core_upstream =
+                                Some(core_upstream::backend(&config.certs, &up, upstreams)?);
+                        }
                         config.refetch = Some(upstream::refetch(
                             config.certs.clone(),
                             up,

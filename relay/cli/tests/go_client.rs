@@ -1,14 +1,22 @@
 //! The Go client (`clients/go`) against the real binaries: `go test ./...` there starts
 //! `ledger-relay` on loopback and reads through the Go `LedgerStream`/`LedgerBackend` and
-//! through the Go SDK's own `CaptiveStellarCore` running `ledger-captive-core` (docs/rpc.md).
+//! through the Go SDK's own `CaptiveStellarCore` running `ledger-captive-core` (docs/rpc.md),
+//! and stellar-rpc's core client (the SDK's `stellarcore.Client`) on the stand-in's ports with
+//! a relay and the test double of stellar-core behind them.
 //! Run here so that the README's one test command covers the Go suite too.
 
 use std::path::Path;
 use std::process::Command;
 
 /// The binaries the Go suite runs, beside this crate's `ledger-relay` (`cargo test --workspace`
-/// builds every binary of the workspace before the tests).
-const SIBLINGS: [&str; 3] = ["ledger-certs", "ledger-subscribe", "ledger-captive-core"];
+/// builds every binary of the workspace before the tests); `ledger-core-double` is the test
+/// double of stellar-core its core-port tests put behind a relay.
+const SIBLINGS: [&str; 4] = [
+    "ledger-certs",
+    "ledger-subscribe",
+    "ledger-captive-core",
+    "ledger-core-double",
+];
 
 #[test]
 fn the_go_client_and_the_captive_core_stand_in_pass_their_go_suite() {

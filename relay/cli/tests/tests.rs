@@ -13,6 +13,11 @@ macro_rules! testdata {
 mod architecture;
 mod backfill;
 mod cli;
+mod core_ports;
+#[allow(dead_code)] // shared with the relay's tests, which use more of it
+#[path = "../../tests/core_stand_in.rs"]
+mod core_stand_in;
+
 /// The subscriber's fake relay: real QUIC on loopback, and knobs to misbehave (an upstream
 /// that lies, for a tier).
 #[allow(dead_code)] // shared with the subscriber's tests, which use more of it

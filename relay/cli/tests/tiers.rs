@@ -1,18 +1,23 @@
 //! Fan-out trees and hedged subscriptions with real `ledger-relay` processes on loopback, fed
 //! the real testnet ledgers: a hedged subscriber with two relays, one killed mid-stream; a root
 //! relay feeding an edge relay (`--source relay:ADDR`) feeding a subscriber, the edge killed
-//! with SIGKILL and restarted; an edge failing over between two roots.
+//! with SIGKILL and restarted; an edge failing over between two roots; requests for
+//! stellar-core forwarded from an edge to its root.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ledger_relay_subscriber::Ledger;
+use ledger_relay_subscriber::core_http::{
+    CoreClient, CoreClientConfig, CorePort, CoreRequest, CoreResponse, HttpMethod, Origin,
+};
+use ledger_relay_subscriber::{Credentials, Ledger};
 use ledger_relay_wire::frame::Start;
 use ledger_relay_wire::header::peek_header;
 use ledger_relay_wire::Hex;
 
+use crate::core_stand_in::{CorePortStandIn, Reply};
 use crate::fake_relay::{FakeRelay, Plan};
 use crate::process::RelayProcess;
 use crate::support::{
@@ -488,4 +493,149 @@ async fn an_edge_repairs_a_damaged_ring_ledger_from_its_root() {
     assert_consecutive_identical(&out.got, &want);
     out.sub.close().await;
     drop((root, e2));
+}
+
+fn core_get(target: &str) -> CoreRequest {
+    CoreRequest {
+        version: 1,
+        port: CorePort::Command,
+        method: HttpMethod::Get,
+        timeout_ms: 0,
+        target: target.into(),
+        content_type: String::new(),
+        body: bytes::Bytes::new(),
+    }
+}
+
+fn core_client(dir: &TestDir, port: u16) -> CoreClient {
+    let credentials = Credentials::from_cert_dir(dir.certs.path(), "rpc-1").unwrap();
+    CoreClient::new(CoreClientConfig::new(vec![local(port)], credentials)).unwrap()
+}
+
+async fn ask(client: &CoreClient, request: CoreRequest) -> CoreResponse {
+    tokio::time::timeout(Duration::from_secs(15), client.request(request))
+        .await
+        .expect("an answer within 15 s")
+        .expect("a response")
+}
+
+/// A root relay on the testnet file that forwards requests for core to `command` and
+/// `query`, the query port for client rpc-1 only; its port.
+async fn core_root(
+    dir: &TestDir,
+    command: &CorePortStandIn,
+    query: &CorePortStandIn,
+) -> (RelayProcess, u16) {
+    let port = free_port();
+    let (source, http, query_url) = (file_source(), command.url(), query.url());
+    let args = [
+        "--source",
+        &source,
+        "--cadence",
+        "50ms",
+        "--core-http",
+        &http,
+        "--core-query",
+        &query_url,
+        "--core-query-allow",
+        "rpc-1",
+    ];
+    let data = dir.path().join("root");
+    (
+        RelayProcess::start(dir.certs.path(), &data, port, &args).await,
+        port,
+    )
+}
+
+fn core_post(target: &str, body: &'static [u8]) -> CoreRequest {
+    CoreRequest {
+        port: CorePort::Query,
+        method: HttpMethod::Post,
+        body: bytes::Bytes::from_static(body),
+        ..core_get(target)
+    }
+}
+
+/// Root (with `--core-http` and `--core-query` on stand-ins for core's ports) -> edge (no
+/// `--core-*` of its own) -> a stand-in's `CoreClient`: the edge forwards requests for core to
+/// its root with its `--upstream-name` certificate, and core's answer comes back byte for
+/// byte; the root decides by the edge's identity (its allow-list names only rpc-1 for the
+/// query port, so the edge is refused there, and says so); the edge refuses what is not
+/// forwarded itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_relay_forwards_requests_for_core_to_its_root() {
+    let dir = TestDir::new();
+    issue_edge(dir.certs.path());
+    let pending = "{\"status\":\"PENDING\"}\n";
+    let command = CorePortStandIn::answering(Reply::json(pending)).await;
+    let query = CorePortStandIn::answering(Reply::json("{}")).await;
+    let (_root, root_port) = core_root(&dir, &command, &query).await;
+    let edge_port = free_port();
+    let e = edge(&dir, &[root_port], edge_port, metrics_addr()).await;
+    let rpc = core_client(&dir, edge_port);
+
+    let r = ask(&rpc, core_get("/tx?blob=AAAA%2BBB%3D")).await;
+    let want = CoreResponse {
+        status: 200,
+        origin: Origin::Core,
+        content_type: "application/json".into(),
+        body: bytes::Bytes::from(pending),
+    };
+    assert_eq!(r, want, "core's answer through two relays");
+    let sent = command.received();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].request_line(), "GET /tx?blob=AAAA%2BBB%3D HTTP/1.1");
+
+    let r = ask(&rpc, core_post("/getledgerentry", b"key=AAAA&ledgerSeq=5")).await;
+    assert_eq!((r.status, r.origin), (403, Origin::Relay), "{r:?}");
+    let body = String::from_utf8_lossy(&r.body);
+    assert!(
+        body.contains("client edge may not"),
+        "the root's answer: {body}"
+    );
+    assert!(query.received().is_empty());
+
+    let r = ask(&rpc, core_get("/manualclose")).await;
+    assert_eq!((r.status, r.origin), (403, Origin::Relay));
+    assert_eq!(command.received().len(), 1, "never reached core");
+    assert!(
+        e.log()
+            .contains("requests for stellar-core go to the upstream relays"),
+        "{}",
+        e.log()
+    );
+}
+
+/// An edge with a core port of its own (`--core-http`) sends requests there, and forwards
+/// nothing to its root, not even for the port it has not named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_relay_with_a_core_port_of_its_own_uses_it() {
+    let dir = TestDir::new();
+    issue_edge(dir.certs.path());
+    let command = CorePortStandIn::answering(Reply::json("{\"root\":1}")).await;
+    let query = CorePortStandIn::answering(Reply::json("{}")).await;
+    let (_root, root_port) = core_root(&dir, &command, &query).await;
+    let own = CorePortStandIn::answering(Reply::json("{\"own\":1}")).await;
+    let (port, own_url) = (free_port(), own.url());
+    let upstream = format!("relay:127.0.0.1:{root_port}");
+    let args = [
+        "--source",
+        &upstream,
+        "--upstream-name",
+        "edge",
+        "--core-http",
+        &own_url,
+    ];
+    let _edge = RelayProcess::start(dir.certs.path(), &dir.path().join("own"), port, &args).await;
+    let rpc = core_client(&dir, port);
+    let r = ask(&rpc, core_get("/info")).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"{\"own\":1}"[..]));
+    let r = ask(&rpc, core_post("/getledgerentry", b"key=AAAA")).await;
+    assert_eq!(
+        (r.status, r.origin),
+        (403, Origin::Relay),
+        "no query port of its own"
+    );
+    assert_eq!(own.received().len(), 1);
+    assert!(command.received().is_empty() && query.received().is_empty());
 }

@@ -414,6 +414,104 @@ fn a_relay_source_needs_an_upstream_name_and_only_it_takes_one() {
     assert!(e.contains("go with --source relay:"), "{e}");
 }
 
+#[test]
+fn core_flags_default_parse_and_are_checked() {
+    let c = RelayConfig::from_args(base()).unwrap();
+    assert_eq!(c.core, CoreSettings::default());
+    assert_eq!(c.core.timeout, Duration::from_secs(5));
+    assert_eq!(c.core.max_request, 1 << 20);
+    assert_eq!(c.core.concurrency, 16);
+    assert!(!c.core.has_own_core() && c.core_upstream.is_none());
+    let mut a = base();
+    a.core_http = Some("http://127.0.0.1:11626".into());
+    a.core_query = Some("http://[::1]:11628/".into());
+    a.core_query_allow = vec!["rpc-1".into(), "rpc-2".into()];
+    a.core_timeout = Some("1500ms".into());
+    a.core_max_request = Some("64KiB".into());
+    a.core_concurrency = Some(4);
+    let c = RelayConfig::from_args(a).unwrap().core;
+    assert_eq!(c.http.unwrap().to_string(), "http://127.0.0.1:11626");
+    assert_eq!(c.query.unwrap().to_string(), "http://[::1]:11628");
+    assert_eq!(c.http_allow, None, "every client --allow admits");
+    assert_eq!(c.query_allow, Some(vec!["rpc-1".into(), "rpc-2".into()]));
+    assert_eq!(
+        (c.timeout, c.max_request, c.concurrency),
+        (Duration::from_millis(1500), 64 << 10, 4)
+    );
+    let refused = |f: &dyn Fn(&mut RunArgs), why: &str| {
+        let mut a = base();
+        f(&mut a);
+        let e = format!("{:#}", RelayConfig::from_args(a).unwrap_err());
+        assert!(e.contains(why), "{why}: {e}");
+    };
+    refused(
+        &|a| a.core_http = Some("https://core:11626".into()),
+        "not http",
+    );
+    refused(&|a| a.core_query = Some("http://core".into()), "no port");
+    refused(
+        &|a| a.core_query = Some("core:11628".into()),
+        "--core-query",
+    );
+    refused(
+        &|a| a.core_http_allow = vec!["bad name".into()],
+        "--core-http-allow",
+    );
+    refused(&|a| a.core_timeout = Some("0s".into()), "--core-timeout");
+    refused(&|a| a.core_timeout = Some("2m".into()), "--core-timeout");
+    refused(
+        &|a| a.core_max_request = Some("2MiB".into()),
+        "--core-max-request",
+    );
+    refused(
+        &|a| a.core_max_request = Some("0".into()),
+        "--core-max-request",
+    );
+    refused(&|a| a.core_concurrency = Some(0), "--core-concurrency");
+    refused(&|a| a.core_concurrency = Some(5000), "--core-concurrency");
+}
+
+#[test]
+fn core_keys_in_the_file_and_flags_over_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
+         core_http = \"http://127.0.0.1:11626\"\ncore_query = \"http://127.0.0.1:11628\"\n\
+         core_http_allow = [\"rpc-1\"]\ncore_query_allow = [\"rpc-2\"]\ncore_timeout = \"2s\"\n\
+         core_max_request = \"512KiB\"\ncore_concurrency = 8\n",
+    )
+    .unwrap();
+    let args = RunArgs {
+        config: Some(path.clone()),
+        core_query_allow: vec!["rpc-3".into()],
+        core_concurrency: Some(3),
+        ..RunArgs::default()
+    };
+    let c = RelayConfig::from_args(args).unwrap().core;
+    assert_eq!(c.http.unwrap().to_string(), "http://127.0.0.1:11626");
+    assert_eq!(c.query.unwrap().to_string(), "http://127.0.0.1:11628");
+    assert_eq!(c.http_allow, Some(vec!["rpc-1".into()]));
+    assert_eq!(c.query_allow, Some(vec!["rpc-3".into()]), "flag wins");
+    assert_eq!(
+        (c.timeout, c.max_request, c.concurrency),
+        (Duration::from_secs(2), 512 << 10, 3)
+    );
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:7400\"\ncerts = \"/c\"\ndata_dir = \"/d\"\nsource = \"stdin\"\n\
+         core_http = \"ftp://127.0.0.1:11626\"\n",
+    )
+    .unwrap();
+    let args = RunArgs {
+        config: Some(path),
+        ..RunArgs::default()
+    };
+    let e = format!("{:#}", RelayConfig::from_args(args).unwrap_err());
+    assert!(e.contains("--core-http ftp://127.0.0.1:11626"), "{e}");
+}
+
 /// `--upstream-anchor SEQ:HASH` (or `upstream_anchor` in the file) takes the grammar of
 /// `ledger-subscribe --anchor`, and only with a `relay:` source.
 #[test]

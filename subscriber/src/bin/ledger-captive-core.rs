@@ -4,15 +4,15 @@
 //! failure.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use ledger_relay_cli::{logging, LogFormat};
 use ledger_relay_subscriber::captive::{
     anchored_start, catchup_range, parse_args, run_start, stream, version_text, CaptiveError,
-    Command, Settings, State,
+    Command, CoreConf, Serve, Settings, State,
 };
-use ledger_relay_subscriber::cli;
+use ledger_relay_subscriber::{cli, SubscribeConfig};
 
 const PROGRAM: &str = "ledger-captive-core";
 
@@ -45,18 +45,19 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
     match command {
         Command::Version => {
             let settings = Settings::load(&env)?;
-            print!("{}", version_text(settings.protocol_version()));
+            let state = State::find(&dir);
+            print!(
+                "{}",
+                version_text(settings.protocol_version(state.as_ref()))
+            );
             Ok(())
         }
-        Command::NewDb => State {
-            ledger: 1,
-            hash: None,
-        }
-        .save(&dir),
+        // A fresh database at ledger 1.
+        Command::NewDb => State::move_to(&dir, 1),
         Command::OfflineInfo => {
             let settings = Settings::load(&env)?;
             let state = State::load(&dir)?.ok_or_else(|| CaptiveError::NoDatabase(cwd()))?;
-            let protocol = settings.protocol_version();
+            let protocol = settings.protocol_version(Some(&state));
             let build = version_text(protocol);
             print!(
                 "{}",
@@ -69,26 +70,26 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
         Command::Catchup {
             to, stream: None, ..
         }
-        | Command::Catchup { to, count: 0, .. } => State {
-            ledger: to,
-            hash: None,
-        }
-        .save(&dir),
+        | Command::Catchup { to, count: 0, .. } => State::move_to(&dir, to),
         Command::Catchup {
             to,
             count,
             stream: Some(fd),
+            conf,
         } => {
             let settings = Settings::load(&env)?;
             let (start, wanted) = catchup_range(to, count, settings.checkpoint_frequency())?;
             let at = anchored_start(start, None, settings.anchor()?)?;
             let config = settings.subscription(at.from, at.anchor)?;
-            let (written, _) = runtime()?.block_on(stream(
+            let runtime = runtime()?;
+            let serve = serve(&settings, &config, conf.as_deref())?;
+            let (written, _) = runtime.block_on(stream(
                 config,
                 Some(wanted),
                 fd,
                 &dir,
                 at.write_from,
+                serve,
                 cli::shutdown_signal(),
             ))?;
             if written < wanted {
@@ -101,6 +102,7 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
         }
         Command::Run {
             stream: fd,
+            conf,
             start_at,
             start_hash,
         } => {
@@ -114,17 +116,44 @@ fn run(args: &[String]) -> Result<(), CaptiveError> {
             };
             let at = anchored_start(from, anchor, settings.anchor()?)?;
             let config = settings.subscription(at.from, at.anchor)?;
-            runtime()?.block_on(stream(
+            let runtime = runtime()?;
+            let serve = serve(&settings, &config, conf.as_deref())?;
+            runtime.block_on(stream(
                 config,
                 None,
                 fd,
                 &dir,
                 at.write_from,
+                serve,
                 cli::shutdown_signal(),
             ))?;
             Ok(())
         }
     }
+}
+
+/// Core's HTTP ports from the `--conf` file (none without one), answered through the
+/// subscription's relays.
+fn serve(
+    settings: &Settings,
+    config: &SubscribeConfig,
+    conf: Option<&Path>,
+) -> Result<Option<Serve>, CaptiveError> {
+    let Some(path) = conf else {
+        return Ok(None);
+    };
+    let conf = CoreConf::load(path)?;
+    if let (Some(n), true) = (conf.query_snapshot_ledgers, conf.query_port != 0) {
+        tracing::info!(
+            query_snapshot_ledgers = n,
+            "queries for ledgers the source core no longer holds answer 404: give it a \
+             QUERY_SNAPSHOT_LEDGERS of at least the fleet's lag in ledgers + {n}"
+        );
+    }
+    Ok(Some(Serve {
+        listen: conf.listen_addrs(),
+        options: settings.http_options(config)?,
+    }))
 }
 
 fn cwd() -> PathBuf {
@@ -146,8 +175,9 @@ fn help() -> String {
         "{PROGRAM} {}: stands in for stellar-core under the Go SDK's CaptiveStellarCore and
 streams verified ledgers from Ledger Relays on the metadata file descriptor.
 
-Commands (as the SDK runs them; `--conf FILE` and `--console` are accepted and ignored):
+Commands (as the SDK runs them; `--console` is accepted and ignored):
   version                          core's version line and `ledger protocol version: N`
+                                   (the last streamed ledger's protocol, at least 23)
   new-db                           forget the last closed ledger
   offline-info                     core's info JSON with the last closed ledger
   catchup TO/0                     set the last closed ledger to TO
@@ -156,12 +186,17 @@ Commands (as the SDK runs them; `--conf FILE` and `--console` are accepted and i
   run --metadata-output-stream fd:N [--start-at-ledger S --start-at-hash H]
                                    stream from the last closed ledger + 1 until SIGINT/SIGTERM
 
+While run and catchup stream, core's HTTP ports from `--conf FILE` (HTTP_PORT, HTTP_QUERY_PORT;
+127.0.0.1 unless PUBLIC_HTTP_PORT=true; 0: not served) are answered through the relays:
+/tx and /info on the command port, /getledgerentry and /getledgerentryraw on the query port,
+which answers as of the last ledger written on the stream.
+
 Settings: the TOML file ${cfg} names (default {default}), keys relay, certs, name, hedge,
-lanes, server_name, connect_timeout, checkpoint_frequency, protocol_version, anchor; each can
-be set or overridden by the environment variable {prefix}KEY (upper case), e.g.
-{prefix}RELAY=10.0.0.5:7000,10.0.1.5:7000. anchor = SEQ:HASH is a trusted ledger that a
-stream with no hash of its own to start from (after new-db or catchup TO/0) is checked
-against; without it such a stream trusts the relays' first ledger.
+lanes, server_name, connect_timeout, checkpoint_frequency, protocol_version, query_wait (1s),
+core_timeout (2s), anchor; each can be set or overridden by the environment variable
+{prefix}KEY (upper case), e.g. {prefix}RELAY=10.0.0.5:7000,10.0.1.5:7000. anchor = SEQ:HASH
+is a trusted ledger that a stream with no hash of its own to start from (after new-db or
+catchup TO/0) is checked against; without it such a stream trusts the relays' first ledger.
 
 Exit codes: 0 done, 2 failure, 3 certificate refused, 4 start below every relay's retention
 (with a line `below-retention requested=R oldest=O newest=N`). See docs/rpc.md.

@@ -1,4 +1,6 @@
 use super::*;
+use ledger_relay_wire::core_http::CorePort;
+use std::time::Duration;
 
 fn args(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_owned).collect()
@@ -20,7 +22,8 @@ fn every_command_line_the_sdk_builds_parses() {
         Command::Catchup {
             to: 1410046,
             count: 0,
-            stream: None
+            stream: None,
+            conf: Some("c".into()),
         }
     );
     assert_eq!(
@@ -31,7 +34,8 @@ fn every_command_line_the_sdk_builds_parses() {
         Command::Catchup {
             to: 1410200,
             count: 101,
-            stream: Some(3)
+            stream: Some(3),
+            conf: Some("c".into()),
         }
     );
     assert_eq!(
@@ -41,6 +45,7 @@ fn every_command_line_the_sdk_builds_parses() {
         .unwrap(),
         Command::Run {
             stream: Some(3),
+            conf: Some("c".into()),
             start_at: None,
             start_hash: None
         }
@@ -53,6 +58,7 @@ fn every_command_line_the_sdk_builds_parses() {
         .unwrap(),
         Command::Run {
             stream: Some(3),
+            conf: None,
             start_at: Some(9),
             start_hash: Some([0xab; 32])
         }
@@ -101,21 +107,42 @@ fn state_round_trips_and_damage_is_named() {
     let s = State {
         ledger: 7,
         hash: None,
+        protocol: None,
     };
     s.save(dir.path()).unwrap();
     assert_eq!(State::load(dir.path()).unwrap(), Some(s));
     let s = State {
         ledger: 1410100,
         hash: Some([7; 32]),
+        protocol: None,
     };
     s.save(dir.path()).unwrap();
     assert_eq!(State::load(dir.path()).unwrap(), Some(s));
+    let s = State {
+        protocol: Some(25),
+        ..s
+    };
+    s.save(dir.path()).unwrap();
+    assert_eq!(State::load(dir.path()).unwrap(), Some(s));
+    // Moved (new-db, catchup TO/0): the position and hash go, the protocol stays.
+    let moved = s.moved_to(1);
+    moved.save(dir.path()).unwrap();
+    let back = State::load(dir.path()).unwrap().unwrap();
+    assert_eq!((back.ledger, back.hash, back.protocol), (1, None, Some(25)));
     let json = s.info_json("v23.0.0-x", 23);
     assert!(json.contains("\"num\":1410100"), "{json}");
     assert!(json.contains(&"07".repeat(32)), "{json}");
-    std::fs::write(dir.path().join(STATE_FILE), "seven\n").unwrap();
-    let e = State::load(dir.path()).unwrap_err().to_string();
-    assert!(e.contains("damaged"), "{e}");
+    for bad in [
+        "seven\n",
+        "7 protocol=x\n",
+        "7 protocol=23 protocol=24\n",
+        "7 protocol=23 abab\n",
+        "7 nothex\n",
+    ] {
+        std::fs::write(dir.path().join(STATE_FILE), bad).unwrap();
+        let e = State::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("damaged"), "{bad}: {e}");
+    }
 }
 
 #[test]
@@ -194,11 +221,13 @@ fn run_starts_after_the_last_closed_ledger_and_links_to_it() {
     let fresh = State {
         ledger: 1,
         hash: None,
+        protocol: None,
     };
     assert_eq!(run_start(fresh, None, None).unwrap(), (2, None));
     let streamed = State {
         ledger: 1410098,
         hash: Some([9; 32]),
+        protocol: Some(23),
     };
     let (from, anchor) = run_start(streamed, None, None).unwrap();
     assert_eq!(from, 1410099);
@@ -210,6 +239,160 @@ fn run_starts_after_the_last_closed_ledger_and_links_to_it() {
     let (from, anchor) = run_start(streamed, Some(500), Some([1; 32])).unwrap();
     assert_eq!((from, anchor.unwrap().seq), (501, 500));
     assert!(run_start(fresh, Some(u32::MAX), None).is_err());
+}
+
+#[test]
+fn version_reports_the_streamed_protocol_never_below_the_sdks_floor() {
+    let state = |protocol| State {
+        ledger: 9,
+        hash: None,
+        protocol,
+    };
+    let settings = Settings::default();
+    assert_eq!(settings.protocol_version(None), 23, "nothing known");
+    assert_eq!(settings.protocol_version(Some(&state(None))), 23);
+    assert_eq!(settings.protocol_version(Some(&state(Some(25)))), 25);
+    // Older ledgers (the testnet sample is protocol 19) still report what the SDK accepts.
+    assert_eq!(settings.protocol_version(Some(&state(Some(19)))), 23);
+    let pinned = Settings {
+        protocol_version: Some(24),
+        ..Settings::default()
+    };
+    assert_eq!(
+        pinned.protocol_version(Some(&state(Some(25)))),
+        24,
+        "the setting wins"
+    );
+}
+
+#[test]
+fn version_finds_the_state_where_the_sdk_keeps_it() {
+    // The SDK runs `version` in the service's directory (by default its storage path) and
+    // everything else in STORAGE/captive-core.
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(State::find(dir.path()), None);
+    let sdk = dir.path().join(SDK_WORKING_DIR);
+    std::fs::create_dir(&sdk).unwrap();
+    let s = State {
+        ledger: 5,
+        hash: None,
+        protocol: Some(24),
+    };
+    s.save(&sdk).unwrap();
+    assert_eq!(State::find(dir.path()), Some(s));
+    assert_eq!(State::find(&sdk), Some(s));
+}
+
+/// The shape go-stellar-sdk's `CaptiveCoreToml.Marshal` writes for stellar-rpc (its query
+/// server parameters set), with the other keys a generated file carries.
+pub(crate) const SDK_CONF: &str = r#"# Generated file, do not edit
+BUCKETLIST_DB_INDEX_PAGE_SIZE_EXPONENT = 12
+BUCKETLIST_DB_MEMORY_FOR_CACHING = 0
+DATABASE = "sqlite3://stellar.db"
+ENABLE_DIAGNOSTICS_FOR_TX_SUBMISSION = true
+ENABLE_SOROBAN_DIAGNOSTIC_EVENTS = true
+FAILURE_SAFETY = -1
+HTTP_PORT = 11626
+HTTP_QUERY_PORT = 11628
+LOG_FILE_PATH = ""
+NETWORK_PASSPHRASE = "Test SDF Network ; September 2015"
+QUERY_SNAPSHOT_LEDGERS = 4
+QUERY_THREAD_POOL_SIZE = 2
+
+[[HOME_DOMAINS]]
+  HOME_DOMAIN = "testnet.stellar.org"
+  QUALITY = "MEDIUM"
+
+[[VALIDATORS]]
+  ADDRESS = "core-testnet1.stellar.org"
+  HOME_DOMAIN = "testnet.stellar.org"
+  NAME = "sdf_testnet_1"
+  PUBLIC_KEY = "GDKXE2OZMJIPOSLNA6N6F2BVCI3O777I2OOC4BV7VOYUEHYX7RTRYA7Y"
+
+[HISTORY.h0]
+  get = "curl -sf http://history.stellar.org/prd/core-testnet/core_testnet_001/{0} -o {1}"
+"#;
+
+#[test]
+fn core_ports_are_read_from_the_file_the_sdk_writes() {
+    let conf = CoreConf::parse(SDK_CONF).unwrap();
+    assert_eq!(conf.http_port, 11626);
+    assert_eq!(conf.query_port, 11628);
+    assert!(!conf.public);
+    assert_eq!(conf.query_snapshot_ledgers, Some(4));
+    let local = conf.listen_addrs();
+    assert_eq!(
+        local,
+        [
+            (CorePort::Command, "127.0.0.1:11626".parse().unwrap()),
+            (CorePort::Query, "127.0.0.1:11628".parse().unwrap()),
+        ]
+    );
+    // PUBLIC_HTTP_PORT = true: every interface, both ports, as core binds them.
+    let public = CoreConf::parse(&SDK_CONF.replace(
+        "HTTP_PORT = 11626\n",
+        "HTTP_PORT = 11626\nPUBLIC_HTTP_PORT = true\n",
+    ))
+    .unwrap();
+    assert!(public.public);
+    assert!(public
+        .listen_addrs()
+        .iter()
+        .all(|(_, a)| a.ip().is_unspecified()));
+    // The catch-up file (HTTP_PORT = 0) and Horizon's (no query port): only what is non-zero.
+    let catchup = CoreConf::parse(&SDK_CONF.replace("HTTP_PORT = 11626", "HTTP_PORT = 0")).unwrap();
+    assert_eq!(
+        catchup.listen_addrs(),
+        [(CorePort::Query, "127.0.0.1:11628".parse().unwrap())]
+    );
+    let horizon = CoreConf::parse("HTTP_PORT = 11626\n").unwrap();
+    assert_eq!(horizon.listen_addrs().len(), 1);
+    // No HTTP_PORT at all: core's default.
+    assert_eq!(CoreConf::parse("").unwrap().http_port, DEFAULT_HTTP_PORT);
+    assert!(CoreConf::off().listen_addrs().is_empty());
+}
+
+#[test]
+fn core_port_values_core_would_refuse_are_named() {
+    for (text, key) in [
+        ("HTTP_PORT = 70000", "HTTP_PORT"),
+        ("HTTP_PORT = \"11626\"", "HTTP_PORT"),
+        ("HTTP_QUERY_PORT = -1", "HTTP_QUERY_PORT"),
+        ("PUBLIC_HTTP_PORT = \"true\"", "PUBLIC_HTTP_PORT"),
+        ("QUERY_SNAPSHOT_LEDGERS = -4", "QUERY_SNAPSHOT_LEDGERS"),
+        ("HTTP_PORT = 9\nHTTP_QUERY_PORT = 9", "HTTP_QUERY_PORT"),
+        ("HTTP_PORT = ", "not TOML"),
+    ] {
+        let e = CoreConf::parse(text).unwrap_err();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+}
+
+#[test]
+fn request_settings_have_defaults_and_come_from_the_environment() {
+    let s = Settings::default();
+    assert_eq!(
+        Settings::duration(&s.query_wait, "query_wait", DEFAULT_QUERY_WAIT).unwrap(),
+        Duration::from_secs(1)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("captive-core.toml");
+    std::fs::write(&file, "query_wait = \"250ms\"\ncore_timeout = \"5s\"\n").unwrap();
+    let mut env = HashMap::from([(CONFIG_ENV.to_owned(), file.display().to_string())]);
+    env.insert(format!("{ENV_PREFIX}CORE_TIMEOUT"), "3s".to_owned());
+    let s = Settings::load(&env).unwrap();
+    assert_eq!(s.query_wait.as_deref(), Some("250ms"));
+    assert_eq!(
+        s.core_timeout.as_deref(),
+        Some("3s"),
+        "the environment wins"
+    );
+    for bad in ["0s", "soon"] {
+        let e = Settings::duration(&Some(bad.into()), "core_timeout", DEFAULT_CORE_TIMEOUT)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("core_timeout"), "{bad}: {e}");
+    }
 }
 
 /// A stream with a hash of its own keeps it; without one the `anchor` setting anchors it:

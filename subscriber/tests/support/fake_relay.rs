@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use ledger_relay_subscriber::frame::{
 };
 use ledger_relay_transport::{self as transport, FrameIo, TransportSettings};
 use ledger_relay_wire::compress::{Codec, Compressor};
+use ledger_relay_wire::core_http::{CoreRequest, CoreResponse, Origin};
 use ledger_relay_wire::Limits;
 use quinn::VarInt;
 use rustls::server::WebPkiClientVerifier;
@@ -69,6 +71,9 @@ pub struct Plan {
     /// Flow-control credit, in bytes, the relay gives each stream and each connection of a
     /// subscriber (what a deaf relay lets the subscriber write before its writes block).
     pub control_credit: Option<u64>,
+    /// How `CoreRequest`s are answered; `None`: a request connection is closed with
+    /// `ProtocolViolation`, as by a relay that forwards nothing to stellar-core.
+    pub core: Option<CoreFake>,
     /// Accept the first session, then hoard: open data streams and never finish one.
     pub hoard: Option<Hoard>,
 }
@@ -82,6 +87,59 @@ pub struct Hoard {
     pub streams: usize,
     pub bytes_each: usize,
     pub start: Arc<tokio::sync::Notify>,
+}
+
+/// How the fake relay answers requests for stellar-core (in place of the relay's forwarding).
+#[derive(Clone)]
+pub struct CoreFake {
+    /// The answer to each request.
+    pub answer: Arc<dyn Fn(&CoreRequest) -> CoreResponse + Send + Sync>,
+    /// Wait this long before answering each request.
+    pub delay: Duration,
+    /// Answer every request with this many zero bytes instead of a frame.
+    pub oversize: Option<usize>,
+    /// Close each request connection (code `ShuttingDown`) after answering this many requests
+    /// on it.
+    pub close_after: Option<usize>,
+}
+
+impl CoreFake {
+    /// Answers every request with 200 `application/json` and a JSON echo of it: `relay` (the
+    /// tag), `port`, `method`, `target`, `content_type`, `timeout_ms` and `body` (as text).
+    pub fn echo(tag: &str) -> CoreFake {
+        let tag = tag.to_owned();
+        CoreFake::answering(move |r| CoreResponse {
+            status: 200,
+            origin: Origin::Core,
+            content_type: "application/json".into(),
+            body: Bytes::from(echo_json(&tag, r).to_string()),
+        })
+    }
+
+    /// Answers every request with `answer`.
+    pub fn answering(
+        answer: impl Fn(&CoreRequest) -> CoreResponse + Send + Sync + 'static,
+    ) -> CoreFake {
+        CoreFake {
+            answer: Arc::new(answer),
+            delay: Duration::ZERO,
+            oversize: None,
+            close_after: None,
+        }
+    }
+}
+
+/// The JSON [`CoreFake::echo`] answers `r` with.
+pub fn echo_json(tag: &str, r: &CoreRequest) -> serde_json::Value {
+    serde_json::json!({
+        "relay": tag,
+        "port": r.port.name(),
+        "method": r.method.as_str(),
+        "target": r.target,
+        "content_type": r.content_type,
+        "timeout_ms": r.timeout_ms,
+        "body": String::from_utf8_lossy(&r.body),
+    })
 }
 
 impl Plan {
@@ -108,6 +166,7 @@ impl Plan {
             pace: None,
             deaf: false,
             control_credit: None,
+            core: None,
             hoard: None,
         }
     }
@@ -130,6 +189,12 @@ pub struct Record {
     pub resends: Vec<Resend>,
     /// Highest Ack received.
     pub acked: u32,
+    /// Request connections (first stream a `CoreRequest`).
+    pub core_connections: usize,
+    /// `CoreRequest`s received, in the order they arrived.
+    pub core_requests: Vec<CoreRequest>,
+    /// Most requests being answered at once.
+    pub core_peak: usize,
     /// Bytes a hoarding relay has written to its streams (taken by its QUIC stack).
     pub hoarded: u64,
 }
@@ -224,6 +289,8 @@ struct Shared {
     sessions: Mutex<HashMap<u64, Vec<Option<quinn::Connection>>>>,
     /// Sessions opened so far (misbehaviour applies to the first).
     opened: Mutex<u64>,
+    /// Requests being answered now.
+    core_in_flight: AtomicUsize,
 }
 
 impl FakeRelay {
@@ -271,6 +338,7 @@ impl FakeRelay {
             record: record.clone(),
             sessions: Mutex::new(HashMap::new()),
             opened: Mutex::new(0),
+            core_in_flight: AtomicUsize::new(0),
         });
         let ep = endpoint.clone();
         let task = tokio::spawn(async move {
@@ -316,6 +384,7 @@ async fn handle(shared: Arc<Shared>, conn: quinn::Connection) -> Res {
     let mut io = FrameIo::new(send, recv, Limits::default());
     match io.reader.next().await? {
         Some(Frame::SessionOpen(open)) => serve(shared, conn, io, open).await,
+        Some(Frame::CoreRequest(first)) => serve_core(shared, conn, io, first).await,
         Some(Frame::LaneJoin(join)) => {
             shared
                 .record
@@ -574,6 +643,80 @@ async fn serve(
     heartbeats.abort();
     resends.abort();
     result
+}
+
+/// A request connection: answers the first request on its stream, then every stream the
+/// client opens, each concurrently.
+async fn serve_core(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    io: FrameIo,
+    first: CoreRequest,
+) -> Res {
+    let Some(fake) = shared.plan.core.clone() else {
+        conn.close(
+            VarInt::from_u32(ErrorCode::ProtocolViolation.close_code()),
+            b"no core requests here",
+        );
+        return Ok(());
+    };
+    shared.record.lock().unwrap().core_connections += 1;
+    let answered = Arc::new(AtomicUsize::new(0));
+    let FrameIo { reader, mut writer } = io;
+    drop(reader);
+    let (s, f, c, a) = (shared.clone(), fake.clone(), conn.clone(), answered.clone());
+    tokio::spawn(async move { answer_core(&s, &f, &c, &a, first, writer.stream_mut()).await });
+    let limits = Limits::default();
+    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        let (s, f, c, a) = (shared.clone(), fake.clone(), conn.clone(), answered.clone());
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            let bytes = recv.read_to_end(limits.max_core_frame_len()).await.ok()?;
+            match ledger_relay_wire::frame::decode_exact(bytes.into(), &limits) {
+                Ok(Frame::CoreRequest(req)) => answer_core(&s, &f, &c, &a, req, &mut send).await,
+                _ => c.close(
+                    VarInt::from_u32(ErrorCode::ProtocolViolation.close_code()),
+                    b"not a core request",
+                ),
+            }
+            Some(())
+        });
+    }
+    Ok(())
+}
+
+async fn answer_core(
+    shared: &Shared,
+    fake: &CoreFake,
+    conn: &quinn::Connection,
+    answered: &AtomicUsize,
+    req: CoreRequest,
+    send: &mut quinn::SendStream,
+) {
+    let now = shared.core_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    {
+        let mut r = shared.record.lock().unwrap();
+        r.core_requests.push(req.clone());
+        r.core_peak = r.core_peak.max(now);
+    }
+    tokio::time::sleep(fake.delay).await;
+    shared.core_in_flight.fetch_sub(1, Ordering::SeqCst);
+    let wrote = match fake.oversize {
+        Some(n) => send.write_all(&vec![0u8; n]).await.is_ok() && send.finish().is_ok(),
+        None => {
+            let frame = Frame::CoreResponse((fake.answer)(&req));
+            transport::write_single_frame(send, &frame).await.is_ok()
+        }
+    };
+    let n = answered.fetch_add(1, Ordering::SeqCst) + 1;
+    if wrote && fake.close_after == Some(n) {
+        // Let the answer reach the client before the connection goes.
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+        conn.close(
+            VarInt::from_u32(ErrorCode::ShuttingDown.close_code()),
+            b"test relay stopping",
+        );
+    }
 }
 
 async fn send_frame(conn: &quinn::Connection, frame: &Frame) -> Res {

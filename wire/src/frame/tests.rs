@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::core_http::{CorePort, HttpMethod, Origin};
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().collect();
@@ -91,6 +92,21 @@ fn samples() -> Vec<Frame> {
             newest: 99,
             message: "start 5 is below retention".into(),
         }),
+        Frame::CoreRequest(CoreRequest {
+            version: 1,
+            port: CorePort::Query,
+            method: HttpMethod::Post,
+            timeout_ms: 2000,
+            target: "/getledgerentry".into(),
+            content_type: "x/y".into(),
+            body: Bytes::from_static(b"key=AA"),
+        }),
+        Frame::CoreResponse(CoreResponse {
+            status: 404,
+            origin: Origin::Core,
+            content_type: "text/html".into(),
+            body: Bytes::from_static(b"Ledger not found\n"),
+        }),
     ]
 }
 
@@ -141,6 +157,16 @@ fn golden_vectors() {
             samples()[11].clone(),
             "30 00000026 0001 0000005a 00000063 001a \
              7374617274203520697320626 56c6f7720726574656e74696f6e",
+        ),
+        (
+            samples()[12].clone(),
+            "40 00000025 0001 02 02 000007d0 0000000f 03 \
+             2f6765746c6564676572656e747279 782f79 6b65793d4141",
+        ),
+        (
+            samples()[13].clone(),
+            "41 0000001e 0194 00 09 746578742f68746d6c \
+             4c6564676572206e6f7420666f756e640a",
         ),
     ];
     for (frame, golden) in cases {
@@ -508,6 +534,43 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 })
             }
         ),
+        (
+            any::<bool>(),
+            any::<u32>(),
+            "/[!-~]{0,100}",
+            "[ -~]{0,40}",
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
+            .prop_map(|(query, timeout_ms, target, content_type, body)| {
+                let (port, method) = if query {
+                    (CorePort::Query, HttpMethod::Post)
+                } else {
+                    (CorePort::Command, HttpMethod::Get)
+                };
+                Frame::CoreRequest(CoreRequest {
+                    version: 1,
+                    port,
+                    method,
+                    timeout_ms,
+                    target,
+                    content_type,
+                    body: Bytes::from(body),
+                })
+            }),
+        (
+            100u16..=599,
+            any::<bool>(),
+            "[ -~]{0,40}",
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
+            .prop_map(|(status, relay, content_type, body)| {
+                Frame::CoreResponse(CoreResponse {
+                    status,
+                    origin: if relay { Origin::Relay } else { Origin::Core },
+                    content_type,
+                    body: Bytes::from(body),
+                })
+            }),
     ]
 }
 

@@ -15,23 +15,25 @@ import (
 	"time"
 )
 
-// Bins are the product's executables.
-type Bins struct{ Relay, Certs, Subscribe, Captive string }
+// Bins are the product's executables, and the test double of stellar-core the tests put
+// behind a relay.
+type Bins struct{ Relay, Certs, Subscribe, Captive, CoreDouble string }
 
-// FindBins returns the first of dirs (empty ones skipped) holding all four executables.
+// FindBins returns the first of dirs (empty ones skipped) holding all five executables.
 func FindBins(dirs ...string) (Bins, error) {
 	for _, d := range dirs {
 		if d == "" {
 			continue
 		}
 		b := Bins{
-			Relay:     filepath.Join(d, "ledger-relay"),
-			Certs:     filepath.Join(d, "ledger-certs"),
-			Subscribe: filepath.Join(d, "ledger-subscribe"),
-			Captive:   filepath.Join(d, "ledger-captive-core"),
+			Relay:      filepath.Join(d, "ledger-relay"),
+			Certs:      filepath.Join(d, "ledger-certs"),
+			Subscribe:  filepath.Join(d, "ledger-subscribe"),
+			Captive:    filepath.Join(d, "ledger-captive-core"),
+			CoreDouble: filepath.Join(d, "ledger-core-double"),
 		}
 		found := true
-		for _, p := range []*string{&b.Relay, &b.Certs, &b.Subscribe, &b.Captive} {
+		for _, p := range []*string{&b.Relay, &b.Certs, &b.Subscribe, &b.Captive, &b.CoreDouble} {
 			abs, err := filepath.Abs(*p)
 			if _, serr := os.Stat(abs); err != nil || serr != nil {
 				found = false
@@ -43,7 +45,7 @@ func FindBins(dirs ...string) (Bins, error) {
 			return b, nil
 		}
 	}
-	return Bins{}, fmt.Errorf("ledger-relay, ledger-certs, ledger-subscribe and ledger-captive-core not found in %v: "+
+	return Bins{}, fmt.Errorf("ledger-relay, ledger-certs, ledger-subscribe, ledger-captive-core and ledger-core-double not found in %v: "+
 		"run `cargo build --bins` (or `cargo build --release --bins`) at the workspace root, or set LEDGER_RELAY_BIN_DIR", dirs)
 }
 
