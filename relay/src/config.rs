@@ -393,6 +393,78 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     Ok(ledger_relay_transport::parse_size(s)?)
 }
 
+impl RunArgs {
+    /// These flags over the keys of `file`: a flag given wins, a key fills what no flag gives;
+    /// and the file's `[transport]` table.
+    fn over(mut self, file: FileConfig) -> (RunArgs, Option<TransportSettings>) {
+        macro_rules! fill {
+            ($($f:ident),* $(,)?) => { $( self.$f = self.$f.take().or(file.$f); )* };
+        }
+        fill!(
+            listen,
+            certs,
+            name,
+            data_dir,
+            source,
+            cadence,
+            emit,
+            retention,
+            retention_bytes,
+            scrub_rate,
+            metrics,
+            stale_after,
+            network,
+            codec,
+            zstd_level,
+            chunk_size,
+            compress_threads,
+            window,
+            heartbeat,
+            max_connections,
+            max_sessions,
+            max_lanes,
+            max_connections_per_address,
+            max_connections_per_identity,
+            max_sessions_per_identity,
+            retry_threshold,
+            handshake_pool,
+            handshake_pool_per_source,
+            handshake_timeout,
+            start_wait,
+            streams_per_lane,
+            export,
+            export_ledgers_per_file,
+            export_files_per_partition,
+            export_zstd_level,
+            backfill,
+            backfill_sessions,
+            backfill_sessions_per_identity,
+            backfill_prefetch,
+            network_passphrase,
+            upstream_name,
+            upstream_lanes,
+            core_http,
+            core_query,
+            core_timeout,
+            core_max_request,
+            core_concurrency,
+            upstream_anchor,
+        );
+        self.store_and_forward |= file.store_and_forward.unwrap_or(false);
+        self.cut_through |= file.cut_through.unwrap_or(false);
+        if self.allow.is_empty() {
+            self.allow = file.allow;
+        }
+        if self.core_http_allow.is_empty() {
+            self.core_http_allow = file.core_http_allow.unwrap_or_default();
+        }
+        if self.core_query_allow.is_empty() {
+            self.core_query_allow = file.core_query_allow.unwrap_or_default();
+        }
+        (self, file.transport)
+    }
+}
+
 impl RelayConfig {
     /// Builds the configuration from flags over the file named by `--config` over defaults.
     pub fn from_args(args: RunArgs) -> anyhow::Result<RelayConfig> {
@@ -400,260 +472,65 @@ impl RelayConfig {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),
         };
-        macro_rules! pick {
-            ($f:ident) => {
-                args.$f.clone().or(file.$f.clone())
-            };
-        }
-        let listen = pick!(listen).context("--listen is required (or `listen` in --config)")?;
-        let certs = pick!(certs).context("--certs is required (or `certs` in --config)")?;
-        let data_dir =
-            pick!(data_dir).context("--data-dir is required (or `data_dir` in --config)")?;
-        let source: SourceSpec = pick!(source)
-            .context("--source is required (or `source` in --config)")?
+        let (f, transport) = args.over(file);
+        let transport = transport.unwrap_or_default();
+        let listen = required(f.listen, "listen")?;
+        let certs = required(f.certs.clone(), "certs")?;
+        let data_dir = required(f.data_dir.clone(), "data_dir")?;
+        let source: SourceSpec = required(f.source.clone(), "source")?
             .parse()
             .map_err(|e| anyhow::anyhow!("--source: {e}"))?;
-        let mut source_options = SourceOptions::default();
-        if let Some(c) = pick!(cadence) {
-            source_options.cadence = parse_duration(&c).context("--cadence")?;
-        }
-        if let Some(e) = pick!(emit) {
-            source_options.emit = parse_duration(&e).context("--emit")?;
-        }
-        if source_options.emit > source_options.cadence {
-            bail!("--emit must not exceed --cadence");
-        }
-        let stale_after = match pick!(stale_after) {
-            Some(s) => {
-                let d = parse_duration(&s).context("--stale-after")?;
-                if d.is_zero() {
-                    bail!("--stale-after must be more than 0");
-                }
-                d
-            }
-            None => match source {
-                SourceSpec::File { .. } | SourceSpec::Synthetic(_) => {
-                    health::paced_stale_after(source_options.cadence)
-                }
-                // A lake that is followed gets new ledgers only as its writer adds them.
-                SourceSpec::Pipe { .. }
-                | SourceSpec::Fifo { .. }
-                | SourceSpec::Stdin
-                | SourceSpec::Datalake(_)
-                | SourceSpec::Relay { .. } => health::DEFAULT_STALE_AFTER,
-            },
-        };
-        let retention = pick!(retention).unwrap_or(10_000);
+        let (mut source_options, stale_after) = source_settings(&f, &source)?;
+        let retention = f.retention.unwrap_or(10_000);
         if retention == 0 {
             bail!("--retention must be at least 1");
         }
-        let retention_bytes = match pick!(retention_bytes) {
-            Some(s) => parse_size(&s).context("--retention-bytes")?,
-            None => 64 << 30,
-        };
-        let scrub_rate = match pick!(scrub_rate) {
-            Some(s) => parse_size(&s).context("--scrub-rate")?,
-            None => crate::scrub::DEFAULT_RATE,
-        };
-        let allow = if args.allow.is_empty() {
-            file.allow.clone()
-        } else {
-            args.allow.clone()
-        };
-        for name in &allow {
+        for name in &f.allow {
             ledger_relay_certs::validate_name(name).with_context(|| format!("--allow {name}"))?;
         }
-        let mut pipeline = PipelineConfig::default();
-        if let Some(c) = pick!(codec) {
-            pipeline.codec = Codec::from_name(&c)
-                .with_context(|| format!("--codec {c:?}: expected zstd, lz4 or none"))?;
-        }
-        if let Some(l) = pick!(zstd_level) {
-            if !(-7..=22).contains(&l) {
-                bail!("--zstd-level {l}: expected -7..=22");
-            }
-            pipeline.zstd_level = l;
-        }
         let limits = Limits::default();
-        if let Some(c) = pick!(chunk_size) {
-            let size = parse_size(&c).context("--chunk-size")?;
-            if size < 4096 || size > u64::from(limits.max_chunk_raw) {
-                bail!(
-                    "--chunk-size {c}: expected 4KiB..={}MiB",
-                    limits.max_chunk_raw >> 20
-                );
-            }
-            pipeline.chunk_size = size as usize;
-        }
-        if let Some(t) = pick!(compress_threads) {
-            pipeline.compress_threads = t.clamp(1, 256);
-        }
-        let window = pick!(window).unwrap_or(DEFAULT_WINDOW);
-        if window == 0 || u32::from(window) > limits.max_ledgers_in_flight {
-            bail!(
-                "--window {window}: expected 1..={}",
-                limits.max_ledgers_in_flight
-            );
-        }
-        let heartbeat = match pick!(heartbeat) {
-            Some(h) => parse_duration(&h).context("--heartbeat")?,
-            None => Duration::from_millis(250),
-        };
-        if heartbeat < Duration::from_millis(10) {
-            bail!("--heartbeat must be at least 10ms");
-        }
-        pipeline.store_and_forward =
-            args.store_and_forward || file.store_and_forward.unwrap_or(false);
-        let streams_per_lane = match pick!(streams_per_lane) {
-            Some(n) if (1..=MAX_STREAMS_PER_LANE).contains(&n) => Some(n),
-            Some(n) => bail!("--streams-per-lane {n}: expected 1..={MAX_STREAMS_PER_LANE}"),
-            None => None,
-        };
-        let network = pick!(network);
-        let network_passphrase = pick!(network_passphrase).or_else(|| {
-            network
-                .as_deref()
-                .and_then(ledger_relay_lake::passphrase_of)
-                .map(str::to_owned)
-        });
-        if let Some(p) = &network_passphrase {
-            if p.trim().is_empty() {
-                bail!("--network-passphrase must not be empty");
-            }
-        }
-        let lake_url = |flag: &str, url: &str| -> anyhow::Result<ledger_relay_lake::LakeUrl> {
-            url.parse().map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
-        };
-        let export = match pick!(export) {
-            Some(url) => {
-                let url = lake_url("export", &url)?;
-                let network = network_passphrase.clone().with_context(|| {
-                    "--export needs the network's passphrase for the lake's manifest: give \
-                     --network-passphrase, or --network pubnet, testnet or futurenet"
-                })?;
-                let mut cfg = ExportConfig::new(url, network);
-                cfg.layout.ledgers_per_batch = pick!(export_ledgers_per_file);
-                cfg.layout.batches_per_partition = pick!(export_files_per_partition);
-                ledger_relay_wire::lake::Schema::new(
-                    cfg.layout.ledgers_per_batch.unwrap_or(1),
-                    cfg.layout.batches_per_partition.unwrap_or(64000),
-                )
-                .map_err(|e| {
-                    anyhow::anyhow!("--export-ledgers-per-file/--export-files-per-partition: {e}")
-                })?;
-                if let Some(l) = pick!(export_zstd_level) {
-                    if !(1..=22).contains(&l) {
-                        bail!("--export-zstd-level {l}: expected 1..=22");
-                    }
-                    cfg.zstd_level = l;
-                }
-                Some(cfg)
-            }
-            None => {
-                for (set, flag) in [
-                    (
-                        pick!(export_ledgers_per_file).is_some(),
-                        "--export-ledgers-per-file",
-                    ),
-                    (
-                        pick!(export_files_per_partition).is_some(),
-                        "--export-files-per-partition",
-                    ),
-                    (pick!(export_zstd_level).is_some(), "--export-zstd-level"),
-                ] {
-                    if set {
-                        bail!("{flag} needs --export URL");
-                    }
-                }
-                None
-            }
-        };
+        let pipeline = pipeline_settings(&f, &limits)?;
+        let network_passphrase = passphrase(&f)?;
+        let export = export_settings(&f, network_passphrase.as_deref())?;
         let backfill = backfill_config(
-            pick!(backfill),
+            f.backfill.clone(),
             BackfillFlags {
-                sessions: pick!(backfill_sessions),
-                per_identity: pick!(backfill_sessions_per_identity),
-                prefetch: pick!(backfill_prefetch),
+                sessions: f.backfill_sessions,
+                per_identity: f.backfill_sessions_per_identity,
+                prefetch: f.backfill_prefetch,
             },
             network_passphrase.clone(),
         )?;
         source_options.network_passphrase = network_passphrase.clone();
-        let transport = file.transport.clone().unwrap_or_default();
-        let start_wait = match pick!(start_wait) {
-            Some(w) => parse_duration(&w).context("--start-wait")?,
-            None => DEFAULT_START_WAIT,
-        };
-        let at_least_one = |flag: &str, v: Option<usize>, default: usize| match v {
-            Some(0) => bail!("--{flag} must be at least 1"),
-            Some(n) => Ok(n),
-            None => Ok(default),
-        };
-        let max_connections_per_address = at_least_one(
-            "max-connections-per-address",
-            pick!(max_connections_per_address),
-            256,
-        )?;
-        let max_connections_per_identity = at_least_one(
-            "max-connections-per-identity",
-            pick!(max_connections_per_identity),
-            256,
-        )?;
-        let max_sessions_per_identity = at_least_one(
-            "max-sessions-per-identity",
-            pick!(max_sessions_per_identity),
-            64,
-        )?;
-        let handshakes = handshake_flags(
-            pick!(handshake_pool),
-            pick!(handshake_pool_per_source),
-            pick!(handshake_timeout),
-        )?;
-        let server = ServerConfig {
-            session: SessionConfig {
-                limits,
-                chunk_size: pipeline.chunk_size as u32,
-                window,
-                heartbeat,
-                lane_budget: transport.send_window,
-                streams_per_lane,
-                start_wait: Some(start_wait),
-            },
-            max_connections: pick!(max_connections).unwrap_or(1024),
-            max_sessions: pick!(max_sessions).unwrap_or(256),
-            max_lanes: pick!(max_lanes).unwrap_or(16).clamp(1, 64),
-            max_connections_per_address,
-            max_connections_per_identity,
-            max_sessions_per_identity,
-            retry_threshold: pick!(retry_threshold).unwrap_or(64),
-            handshake_pool: handshakes.pool,
-            handshake_pool_per_source: handshakes.per_source,
-            handshake_timeout: handshakes.timeout,
-            first_frame_timeout: FIRST_FRAME_TIMEOUT,
-            codec: pipeline.codec,
-        };
-        let cut_through = args.cut_through || file.cut_through.unwrap_or(false);
+        let server = server_settings(&f, &pipeline, &transport, limits)?;
         let upstream = upstream_config(
             &source,
-            pick!(upstream_name),
-            pick!(upstream_lanes),
-            pick!(upstream_anchor),
-            cut_through,
+            f.upstream_name.clone(),
+            f.upstream_lanes,
+            f.upstream_anchor.clone(),
+            f.cut_through,
         )?;
-        let core = core_settings(CoreFlags::pick(&args, &file), &server.session.limits)?;
+        let core = core_settings(CoreFlags::of(&f), &server.session.limits)?;
         Ok(RelayConfig {
             listen,
             certs,
-            name: pick!(name).unwrap_or_else(|| "relay".into()),
+            name: f.name.clone().unwrap_or_else(|| "relay".into()),
             data_dir,
             source,
             source_options,
             retention,
-            retention_bytes,
-            scrub_rate,
-            allow,
-            metrics: pick!(metrics),
+            retention_bytes: match &f.retention_bytes {
+                Some(s) => parse_size(s).context("--retention-bytes")?,
+                None => 64 << 30,
+            },
+            scrub_rate: match &f.scrub_rate {
+                Some(s) => parse_size(s).context("--scrub-rate")?,
+                None => crate::scrub::DEFAULT_RATE,
+            },
+            allow: f.allow.clone(),
+            metrics: f.metrics,
             stale_after,
-            network,
+            network: f.network.clone(),
             pipeline,
             server,
             transport,
@@ -668,6 +545,215 @@ impl RelayConfig {
             core_upstream: None,
         })
     }
+}
+
+/// A setting no default stands for: the flag's value or the config file's key, or an error
+/// naming both.
+fn required<T>(v: Option<T>, key: &str) -> anyhow::Result<T> {
+    v.with_context(|| {
+        format!(
+            "--{} is required (or `{key}` in --config)",
+            key.replace('_', "-")
+        )
+    })
+}
+
+/// The source's pacing and when `/healthz` calls it stale.
+fn source_settings(f: &RunArgs, source: &SourceSpec) -> anyhow::Result<(SourceOptions, Duration)> {
+    let mut options = SourceOptions::default();
+    if let Some(c) = &f.cadence {
+        options.cadence = parse_duration(c).context("--cadence")?;
+    }
+    if let Some(e) = &f.emit {
+        options.emit = parse_duration(e).context("--emit")?;
+    }
+    if options.emit > options.cadence {
+        bail!("--emit must not exceed --cadence");
+    }
+    let stale_after = match &f.stale_after {
+        Some(s) => {
+            let d = parse_duration(s).context("--stale-after")?;
+            if d.is_zero() {
+                bail!("--stale-after must be more than 0");
+            }
+            d
+        }
+        None => match source {
+            SourceSpec::File { .. } | SourceSpec::Synthetic(_) => {
+                health::paced_stale_after(options.cadence)
+            }
+            // A lake that is followed gets new ledgers only as its writer adds them.
+            SourceSpec::Pipe { .. }
+            | SourceSpec::Fifo { .. }
+            | SourceSpec::Stdin
+            | SourceSpec::Datalake(_)
+            | SourceSpec::Relay { .. } => health::DEFAULT_STALE_AFTER,
+        },
+    };
+    Ok((options, stale_after))
+}
+
+/// Chunking and compression.
+fn pipeline_settings(f: &RunArgs, limits: &Limits) -> anyhow::Result<PipelineConfig> {
+    let mut pipeline = PipelineConfig::default();
+    if let Some(c) = &f.codec {
+        pipeline.codec = Codec::from_name(c)
+            .with_context(|| format!("--codec {c:?}: expected zstd, lz4 or none"))?;
+    }
+    if let Some(l) = f.zstd_level {
+        if !(-7..=22).contains(&l) {
+            bail!("--zstd-level {l}: expected -7..=22");
+        }
+        pipeline.zstd_level = l;
+    }
+    if let Some(c) = &f.chunk_size {
+        let size = parse_size(c).context("--chunk-size")?;
+        if size < 4096 || size > u64::from(limits.max_chunk_raw) {
+            bail!(
+                "--chunk-size {c}: expected 4KiB..={}MiB",
+                limits.max_chunk_raw >> 20
+            );
+        }
+        pipeline.chunk_size = size as usize;
+    }
+    if let Some(t) = f.compress_threads {
+        pipeline.compress_threads = t.clamp(1, 256);
+    }
+    pipeline.store_and_forward = f.store_and_forward;
+    Ok(pipeline)
+}
+
+/// `--network-passphrase`, or the passphrase of a known `--network`.
+fn passphrase(f: &RunArgs) -> anyhow::Result<Option<String>> {
+    let passphrase = f.network_passphrase.clone().or_else(|| {
+        f.network
+            .as_deref()
+            .and_then(ledger_relay_lake::passphrase_of)
+            .map(str::to_owned)
+    });
+    if passphrase.as_deref().is_some_and(|p| p.trim().is_empty()) {
+        bail!("--network-passphrase must not be empty");
+    }
+    Ok(passphrase)
+}
+
+/// `--export` and its layout; the layout flags without it are a mistake.
+fn export_settings(f: &RunArgs, passphrase: Option<&str>) -> anyhow::Result<Option<ExportConfig>> {
+    let Some(url) = &f.export else {
+        for (set, flag) in [
+            (
+                f.export_ledgers_per_file.is_some(),
+                "--export-ledgers-per-file",
+            ),
+            (
+                f.export_files_per_partition.is_some(),
+                "--export-files-per-partition",
+            ),
+            (f.export_zstd_level.is_some(), "--export-zstd-level"),
+        ] {
+            if set {
+                bail!("{flag} needs --export URL");
+            }
+        }
+        return Ok(None);
+    };
+    let url = url.parse().map_err(|e| anyhow::anyhow!("--export: {e}"))?;
+    let network = passphrase.map(str::to_owned).with_context(|| {
+        "--export needs the network's passphrase for the lake's manifest: give \
+         --network-passphrase, or --network pubnet, testnet or futurenet"
+    })?;
+    let mut cfg = ExportConfig::new(url, network);
+    cfg.layout.ledgers_per_batch = f.export_ledgers_per_file;
+    cfg.layout.batches_per_partition = f.export_files_per_partition;
+    ledger_relay_wire::lake::Schema::new(
+        cfg.layout.ledgers_per_batch.unwrap_or(1),
+        cfg.layout.batches_per_partition.unwrap_or(64000),
+    )
+    .map_err(|e| anyhow::anyhow!("--export-ledgers-per-file/--export-files-per-partition: {e}"))?;
+    if let Some(l) = f.export_zstd_level {
+        if !(1..=22).contains(&l) {
+            bail!("--export-zstd-level {l}: expected 1..=22");
+        }
+        cfg.zstd_level = l;
+    }
+    Ok(Some(cfg))
+}
+
+/// Sessions, lanes, the caps on connections and sessions, and the handshake pool.
+fn server_settings(
+    f: &RunArgs,
+    pipeline: &PipelineConfig,
+    transport: &TransportSettings,
+    limits: Limits,
+) -> anyhow::Result<ServerConfig> {
+    let window = f.window.unwrap_or(DEFAULT_WINDOW);
+    if window == 0 || u32::from(window) > limits.max_ledgers_in_flight {
+        bail!(
+            "--window {window}: expected 1..={}",
+            limits.max_ledgers_in_flight
+        );
+    }
+    let heartbeat = match &f.heartbeat {
+        Some(h) => parse_duration(h).context("--heartbeat")?,
+        None => Duration::from_millis(250),
+    };
+    if heartbeat < Duration::from_millis(10) {
+        bail!("--heartbeat must be at least 10ms");
+    }
+    let streams_per_lane = match f.streams_per_lane {
+        Some(n) if (1..=MAX_STREAMS_PER_LANE).contains(&n) => Some(n),
+        Some(n) => bail!("--streams-per-lane {n}: expected 1..={MAX_STREAMS_PER_LANE}"),
+        None => None,
+    };
+    let start_wait = match &f.start_wait {
+        Some(w) => parse_duration(w).context("--start-wait")?,
+        None => DEFAULT_START_WAIT,
+    };
+    let at_least_one = |flag: &str, v: Option<usize>, default: usize| match v {
+        Some(0) => bail!("--{flag} must be at least 1"),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    };
+    let handshakes = handshake_flags(
+        f.handshake_pool,
+        f.handshake_pool_per_source,
+        f.handshake_timeout.clone(),
+    )?;
+    Ok(ServerConfig {
+        session: SessionConfig {
+            limits,
+            chunk_size: pipeline.chunk_size as u32,
+            window,
+            heartbeat,
+            lane_budget: transport.send_window,
+            streams_per_lane,
+            start_wait: Some(start_wait),
+        },
+        max_connections: f.max_connections.unwrap_or(1024),
+        max_sessions: f.max_sessions.unwrap_or(256),
+        max_lanes: f.max_lanes.unwrap_or(16).clamp(1, 64),
+        max_connections_per_address: at_least_one(
+            "max-connections-per-address",
+            f.max_connections_per_address,
+            256,
+        )?,
+        max_connections_per_identity: at_least_one(
+            "max-connections-per-identity",
+            f.max_connections_per_identity,
+            256,
+        )?,
+        max_sessions_per_identity: at_least_one(
+            "max-sessions-per-identity",
+            f.max_sessions_per_identity,
+            64,
+        )?,
+        retry_threshold: f.retry_threshold.unwrap_or(64),
+        handshake_pool: handshakes.pool,
+        handshake_pool_per_source: handshakes.per_source,
+        handshake_timeout: handshakes.timeout,
+        first_frame_timeout: FIRST_FRAME_TIMEOUT,
+        codec: pipeline.codec,
+    })
 }
 
 /// How a relay with a `relay:` source subscribes to its upstreams; the upstream flags without
@@ -707,15 +793,6 @@ fn upstream_config(
     }))
 }
 
-/// A repeatable flag's values, or the config file's list when the flag is not given; `None`
-/// when neither names any.
-fn list(flags: &[String], file: &Option<Vec<String>>) -> Option<Vec<String>> {
-    if !flags.is_empty() {
-        return Some(flags.to_vec());
-    }
-    file.clone().filter(|l| !l.is_empty())
-}
-
 /// The `--core-*` flags, as given.
 struct CoreFlags {
     http: Option<String>,
@@ -728,19 +805,17 @@ struct CoreFlags {
 }
 
 impl CoreFlags {
-    /// The flags of `args` over the keys of `file`.
-    fn pick(args: &RunArgs, file: &FileConfig) -> CoreFlags {
+    /// The `--core-*` flags of `f` (flags over the config file's keys).
+    fn of(f: &RunArgs) -> CoreFlags {
+        let list = |l: &Vec<String>| (!l.is_empty()).then(|| l.clone());
         CoreFlags {
-            http: args.core_http.clone().or(file.core_http.clone()),
-            query: args.core_query.clone().or(file.core_query.clone()),
-            http_allow: list(&args.core_http_allow, &file.core_http_allow),
-            query_allow: list(&args.core_query_allow, &file.core_query_allow),
-            timeout: args.core_timeout.clone().or(file.core_timeout.clone()),
-            max_request: args
-                .core_max_request
-                .clone()
-                .or(file.core_max_request.clone()),
-            concurrency: args.core_concurrency.or(file.core_concurrency),
+            http: f.core_http.clone(),
+            query: f.core_query.clone(),
+            http_allow: list(&f.core_http_allow),
+            query_allow: list(&f.core_query_allow),
+            timeout: f.core_timeout.clone(),
+            max_request: f.core_max_request.clone(),
+            concurrency: f.core_concurrency,
         }
     }
 }

@@ -112,15 +112,7 @@ impl Relay {
             );
         }
         let metrics = Metrics::with_health(Health::new(config.stale_after));
-        let ring = Arc::new(
-            Ring::open(&RingConfig {
-                dir: config.data_dir.join("ring"),
-                max_ledgers: config.retention,
-                max_bytes: config.retention_bytes,
-                network: config.network.clone(),
-            })
-            .with_context(|| format!("opening the ring in {}", config.data_dir.display()))?,
-        );
+        let ring = open_ring(&config)?;
         check_upstream_anchor(&ring, &config)?;
         pipeline::update_ring_metrics(&ring, &metrics);
         record_sizing(&config, &metrics);
@@ -130,13 +122,8 @@ impl Relay {
             Auth::load(auth_config(&config), config.transport.clone())
                 .context("loading certificates")?,
         );
-        let server_config = auth.server_config().context("tls configuration")?;
         certinfo::record_certificate(&auth_config(&config).cert, &metrics);
-        let socket = ledger_relay_transport::udp_socket(config.listen, &config.transport)
-            .with_context(|| format!("binding {}", config.listen))?;
-        let endpoint =
-            ledger_relay_transport::endpoint(socket, Some(server_config), &config.transport)
-                .context("creating the QUIC endpoint")?;
+        let endpoint = bind(&config, &auth)?;
         let addr = endpoint.local_addr()?;
 
         let metrics_addr = serve_metrics(config.metrics, &metrics, &shutdown)?;
@@ -147,64 +134,14 @@ impl Relay {
             shutdown.clone(),
         ));
         let mut pipeline_config = config.pipeline.clone();
-        let exporter = match &config.export {
-            Some(export) => {
-                let (tap, exporter) = lake::export::spawn(
-                    export.clone(),
-                    Some(ring.clone()),
-                    metrics.clone(),
-                    shutdown.clone(),
-                )?;
-                pipeline_config.export = Some(tap);
-                Some(exporter)
-            }
-            None => None,
-        };
-        let backfill = config.backfill.clone().map(|b| {
-            Arc::new(lake::backfill::Backfill::new(
-                b,
-                &config.pipeline,
-                metrics.lake.backfill.clone(),
-            ))
+        let (exporter, backfill) = start_lakes(&config, &ring, &metrics, &shutdown)?;
+        let exporter = exporter.map(|(tap, exporter)| {
+            pipeline_config.export = Some(tap);
+            exporter
         });
-        if let Some(b) = backfill.clone() {
-            // Tell the operator at once whether the lake can be read (the relay runs either way).
-            tokio::spawn(async move {
-                match b.range().await {
-                    Ok(range) => info!(?range, "backfill lake opened"),
-                    Err(e) => tracing::warn!(error = %e, "backfill lake cannot be read yet"),
-                }
-            });
-        }
-
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let source_stop = shutdown.child_token();
-        let mut source_options = config.source_options.clone();
-        source_options.lake_stats = source::LakeStatsHandle(metrics.lake.source.clone());
-        let (source_thread, on_refusal) = match (&config.source, &config.external_source) {
-            (source::SourceSpec::Relay { .. }, Some(external)) => {
-                let (tell, refused) = tokio::sync::mpsc::unbounded_channel();
-                let thread = (external.0)(source::ExternalStart {
-                    spec: config.source.clone(),
-                    newest: ring.newest(),
-                    events: tx,
-                    shutdown: source_stop.clone(),
-                    metrics: metrics.clone(),
-                    refused,
-                });
-                (thread, pipeline::OnRefusal::Tell(tell))
-            }
-            (source::SourceSpec::Relay { .. }, None) => unreachable!("checked at the start"),
-            _ => (
-                source::spawn(
-                    config.source.clone(),
-                    source_options,
-                    tx,
-                    source_stop.clone(),
-                ),
-                pipeline::OnRefusal::Stop(source_stop.clone()),
-            ),
-        };
+        let (source_thread, on_refusal) = spawn_source(&config, &ring, &metrics, tx, &source_stop);
         let pipeline = pipeline::spawn(
             pipeline_config,
             rx,
@@ -263,6 +200,104 @@ impl Relay {
     /// Waits until the relay has stopped (after its shutdown token was cancelled).
     pub async fn wait(self) {
         let _ = self.task.await;
+    }
+}
+
+/// Opens the retention ring in `DATA_DIR/ring`.
+fn open_ring(config: &RelayConfig) -> anyhow::Result<Arc<Ring>> {
+    let ring = Ring::open(&RingConfig {
+        dir: config.data_dir.join("ring"),
+        max_ledgers: config.retention,
+        max_bytes: config.retention_bytes,
+        network: config.network.clone(),
+    })
+    .with_context(|| format!("opening the ring in {}", config.data_dir.display()))?;
+    Ok(Arc::new(ring))
+}
+
+/// Binds the UDP socket of `--listen` and makes it a QUIC endpoint with the relay's TLS.
+fn bind(config: &RelayConfig, auth: &Auth) -> anyhow::Result<quinn::Endpoint> {
+    let server_config = auth.server_config().context("tls configuration")?;
+    let socket = ledger_relay_transport::udp_socket(config.listen, &config.transport)
+        .with_context(|| format!("binding {}", config.listen))?;
+    ledger_relay_transport::endpoint(socket, Some(server_config), &config.transport)
+        .context("creating the QUIC endpoint")
+}
+
+/// The lake exporter (its tap for the pipeline, and its thread) and the backfill lake, each
+/// when configured.
+#[allow(clippy::type_complexity)]
+fn start_lakes(
+    config: &RelayConfig,
+    ring: &Arc<Ring>,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(
+    Option<(lake::export::ExportTap, lake::export::Exporter)>,
+    Option<Arc<lake::backfill::Backfill>>,
+)> {
+    let exporter = match &config.export {
+        Some(export) => Some(lake::export::spawn(
+            export.clone(),
+            Some(ring.clone()),
+            metrics.clone(),
+            shutdown.clone(),
+        )?),
+        None => None,
+    };
+    let backfill = config.backfill.clone().map(|b| {
+        Arc::new(lake::backfill::Backfill::new(
+            b,
+            &config.pipeline,
+            metrics.lake.backfill.clone(),
+        ))
+    });
+    if let Some(b) = backfill.clone() {
+        // Tell the operator at once whether the lake can be read (the relay runs either way).
+        tokio::spawn(async move {
+            match b.range().await {
+                Ok(range) => info!(?range, "backfill lake opened"),
+                Err(e) => tracing::warn!(error = %e, "backfill lake cannot be read yet"),
+            }
+        });
+    }
+    Ok((exporter, backfill))
+}
+
+/// Starts the source on its thread, sending to `tx`: the relay's own, or the binary's for a
+/// `relay:` source. Also says what the pipeline does when it refuses the source's output.
+fn spawn_source(
+    config: &RelayConfig,
+    ring: &Ring,
+    metrics: &Arc<Metrics>,
+    tx: tokio::sync::mpsc::UnboundedSender<source::SourceEvent>,
+    source_stop: &CancellationToken,
+) -> (std::thread::JoinHandle<()>, pipeline::OnRefusal) {
+    let mut source_options = config.source_options.clone();
+    source_options.lake_stats = source::LakeStatsHandle(metrics.lake.source.clone());
+    match (&config.source, &config.external_source) {
+        (source::SourceSpec::Relay { .. }, Some(external)) => {
+            let (tell, refused) = tokio::sync::mpsc::unbounded_channel();
+            let thread = (external.0)(source::ExternalStart {
+                spec: config.source.clone(),
+                newest: ring.newest(),
+                events: tx,
+                shutdown: source_stop.clone(),
+                metrics: metrics.clone(),
+                refused,
+            });
+            (thread, pipeline::OnRefusal::Tell(tell))
+        }
+        (source::SourceSpec::Relay { .. }, None) => unreachable!("checked at the start"),
+        _ => (
+            source::spawn(
+                config.source.clone(),
+                source_options,
+                tx,
+                source_stop.clone(),
+            ),
+            pipeline::OnRefusal::Stop(source_stop.clone()),
+        ),
     }
 }
 

@@ -765,186 +765,203 @@ fn array<const N: usize>(b: &mut impl Buf) -> [u8; N] {
 
 /// Parses a body whose length `check_header` has already validated.
 ///
-/// The `get_*` calls below cannot run past the end of `b`: fixed-size bodies were checked to be
-/// exactly their size, variable ones to hold at least their fixed fields, and variable parts are
-/// compared with the remaining length before they are read.
+/// The `get_*` calls of the parsers cannot run past the end of `b`: fixed-size bodies were
+/// checked to be exactly their size, variable ones to hold at least their fixed fields, and
+/// variable parts are compared with the remaining length before they are read.
 fn parse_body(ty: FrameType, mut b: Bytes, limits: &Limits) -> Result<Frame, FrameError> {
-    let malformed = |what| FrameError::Malformed {
-        frame: ty.name(),
-        what,
-    };
-    let frame = match ty {
-        FrameType::SessionOpen => {
-            let version = b.get_u16();
-            let kind = b.get_u8();
-            let seq = b.get_u32();
-            let start = match kind {
-                0 if seq == 0 => Start::Tip,
-                0 => return Err(malformed("tip start with a sequence")),
-                1 if seq == 0 => return Err(malformed("start sequence 0")),
-                1 => Start::Seq(seq),
-                _ => return Err(malformed("unknown start kind")),
-            };
-            let lanes = b.get_u8();
-            if lanes == 0 || lanes > 64 {
-                return Err(malformed("lane count outside 1..=64"));
-            }
-            let codecs = b.get_u8();
-            if codecs & !0b111 != 0 {
-                return Err(malformed("unknown codec bits"));
-            }
-            let window = b.get_u16();
-            if window == 0 {
-                return Err(malformed("window of 0 ledgers"));
-            }
-            Frame::SessionOpen(SessionOpen {
-                version,
-                start,
-                lanes,
-                codecs,
-                window,
-            })
-        }
-        FrameType::SessionAccept => {
-            let f = SessionAccept {
-                version: b.get_u16(),
-                session_id: b.get_u64(),
-                token: array(&mut b),
-                lanes: b.get_u8(),
-                first_seq: b.get_u32(),
-                oldest: b.get_u32(),
-                newest: b.get_u32(),
-                chunk_size: b.get_u32(),
-                window: b.get_u16(),
-                heartbeat_ms: b.get_u32(),
-                max_chunk_raw: b.get_u32(),
-                max_ledger_raw: b.get_u64(),
-            };
-            if f.lanes == 0 || f.lanes > 64 {
-                return Err(malformed("lane count outside 1..=64"));
-            }
-            if f.chunk_size == 0 || f.chunk_size > f.max_chunk_raw {
-                return Err(malformed("chunk size outside 1..=max_chunk_raw"));
-            }
-            if f.window == 0 {
-                return Err(malformed("window of 0 ledgers"));
-            }
-            if f.first_seq == 0 {
-                return Err(malformed("first sequence 0"));
-            }
-            Frame::SessionAccept(f)
-        }
-        FrameType::LaneJoin => {
-            let f = LaneJoin {
-                version: b.get_u16(),
-                session_id: b.get_u64(),
-                token: array(&mut b),
-                lane: b.get_u8(),
-            };
-            if f.lane == 0 || f.lane >= 64 {
-                return Err(malformed("lane number outside 1..64"));
-            }
-            Frame::LaneJoin(f)
-        }
+    Ok(match ty {
+        FrameType::SessionOpen => Frame::SessionOpen(parse_session_open(&mut b)?),
+        FrameType::SessionAccept => Frame::SessionAccept(parse_session_accept(&mut b)?),
+        FrameType::LaneJoin => Frame::LaneJoin(parse_lane_join(&mut b)?),
         FrameType::LaneAccept => Frame::LaneAccept(b.get_u8()),
-        FrameType::Chunk => {
-            let seq = b.get_u32();
-            let index = b.get_u32();
-            let raw_offset = b.get_u64();
-            let raw_len = b.get_u32();
-            let codec_byte = b.get_u8();
-            let codec =
-                Codec::from_u8(codec_byte).ok_or(FrameError::UnknownCodec { codec: codec_byte })?;
-            if raw_len > limits.max_chunk_raw {
-                return Err(FrameError::ChunkTooLong {
-                    raw_len,
-                    max: limits.max_chunk_raw,
-                });
-            }
-            let payload_len = b.len() as u32;
-            let fits = match codec {
-                Codec::None => payload_len == raw_len,
-                _ => payload_len < raw_len,
-            };
-            if !fits {
-                return Err(FrameError::PayloadLength {
-                    codec,
-                    raw_len,
-                    payload_len,
-                });
-            }
-            Frame::Chunk(Chunk {
-                header: ChunkHeader {
-                    seq,
-                    index,
-                    raw_offset,
-                    raw_len,
-                    codec,
-                },
-                payload: b,
-            })
-        }
+        FrameType::Chunk => Frame::Chunk(parse_chunk(b, limits)?),
         FrameType::LedgerEnd => Frame::LedgerEnd(LedgerEnd::from_body(&array(&mut b))),
         FrameType::Ack => Frame::Ack(b.get_u32()),
-        FrameType::Resend => {
-            let seq = b.get_u32();
-            let whole = match b.get_u8() {
-                0 => false,
-                1 => true,
-                _ => return Err(malformed("unknown flags")),
-            };
-            let count = b.get_u32();
-            if count > limits.max_chunks_per_ledger {
-                return Err(malformed("more indices than chunks per ledger"));
-            }
-            if b.len() as u64 != u64::from(count) * 4 {
-                return Err(malformed("index count does not match body length"));
-            }
-            if whole && count != 0 {
-                return Err(malformed("whole-ledger resend with indices"));
-            }
-            let mut indices = Vec::with_capacity(count as usize);
-            for _ in 0..count {
-                indices.push(b.get_u32());
-            }
-            Frame::Resend(Resend {
-                seq,
-                whole,
-                indices,
-            })
-        }
+        FrameType::Resend => Frame::Resend(parse_resend(&mut b, limits)?),
         FrameType::Heartbeat => Frame::Heartbeat(Heartbeat {
             newest: b.get_u32(),
             oldest: b.get_u32(),
             time_ns: b.get_u64(),
         }),
-        FrameType::Error => {
-            let code_raw = b.get_u16();
-            let code = ErrorCode::from_u16(code_raw).ok_or(malformed("unknown error code"))?;
-            let oldest = b.get_u32();
-            let newest = b.get_u32();
-            let msg_len = b.get_u16();
-            if msg_len > limits.max_message_len {
-                return Err(malformed("message longer than the limit"));
-            }
-            if b.len() != msg_len as usize {
-                return Err(malformed("message length does not match body length"));
-            }
-            let message = std::str::from_utf8(&b)
-                .map_err(|_| malformed("message is not UTF-8"))?
-                .to_owned();
-            b.advance(msg_len as usize);
-            Frame::Error(ErrorFrame {
-                code,
-                oldest,
-                newest,
-                message,
-            })
-        }
+        FrameType::Error => Frame::Error(parse_error(&mut b, limits)?),
         FrameType::CoreRequest => Frame::CoreRequest(core_http::parse_request(b)?),
         FrameType::CoreResponse => Frame::CoreResponse(core_http::parse_response(b)?),
+    })
+}
+
+/// A frame of type `ty` whose field holds a value the protocol does not allow.
+fn malformed(ty: FrameType, what: &'static str) -> FrameError {
+    FrameError::Malformed {
+        frame: ty.name(),
+        what,
+    }
+}
+
+fn parse_session_open(b: &mut Bytes) -> Result<SessionOpen, FrameError> {
+    let bad = |what| malformed(FrameType::SessionOpen, what);
+    let version = b.get_u16();
+    let kind = b.get_u8();
+    let seq = b.get_u32();
+    let start = match kind {
+        0 if seq == 0 => Start::Tip,
+        0 => return Err(bad("tip start with a sequence")),
+        1 if seq == 0 => return Err(bad("start sequence 0")),
+        1 => Start::Seq(seq),
+        _ => return Err(bad("unknown start kind")),
     };
-    Ok(frame)
+    let lanes = b.get_u8();
+    if lanes == 0 || lanes > 64 {
+        return Err(bad("lane count outside 1..=64"));
+    }
+    let codecs = b.get_u8();
+    if codecs & !0b111 != 0 {
+        return Err(bad("unknown codec bits"));
+    }
+    let window = b.get_u16();
+    if window == 0 {
+        return Err(bad("window of 0 ledgers"));
+    }
+    Ok(SessionOpen {
+        version,
+        start,
+        lanes,
+        codecs,
+        window,
+    })
+}
+
+fn parse_session_accept(b: &mut Bytes) -> Result<SessionAccept, FrameError> {
+    let bad = |what| malformed(FrameType::SessionAccept, what);
+    let f = SessionAccept {
+        version: b.get_u16(),
+        session_id: b.get_u64(),
+        token: array(b),
+        lanes: b.get_u8(),
+        first_seq: b.get_u32(),
+        oldest: b.get_u32(),
+        newest: b.get_u32(),
+        chunk_size: b.get_u32(),
+        window: b.get_u16(),
+        heartbeat_ms: b.get_u32(),
+        max_chunk_raw: b.get_u32(),
+        max_ledger_raw: b.get_u64(),
+    };
+    if f.lanes == 0 || f.lanes > 64 {
+        return Err(bad("lane count outside 1..=64"));
+    }
+    if f.chunk_size == 0 || f.chunk_size > f.max_chunk_raw {
+        return Err(bad("chunk size outside 1..=max_chunk_raw"));
+    }
+    if f.window == 0 {
+        return Err(bad("window of 0 ledgers"));
+    }
+    if f.first_seq == 0 {
+        return Err(bad("first sequence 0"));
+    }
+    Ok(f)
+}
+
+fn parse_lane_join(b: &mut Bytes) -> Result<LaneJoin, FrameError> {
+    let f = LaneJoin {
+        version: b.get_u16(),
+        session_id: b.get_u64(),
+        token: array(b),
+        lane: b.get_u8(),
+    };
+    if f.lane == 0 || f.lane >= 64 {
+        return Err(malformed(FrameType::LaneJoin, "lane number outside 1..64"));
+    }
+    Ok(f)
+}
+
+/// A chunk: its header, then the rest of the body as its payload, which must fit its raw
+/// length and codec.
+fn parse_chunk(mut b: Bytes, limits: &Limits) -> Result<Chunk, FrameError> {
+    let seq = b.get_u32();
+    let index = b.get_u32();
+    let raw_offset = b.get_u64();
+    let raw_len = b.get_u32();
+    let codec_byte = b.get_u8();
+    let codec = Codec::from_u8(codec_byte).ok_or(FrameError::UnknownCodec { codec: codec_byte })?;
+    if raw_len > limits.max_chunk_raw {
+        return Err(FrameError::ChunkTooLong {
+            raw_len,
+            max: limits.max_chunk_raw,
+        });
+    }
+    let payload_len = b.len() as u32;
+    let fits = match codec {
+        Codec::None => payload_len == raw_len,
+        _ => payload_len < raw_len,
+    };
+    if !fits {
+        return Err(FrameError::PayloadLength {
+            codec,
+            raw_len,
+            payload_len,
+        });
+    }
+    Ok(Chunk {
+        header: ChunkHeader {
+            seq,
+            index,
+            raw_offset,
+            raw_len,
+            codec,
+        },
+        payload: b,
+    })
+}
+
+fn parse_resend(b: &mut Bytes, limits: &Limits) -> Result<Resend, FrameError> {
+    let bad = |what| malformed(FrameType::Resend, what);
+    let seq = b.get_u32();
+    let whole = match b.get_u8() {
+        0 => false,
+        1 => true,
+        _ => return Err(bad("unknown flags")),
+    };
+    let count = b.get_u32();
+    if count > limits.max_chunks_per_ledger {
+        return Err(bad("more indices than chunks per ledger"));
+    }
+    if b.len() as u64 != u64::from(count) * 4 {
+        return Err(bad("index count does not match body length"));
+    }
+    if whole && count != 0 {
+        return Err(bad("whole-ledger resend with indices"));
+    }
+    let indices = (0..count).map(|_| b.get_u32()).collect();
+    Ok(Resend {
+        seq,
+        whole,
+        indices,
+    })
+}
+
+fn parse_error(b: &mut Bytes, limits: &Limits) -> Result<ErrorFrame, FrameError> {
+    let bad = |what| malformed(FrameType::Error, what);
+    let code_raw = b.get_u16();
+    let code = ErrorCode::from_u16(code_raw).ok_or(bad("unknown error code"))?;
+    let oldest = b.get_u32();
+    let newest = b.get_u32();
+    let msg_len = b.get_u16();
+    if msg_len > limits.max_message_len {
+        return Err(bad("message longer than the limit"));
+    }
+    if b.len() != msg_len as usize {
+        return Err(bad("message length does not match body length"));
+    }
+    let message = std::str::from_utf8(b)
+        .map_err(|_| bad("message is not UTF-8"))?
+        .to_owned();
+    b.advance(msg_len as usize);
+    Ok(ErrorFrame {
+        code,
+        oldest,
+        newest,
+        message,
+    })
 }
 
 #[cfg(test)]
