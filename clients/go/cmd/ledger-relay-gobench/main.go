@@ -30,8 +30,8 @@ import (
 	"syscall"
 	"time"
 
-	ledgerrelay "github.com/ledger-relay/ledger-relay/clients/go"
 	"github.com/ledger-relay/ledger-relay/clients/go/internal/cluster"
+	"github.com/ledger-relay/ledger-relay/clients/go/ledgerrelay"
 	"github.com/stellar/go-stellar-sdk/ingest/ledgerbackend"
 	"github.com/stellar/go-stellar-sdk/xdr"
 )
