@@ -49,7 +49,8 @@ type Config struct {
 	// killed (0: 5s).
 	StopTimeout time.Duration
 	// PipeBytes is the size asked of the kernel for the pipe from the child (0: 1 MiB, the
-	// default limit of /proc/sys/fs/pipe-max-size; negative: the system's 64 KiB).
+	// default limit of /proc/sys/fs/pipe-max-size; negative: the system's 64 KiB). Only
+	// Linux can resize a pipe: elsewhere the system's size is used.
 	PipeBytes int
 	// MaxLedgerBytes bounds one ledger record (0: 256 MiB).
 	MaxLedgerBytes int
@@ -284,18 +285,15 @@ func (s *Stream) start(from, count uint32, anchor string) (*child, error) {
 	}
 	args = append(args, s.cfg.ExtraArgs...)
 	cmd := exec.Command(s.cfg.Binary, args...)
-	// The child dies with us, even if we are killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	dieWithParent(cmd)
 	t := &tail{copyTo: s.cfg.Stderr}
 	cmd.Stderr = t
 	stdout, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	// A 1 MiB pipe instead of 64 KiB: a 14.5 MiB ledger crosses in 15 wake-ups, not 232.
-	// Best effort (the kernel may cap it: /proc/sys/fs/pipe-max-size).
 	if s.cfg.PipeBytes > 0 {
-		_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSize, uintptr(s.cfg.PipeBytes))
+		setPipeSize(w, s.cfg.PipeBytes)
 	}
 	cmd.Stdout = w
 	err = cmd.Start()
@@ -309,9 +307,6 @@ func (s *Stream) start(from, count uint32, anchor string) (*child, error) {
 	}
 	return &child{cmd: cmd, stdout: stdout, records: newRecordReader(stdout, s.cfg.MaxLedgerBytes), stderr: t}, nil
 }
-
-// fSetPipeSize is Linux's F_SETPIPE_SZ.
-const fSetPipeSize = 1031
 
 // wait reaps the child: its exit code (-1 for a signal) and last error line.
 func (c *child) wait() (int, string) {
