@@ -80,6 +80,28 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Exit codes of ledger-subscribe, from the command contract in docs/operations.md. The
+// stream reads them to tell how a child ended; an [ExitError]'s Code is ExitFailed,
+// ExitSignaled, or another code the child ended with (101: a panic).
+const (
+	// ExitDone means ledger-subscribe wrote every ledger of its --count and stopped, or was
+	// asked to stop (SIGINT, SIGTERM).
+	ExitDone = 0
+	// ExitFailed means any other error: bad arguments, no relay reachable at the start, a
+	// ledger that failed a check. The stream restarts the child after it.
+	ExitFailed = 2
+	// ExitUnauthorized means a certificate was refused: this subscriber's by the relay
+	// (revoked, expired, not allowed), or the relay's by this subscriber. The stream ends
+	// with [ErrUnauthorized].
+	ExitUnauthorized = 3
+	// ExitBelowRetention means the start is older than the oldest ledger every relay holds.
+	// The stream ends with a [*BelowRetentionError].
+	ExitBelowRetention = 4
+	// ExitSignaled is not ledger-subscribe's but this package's: the child was killed by a
+	// signal, or could not be waited for.
+	ExitSignaled = -1
+)
+
 // ErrUnauthorized: the relay refused this subscriber's certificate (revoked, expired, not
 // allowed) or this subscriber refused the relay's (ledger-subscribe exit 3). Final: the
 // stream is not restarted.
@@ -104,7 +126,7 @@ func (e *BelowRetentionError) Error() string {
 
 // ExitError: the child failed for another reason, MaxRestarts times in a row.
 type ExitError struct {
-	// Code is the exit code (-1: killed by a signal).
+	// Code is the exit code: ExitFailed, ExitSignaled, or another code the child ended with.
 	Code int
 	// Message is the child's last error line.
 	Message string
@@ -203,15 +225,15 @@ func (s *Stream) RawLedgers(ctx context.Context, r ledgerbackend.Range, _ ...led
 			// The child ended its output: find out why.
 			code, msg := c.wait()
 			switch {
-			case code == 0 && r.Bounded() && next > r.To():
+			case code == ExitDone && r.Bounded() && next > r.To():
 				return
-			case code == 0:
+			case code == ExitDone:
 				yield(nil, fmt.Errorf("%w: stopped before ledger %d", ErrTruncated, next))
 				return
-			case code == 3:
+			case code == ExitUnauthorized:
 				yield(nil, fmt.Errorf("%w: %s", ErrUnauthorized, msg))
 				return
-			case code == 4:
+			case code == ExitBelowRetention:
 				yield(nil, belowRetention(next, c.stderr.String(), msg))
 				return
 			}
@@ -308,7 +330,7 @@ func (s *Stream) start(from, count uint32, anchor string) (*child, error) {
 	return &child{cmd: cmd, stdout: stdout, records: newRecordReader(stdout, s.cfg.MaxLedgerBytes), stderr: t}, nil
 }
 
-// wait reaps the child: its exit code (-1 for a signal) and last error line.
+// wait reaps the child: its exit code (ExitSignaled for a signal) and last error line.
 func (c *child) wait() (int, string) {
 	c.waited.Do(func() {
 		err := c.cmd.Wait()
@@ -316,11 +338,11 @@ func (c *child) wait() (int, string) {
 		var exit *exec.ExitError
 		switch {
 		case err == nil:
-			c.code = 0
+			c.code = ExitDone
 		case errors.As(err, &exit):
 			c.code = exit.ExitCode()
 		default:
-			c.code = -1
+			c.code = ExitSignaled
 		}
 	})
 	return c.code, c.stderr.lastError()
