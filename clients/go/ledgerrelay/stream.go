@@ -24,7 +24,8 @@ import (
 type Config struct {
 	// Binary is the ledger-subscribe executable (default: "ledger-subscribe" on PATH).
 	Binary string
-	// Relays in order of preference, HOST:PORT (ledger-subscribe --relay).
+	// Relays are the relays' addresses, HOST:PORT, in order of preference (ledger-subscribe
+	// --relay).
 	Relays []string
 	// CertDir holds ca.pem, Name.pem and Name.key (ledger-subscribe --certs).
 	CertDir string
@@ -33,7 +34,7 @@ type Config struct {
 	// Hedge subscribes to every relay at once and takes each ledger from whichever delivers
 	// it first (ledger-subscribe --hedge).
 	Hedge bool
-	// Lanes per relay (0: ledger-subscribe's default, 4).
+	// Lanes is the number of lanes per relay (0: ledger-subscribe's default, 4).
 	Lanes int
 	// ServerName is the TLS name the relays' certificates must hold (default: each
 	// address's host).
@@ -102,29 +103,37 @@ const (
 	ExitSignaled = -1
 )
 
-// ErrUnauthorized: the relay refused this subscriber's certificate (revoked, expired, not
-// allowed) or this subscriber refused the relay's (ledger-subscribe exit 3). Final: the
-// stream is not restarted.
+// ErrUnauthorized is the stream's error when a certificate was refused: the relay refused
+// this subscriber's (revoked, expired, not allowed), or this subscriber refused the relay's
+// (ledger-subscribe exit 3). It is final: the stream is not restarted.
 var ErrUnauthorized = errors.New("ledgerrelay: certificate refused (ledger-subscribe exit 3)")
 
-// ErrTruncated: a bounded range ended before its last ledger (the child exited 0 early).
+// ErrTruncated is the stream's error when a bounded range ended before its last ledger: the
+// child exited 0 early, stopped from outside.
 var ErrTruncated = errors.New("ledgerrelay: bounded range cut short")
 
-// BelowRetentionError: the requested start is older than the oldest ledger every relay
-// holds (ledger-subscribe exit 4). Oldest and Newest are the relay's bounds (0: unknown).
-// Final: read the older ledgers from a history archive or data lake.
+// BelowRetentionError is the stream's error when the requested start is older than the
+// oldest ledger every relay holds (ledger-subscribe exit 4). It is final: read the older
+// ledgers from a history archive or a data lake.
 type BelowRetentionError struct {
-	Requested, Oldest, Newest uint32
+	// Requested is the ledger the child was asked to start at.
+	Requested uint32
+	// Oldest and Newest are the ledgers the relay holds, as ledger-subscribe reported them
+	// (0: unknown).
+	Oldest, Newest uint32
 	// Message is ledger-subscribe's error line.
 	Message string
 }
 
+// Error names the requested ledger and the relay's bounds.
 func (e *BelowRetentionError) Error() string {
 	return fmt.Sprintf("ledgerrelay: ledger %d is below the relays' retention (oldest held %d, newest %d)",
 		e.Requested, e.Oldest, e.Newest)
 }
 
-// ExitError: the child failed for another reason, MaxRestarts times in a row.
+// ExitError is the stream's error when the child failed, for a reason other than a refused
+// certificate or a start below retention, Config.MaxRestarts times in a row without
+// delivering a ledger.
 type ExitError struct {
 	// Code is the exit code: ExitFailed, ExitSignaled, or another code the child ended with.
 	Code int
@@ -132,11 +141,13 @@ type ExitError struct {
 	Message string
 }
 
+// Error names the exit code and the child's last error line.
 func (e *ExitError) Error() string {
 	return fmt.Sprintf("ledgerrelay: ledger-subscribe exited with %d: %s", e.Code, e.Message)
 }
 
-// Stream is a ledgerbackend.LedgerStream over relays.
+// Stream is a ledgerbackend.LedgerStream over relays: each iteration of RawLedgers runs
+// ledger-subscribe as a child process and reads its standard output.
 type Stream struct {
 	cfg Config
 	// started, if set, is told each child's pid (tests).
@@ -378,6 +389,7 @@ type tail struct {
 	copyTo io.Writer
 }
 
+// Write keeps p and copies it on; it never fails.
 func (t *tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -391,6 +403,7 @@ func (t *tail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// String is the text kept.
 func (t *tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -1,4 +1,4 @@
-// Command ledger-relay-gobench measures what the Go client adds to ledger-subscribe: it
+// Ledger-relay-gobench measures what the Go client adds to ledger-subscribe: it
 // starts a relay on loopback with synthetic ledgers and, for raw and compressed payloads,
 // compares
 //
