@@ -1,4 +1,4 @@
-// Command ledger-relay-gobench measures what the Go client adds to ledger-subscribe: it
+// Ledger-relay-gobench measures what the Go client adds to ledger-subscribe: it
 // starts a relay on loopback with synthetic ledgers and, for raw and compressed payloads,
 // compares
 //
@@ -30,8 +30,8 @@ import (
 	"syscall"
 	"time"
 
-	ledgerrelay "github.com/ledger-relay/ledger-relay/clients/go"
 	"github.com/ledger-relay/ledger-relay/clients/go/internal/cluster"
+	"github.com/ledger-relay/ledger-relay/clients/go/ledgerrelay"
 	"github.com/stellar/go-stellar-sdk/ingest/ledgerbackend"
 	"github.com/stellar/go-stellar-sdk/xdr"
 )
@@ -96,9 +96,8 @@ func run(o options, w io.Writer) error {
 	if err := cluster.NewCA(bins, certs, []string{"bench"}, nil); err != nil {
 		return err
 	}
-	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Fprintf(w, "ledger-relay-gobench: %d ledgers x %d rounds, size %s, cadence %v, %d lanes, pipe %d; load average %s\n\n",
-		o.ledgers, o.rounds, o.size, o.cadence, o.lanes, o.pipe, strings.Join(strings.Fields(string(load))[:3], " "))
+		o.ledgers, o.rounds, o.size, o.cadence, o.lanes, o.pipe, loadAverage())
 	fmt.Fprintln(w, "| payload | path | ledgers | delivery p50 ms | p99 ms | max ms | CPU ms/ledger: ledger-subscribe | Go | total | catch-up ledgers/s |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, name := range o.payloads {
@@ -142,6 +141,16 @@ func run(o options, w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	return nil
+}
+
+// loadAverage is the system's 1, 5 and 15 minute load averages from /proc/loadavg, or
+// "unknown" where there is no such file (macOS).
+func loadAverage() string {
+	load, _ := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(load)); len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }
 
 func verdict(ok bool) string {

@@ -15,9 +15,20 @@ import (
 	"time"
 )
 
-// Bins are the product's executables, and the test double of stellar-core the tests put
-// behind a relay.
-type Bins struct{ Relay, Certs, Subscribe, Captive, CoreDouble string }
+// Bins are the paths of the product's executables, and of the test double of stellar-core
+// the tests put behind a relay.
+type Bins struct {
+	// Relay is ledger-relay.
+	Relay string
+	// Certs is ledger-certs.
+	Certs string
+	// Subscribe is ledger-subscribe.
+	Subscribe string
+	// Captive is ledger-captive-core, the stand-in for stellar-core.
+	Captive string
+	// CoreDouble is ledger-core-double, the test double of stellar-core.
+	CoreDouble string
+}
 
 // FindBins returns the first of dirs (empty ones skipped) holding all five executables.
 func FindBins(dirs ...string) (Bins, error) {
@@ -78,7 +89,7 @@ func NewCA(b Bins, dir string, clients, revoked []string) error {
 	return nil
 }
 
-// FreePort is a port nothing listens on now (network "udp" or "tcp").
+// FreePort returns a loopback port nothing listens on now (network "udp" or "tcp").
 func FreePort(network string) (int, error) {
 	if network == "udp" {
 		c, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -98,9 +109,13 @@ func FreePort(network string) (int, error) {
 
 // Relay is a running `ledger-relay run`.
 type Relay struct {
-	Cmd     *exec.Cmd
-	Addr    string
+	// Cmd is the relay's process.
+	Cmd *exec.Cmd
+	// Addr is where it listens for subscribers, 127.0.0.1:PORT (UDP).
+	Addr string
+	// Metrics is where it serves /metrics and /healthz, 127.0.0.1:PORT (TCP).
 	Metrics string
+	// Log is the file its standard output and error go to.
 	Log     string
 	logFile *os.File
 }
@@ -147,7 +162,7 @@ func (r *Relay) Stop() {
 	r.logFile.Close()
 }
 
-// LogTail is the last n lines of its log.
+// LogTail returns the last n lines of the relay's log.
 func (r *Relay) LogTail(n int) string {
 	text, _ := os.ReadFile(r.Log)
 	lines := strings.Split(string(text), "\n")
@@ -170,7 +185,7 @@ func (r *Relay) WaitLog(what string, within time.Duration) error {
 	return fmt.Errorf("the relay's log did not show %q within %v", what, within)
 }
 
-// Holds is the ledgers the relay's ring holds, from /healthz.
+// Holds returns the oldest and newest ledgers the relay's ring holds, from /healthz.
 func (r *Relay) Holds() (oldest, newest uint32, err error) {
 	resp, err := http.Get("http://" + r.Metrics + "/healthz")
 	if err != nil {
@@ -185,7 +200,8 @@ func (r *Relay) Holds() (oldest, newest uint32, err error) {
 	return h.RingOldest, h.RingNewest, err
 }
 
-// WaitHolds waits until done(oldest, newest) holds for the relay's ring.
+// WaitHolds waits until done(oldest, newest) holds for the relay's ring and returns the
+// bounds it read last.
 func (r *Relay) WaitHolds(done func(oldest, newest uint32) bool, within time.Duration) (uint32, uint32, error) {
 	deadline := time.Now().Add(within)
 	var o, n uint32

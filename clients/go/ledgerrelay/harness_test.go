@@ -14,7 +14,7 @@ import (
 
 // The test ledgers: 320 consecutive testnet ledgers in core's framing.
 const (
-	testnetFile  = "../../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
+	testnetFile  = "../../../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
 	testnetFirst = 1410048
 	testnetLast  = 1410367
 	testnetPass  = "Test SDF Network ; September 2015"
@@ -22,7 +22,7 @@ const (
 
 func findBinaries(t testing.TB) cluster.Bins {
 	t.Helper()
-	b, err := cluster.FindBins(os.Getenv("LEDGER_RELAY_BIN_DIR"), "../../target/debug", "../../target/release")
+	b, err := cluster.FindBins(os.Getenv("LEDGER_RELAY_BIN_DIR"), "../../../target/debug", "../../../target/release")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,8 @@ import (
 type Config struct {
 	// Binary is the ledger-subscribe executable (default: "ledger-subscribe" on PATH).
 	Binary string
-	// Relays in order of preference, HOST:PORT (ledger-subscribe --relay).
+	// Relays are the relays' addresses, HOST:PORT, in order of preference (ledger-subscribe
+	// --relay).
 	Relays []string
 	// CertDir holds ca.pem, Name.pem and Name.key (ledger-subscribe --certs).
 	CertDir string
@@ -33,7 +34,7 @@ type Config struct {
 	// Hedge subscribes to every relay at once and takes each ledger from whichever delivers
 	// it first (ledger-subscribe --hedge).
 	Hedge bool
-	// Lanes per relay (0: ledger-subscribe's default, 4).
+	// Lanes is the number of lanes per relay (0: ledger-subscribe's default, 4).
 	Lanes int
 	// ServerName is the TLS name the relays' certificates must hold (default: each
 	// address's host).
@@ -49,7 +50,8 @@ type Config struct {
 	// killed (0: 5s).
 	StopTimeout time.Duration
 	// PipeBytes is the size asked of the kernel for the pipe from the child (0: 1 MiB, the
-	// default limit of /proc/sys/fs/pipe-max-size; negative: the system's 64 KiB).
+	// default limit of /proc/sys/fs/pipe-max-size; negative: the system's 64 KiB). Only
+	// Linux can resize a pipe: elsewhere the system's size is used.
 	PipeBytes int
 	// MaxLedgerBytes bounds one ledger record (0: 256 MiB).
 	MaxLedgerBytes int
@@ -79,41 +81,73 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ErrUnauthorized: the relay refused this subscriber's certificate (revoked, expired, not
-// allowed) or this subscriber refused the relay's (ledger-subscribe exit 3). Final: the
-// stream is not restarted.
+// Exit codes of ledger-subscribe, from the command contract in docs/operations.md. The
+// stream reads them to tell how a child ended; an [ExitError]'s Code is ExitFailed,
+// ExitSignaled, or another code the child ended with (101: a panic).
+const (
+	// ExitDone means ledger-subscribe wrote every ledger of its --count and stopped, or was
+	// asked to stop (SIGINT, SIGTERM).
+	ExitDone = 0
+	// ExitFailed means any other error: bad arguments, no relay reachable at the start, a
+	// ledger that failed a check. The stream restarts the child after it.
+	ExitFailed = 2
+	// ExitUnauthorized means a certificate was refused: this subscriber's by the relay
+	// (revoked, expired, not allowed), or the relay's by this subscriber. The stream ends
+	// with [ErrUnauthorized].
+	ExitUnauthorized = 3
+	// ExitBelowRetention means the start is older than the oldest ledger every relay holds.
+	// The stream ends with a [*BelowRetentionError].
+	ExitBelowRetention = 4
+	// ExitSignaled is not ledger-subscribe's but this package's: the child was killed by a
+	// signal, or could not be waited for.
+	ExitSignaled = -1
+)
+
+// ErrUnauthorized is the stream's error when a certificate was refused: the relay refused
+// this subscriber's (revoked, expired, not allowed), or this subscriber refused the relay's
+// (ledger-subscribe exit 3). It is final: the stream is not restarted.
 var ErrUnauthorized = errors.New("ledgerrelay: certificate refused (ledger-subscribe exit 3)")
 
-// ErrTruncated: a bounded range ended before its last ledger (the child exited 0 early).
+// ErrTruncated is the stream's error when a bounded range ended before its last ledger: the
+// child exited 0 early, stopped from outside.
 var ErrTruncated = errors.New("ledgerrelay: bounded range cut short")
 
-// BelowRetentionError: the requested start is older than the oldest ledger every relay
-// holds (ledger-subscribe exit 4). Oldest and Newest are the relay's bounds (0: unknown).
-// Final: read the older ledgers from a history archive or data lake.
+// BelowRetentionError is the stream's error when the requested start is older than the
+// oldest ledger every relay holds (ledger-subscribe exit 4). It is final: read the older
+// ledgers from a history archive or a data lake.
 type BelowRetentionError struct {
-	Requested, Oldest, Newest uint32
+	// Requested is the ledger the child was asked to start at.
+	Requested uint32
+	// Oldest and Newest are the ledgers the relay holds, as ledger-subscribe reported them
+	// (0: unknown).
+	Oldest, Newest uint32
 	// Message is ledger-subscribe's error line.
 	Message string
 }
 
+// Error names the requested ledger and the relay's bounds.
 func (e *BelowRetentionError) Error() string {
 	return fmt.Sprintf("ledgerrelay: ledger %d is below the relays' retention (oldest held %d, newest %d)",
 		e.Requested, e.Oldest, e.Newest)
 }
 
-// ExitError: the child failed for another reason, MaxRestarts times in a row.
+// ExitError is the stream's error when the child failed, for a reason other than a refused
+// certificate or a start below retention, Config.MaxRestarts times in a row without
+// delivering a ledger.
 type ExitError struct {
-	// Code is the exit code (-1: killed by a signal).
+	// Code is the exit code: ExitFailed, ExitSignaled, or another code the child ended with.
 	Code int
 	// Message is the child's last error line.
 	Message string
 }
 
+// Error names the exit code and the child's last error line.
 func (e *ExitError) Error() string {
 	return fmt.Sprintf("ledgerrelay: ledger-subscribe exited with %d: %s", e.Code, e.Message)
 }
 
-// Stream is a ledgerbackend.LedgerStream over relays.
+// Stream is a ledgerbackend.LedgerStream over relays: each iteration of RawLedgers runs
+// ledger-subscribe as a child process and reads its standard output.
 type Stream struct {
 	cfg Config
 	// started, if set, is told each child's pid (tests).
@@ -202,15 +236,15 @@ func (s *Stream) RawLedgers(ctx context.Context, r ledgerbackend.Range, _ ...led
 			// The child ended its output: find out why.
 			code, msg := c.wait()
 			switch {
-			case code == 0 && r.Bounded() && next > r.To():
+			case code == ExitDone && r.Bounded() && next > r.To():
 				return
-			case code == 0:
+			case code == ExitDone:
 				yield(nil, fmt.Errorf("%w: stopped before ledger %d", ErrTruncated, next))
 				return
-			case code == 3:
+			case code == ExitUnauthorized:
 				yield(nil, fmt.Errorf("%w: %s", ErrUnauthorized, msg))
 				return
-			case code == 4:
+			case code == ExitBelowRetention:
 				yield(nil, belowRetention(next, c.stderr.String(), msg))
 				return
 			}
@@ -284,18 +318,15 @@ func (s *Stream) start(from, count uint32, anchor string) (*child, error) {
 	}
 	args = append(args, s.cfg.ExtraArgs...)
 	cmd := exec.Command(s.cfg.Binary, args...)
-	// The child dies with us, even if we are killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	dieWithParent(cmd)
 	t := &tail{copyTo: s.cfg.Stderr}
 	cmd.Stderr = t
 	stdout, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	// A 1 MiB pipe instead of 64 KiB: a 14.5 MiB ledger crosses in 15 wake-ups, not 232.
-	// Best effort (the kernel may cap it: /proc/sys/fs/pipe-max-size).
 	if s.cfg.PipeBytes > 0 {
-		_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, w.Fd(), fSetPipeSize, uintptr(s.cfg.PipeBytes))
+		setPipeSize(w, s.cfg.PipeBytes)
 	}
 	cmd.Stdout = w
 	err = cmd.Start()
@@ -310,10 +341,7 @@ func (s *Stream) start(from, count uint32, anchor string) (*child, error) {
 	return &child{cmd: cmd, stdout: stdout, records: newRecordReader(stdout, s.cfg.MaxLedgerBytes), stderr: t}, nil
 }
 
-// fSetPipeSize is Linux's F_SETPIPE_SZ.
-const fSetPipeSize = 1031
-
-// wait reaps the child: its exit code (-1 for a signal) and last error line.
+// wait reaps the child: its exit code (ExitSignaled for a signal) and last error line.
 func (c *child) wait() (int, string) {
 	c.waited.Do(func() {
 		err := c.cmd.Wait()
@@ -321,11 +349,11 @@ func (c *child) wait() (int, string) {
 		var exit *exec.ExitError
 		switch {
 		case err == nil:
-			c.code = 0
+			c.code = ExitDone
 		case errors.As(err, &exit):
 			c.code = exit.ExitCode()
 		default:
-			c.code = -1
+			c.code = ExitSignaled
 		}
 	})
 	return c.code, c.stderr.lastError()
@@ -361,6 +389,7 @@ type tail struct {
 	copyTo io.Writer
 }
 
+// Write keeps p and copies it on; it never fails.
 func (t *tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -374,6 +403,7 @@ func (t *tail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// String is the text kept.
 func (t *tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()

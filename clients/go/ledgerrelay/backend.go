@@ -182,7 +182,7 @@ func (b *Backend) fetch(ctx context.Context, seq uint32) ([]byte, error) {
 	}
 }
 
-// GetLatestLedgerSequence is the bounded range's end, or the newest ledger received.
+// GetLatestLedgerSequence returns the bounded range's end, or the newest ledger received.
 func (b *Backend) GetLatestLedgerSequence(_ context.Context) (uint32, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
