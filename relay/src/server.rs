@@ -12,8 +12,7 @@ use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::compress::Codec;
 use ledger_relay_wire::core_http::CoreRequest;
 use ledger_relay_wire::frame::{Frame, LaneJoin, SessionOpen, TOKEN_LEN};
-use ledger_relay_wire::sender::{CloseReason, Violation};
-use ledger_relay_wire::PROTOCOL_VERSION;
+use ledger_relay_wire::sender::{check_join, check_open, CloseReason, JoinTarget, Violation};
 use quinn::{Connection, Endpoint};
 use rand::RngCore;
 use tokio::sync::mpsc;
@@ -245,12 +244,6 @@ async fn refuse(conn: &Connection, send: &mut FrameWriter, reason: CloseReason) 
     close_for(conn, send.stream_mut(), &reason).await;
 }
 
-fn unauthorized(detail: impl Into<String>) -> CloseReason {
-    CloseReason::Unauthorized {
-        detail: detail.into(),
-    }
-}
-
 fn violation(detail: impl Into<String>) -> CloseReason {
     Violation::BadRequest {
         detail: detail.into(),
@@ -463,17 +456,7 @@ fn refuse_plain(ctx: &Ctx, conn: &Connection, reason: &CloseReason) {
 
 /// Why a `SessionOpen` cannot be served by this relay (version, codecs), if it cannot.
 fn open_refusal(ctx: &Ctx, open: &SessionOpen) -> Option<CloseReason> {
-    if open.version != PROTOCOL_VERSION {
-        let msg = format!("protocol version {} not supported", open.version);
-        return Some(violation(msg));
-    }
-    if ctx.cfg.codec != Codec::None && open.codecs & ctx.cfg.codec.bit() == 0 {
-        return Some(violation(format!(
-            "this relay sends {} chunks",
-            ctx.cfg.codec
-        )));
-    }
-    None
+    check_open(open, ctx.cfg.codec).err()
 }
 
 /// A new session's handle and the receiver of its lane joins.
@@ -584,26 +567,16 @@ fn lane_refusal(
     join: &LaneJoin,
     client: &ClientId,
 ) -> Option<CloseReason> {
-    let Some(h) = handle else {
-        return Some(unauthorized("no such session"));
-    };
-    if !tokens_equal(&h.token, &join.token) {
-        return Some(unauthorized("wrong session token"));
+    let target = handle.map(|h| JoinTarget {
+        token: &h.token,
+        identity: &h.client.name,
+        lanes: h.lanes,
+    });
+    if let Err(reason) = check_join(join, target, &client.name) {
+        return Some(reason);
     }
-    if h.client.name != client.name {
-        return Some(unauthorized(format!(
-            "lane identity {} differs from the session's {}",
-            client.name, h.client.name
-        )));
-    }
-    if join.lane >= h.lanes {
-        let msg = format!("lane {} beyond the {} granted", join.lane, h.lanes);
-        return Some(violation(msg));
-    }
-    if join.version != PROTOCOL_VERSION {
-        let msg = format!("protocol version {} not supported", join.version);
-        return Some(violation(msg));
-    }
+    // `check_join` refuses a join to no session.
+    let h = handle?;
     if !h.add_lane_serial(&client.serial) {
         return Some(CloseReason::Overloaded {
             detail: format!("the session already holds {MAX_LANE_CERTIFICATES} other certificates"),
@@ -650,9 +623,4 @@ async fn join_lane(ctx: &Arc<Ctx>, mut req: Request, join: LaneJoin) {
     // The session owns the lane now; keep this task (and its connection count) until the lane
     // closes.
     let _ = conn.closed().await;
-}
-
-/// Compares tokens without an early exit, so timing does not reveal a prefix.
-fn tokens_equal(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

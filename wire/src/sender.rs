@@ -36,6 +36,7 @@
 //!   receive everything already sent before it (bounded by `drain_limit`), so the next session
 //!   does not have to send it again.
 
+mod admit;
 mod close;
 pub mod lanes;
 
@@ -43,6 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use admit::{check_join, check_open, JoinTarget};
 pub use close::{CloseReason, Violation};
 pub use lanes::{LaneInfo, LaneReport};
 
