@@ -2,7 +2,7 @@
 //! a relay stopped and restarted on the same data directory and port
 //! mid-stream; failover between two relays fed the same file; a relay fed another network's
 //! ledgers; a tampered ring. The same with the relay as a process of its own (SIGKILL, a slow
-//! consumer, the crash rounds) is in `relay/cli/tests/process.rs`.
+//! consumer, the crash rounds) is in `relay/bin/tests/process.rs`.
 //!
 //! Every test is bounded by timeouts and asserts outcomes that do not depend on timing: which
 //! ledgers were delivered (all of them, or exactly those before a fault), in what order, and

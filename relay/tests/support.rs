@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The 320 consecutive testnet ledgers (`testdata!` is defined by the test crate that includes
-/// this module: `relay/` and `relay/cli/` sit at different depths).
+/// this module: `relay/` and `relay/bin/` sit at different depths).
 pub const TESTNET: &str = testdata!("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr");
 pub const FIRST: u32 = 1_410_048;
 pub const LAST: u32 = 1_410_367;

@@ -1,5 +1,5 @@
 //! Integration tests of the relay. Tests of the `ledger-relay` binary itself (its CLI, the relay
-//! as a process of its own) are in `relay/cli/tests`.
+//! as a process of its own) are in `relay/bin/tests`.
 
 /// A file of the repository's `testdata/`, from this crate's directory.
 macro_rules! testdata {

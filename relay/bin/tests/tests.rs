@@ -3,7 +3,7 @@
 //! and the Go client's suite against it.
 //! They share the relay's test support module.
 
-/// A file of the repository's `testdata/`, from this crate's directory (`relay/cli`).
+/// A file of the repository's `testdata/`, from this crate's directory (`relay/bin`).
 macro_rules! testdata {
     ($file:literal) => {
         concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/", $file)
