@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use clap::Parser as _;
 use ledger_relay::config::{RelayConfig, RunArgs};
-use ledger_relay_subscriber::cli::{self, Args};
 use ledger_relay_subscriber::LaneStats;
+use ledger_relay_subscriber_bin::cli::{self, Args};
 
 use crate::support::{eventually, init_tracing, within, Running, TestDir};
 

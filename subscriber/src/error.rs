@@ -584,7 +584,7 @@ pub(crate) fn classify_frame_io(
 
 /// Formats an error with its sources, `a: b: c`, escaped: a source may quote the relay (a
 /// connection closed with the relay's reason).
-pub(crate) struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

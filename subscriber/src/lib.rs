@@ -89,8 +89,6 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
-pub mod captive;
-pub mod cli;
 mod client;
 pub mod config;
 pub mod core_http;

@@ -684,7 +684,7 @@ fn held_bounds(message: &str) -> (u32, u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_subscribe_command_exits_4_naming_the_relays_real_bounds() {
     use clap::Parser as _;
-    use ledger_relay_subscriber::cli::{run, Args};
+    use ledger_relay_subscriber_bin::cli::{run, Args};
 
     let dir = TestDir::new();
     let (relay, metrics_addr, port) = short_ring(&dir).await;

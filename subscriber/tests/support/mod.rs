@@ -13,10 +13,7 @@ use ledger_relay_subscriber::{Credentials, RelayAddr, SubscribeConfig};
 use sha2::{Digest, Sha256};
 
 /// 320 consecutive testnet ledgers (1410048..=1410367) in stellar-core's pipe framing.
-pub const TESTNET: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../testdata/testnet/testnet-1410048-1410367.lcm-v0.framed.xdr"
-);
+pub const TESTNET: &str = testdata!("testnet/testnet-1410048-1410367.lcm-v0.framed.xdr");
 
 /// The first testnet ledger's sequence.
 pub const FIRST_SEQ: u32 = 1_410_048;

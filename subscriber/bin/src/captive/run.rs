@@ -13,9 +13,9 @@ use tokio::sync::watch;
 
 use super::http::{HttpOptions, HttpServers};
 use super::{CaptiveError, State};
-use crate::client::connect;
-use crate::config::SubscribeConfig;
-use crate::ledger::Ledger;
+use ledger_relay_subscriber::config::SubscribeConfig;
+use ledger_relay_subscriber::connect;
+use ledger_relay_subscriber::Ledger;
 
 /// Core's HTTP ports to serve while streaming.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ledger_relay_subscriber::cli::{self, Args};
+use ledger_relay_subscriber_bin::cli::{self, Args};
 
 use crate::support::fake_relay::{FakeRelay, Plan};
 use crate::support::{subscribe_args, testnet_ledgers, within, Pki, FIRST_SEQ};

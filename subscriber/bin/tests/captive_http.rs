@@ -7,11 +7,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ledger_relay_subscriber::captive::{HttpOptions, HttpServers};
 use ledger_relay_subscriber::core_http::{
     CoreClient, CoreClientConfig, CorePort, CoreResponse, Origin,
 };
 use ledger_relay_subscriber::RelayAddr;
+use ledger_relay_subscriber_bin::captive::{HttpOptions, HttpServers};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 

@@ -210,7 +210,7 @@ fn version_prints_what_the_sdk_parses() {
 
 #[test]
 fn the_packaged_example_settings_parse() {
-    let text = include_str!("../../../packaging/config/captive-core.toml");
+    let text = include_str!("../../../../packaging/config/captive-core.toml");
     let s: Settings = toml::from_str(text).unwrap();
     assert_eq!(s.relay.len(), 2);
     assert_eq!(s.name.as_deref(), Some("rpc-1"));

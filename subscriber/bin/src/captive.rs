@@ -38,9 +38,9 @@ use std::str::FromStr;
 
 use ledger_relay_transport::parse_duration;
 
-use crate::config::{Anchor, Credentials, RelayAddr, SubscribeConfig};
-use crate::core_http::{CoreClient, CoreClientConfig, CoreClientError};
-use crate::error::SubscribeError;
+use ledger_relay_subscriber::config::{Anchor, Credentials, RelayAddr, SubscribeConfig};
+use ledger_relay_subscriber::core_http::{CoreClient, CoreClientConfig, CoreClientError};
+use ledger_relay_subscriber::error::SubscribeError;
 
 mod conf;
 pub mod http;

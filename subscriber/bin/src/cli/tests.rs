@@ -138,13 +138,11 @@ fn consume_pause_waits_and_stops_when_the_sender_goes() {
 fn status_line_shows_lag_and_lanes() {
     let mut m = Meter::new();
     m.add(&ledger(100, 0, 0));
-    let status = Status {
-        relay: Some("127.0.0.1:7000".parse().unwrap()),
-        lanes_up: 3,
-        lanes_granted: 4,
-        newest: 103,
-        ..Status::default()
-    };
+    let mut status = Status::default();
+    status.relay = Some("127.0.0.1:7000".parse().unwrap());
+    status.lanes_up = 3;
+    status.lanes_granted = 4;
+    status.newest = 103;
     let line = m.line(&status);
     assert!(line.starts_with("seq 100 | lag 3 |"), "{line}");
     assert!(line.contains("lanes 3/4 | relay 127.0.0.1:7000"), "{line}");

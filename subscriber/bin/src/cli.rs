@@ -12,11 +12,13 @@ use futures::StreamExt;
 use ledger_relay_wire::frame::Start;
 use tokio::sync::mpsc;
 
-use crate::client::connect;
-use crate::config::{parse_start, Anchor, Credentials, RelayAddr, SubscribeConfig};
-use crate::error::SubscribeError;
-use crate::ledger::{Ledger, Status};
 use ledger_relay_cli::{LogFormat, Shell};
+use ledger_relay_subscriber::config::{
+    parse_start, Anchor, Credentials, RelayAddr, SubscribeConfig,
+};
+use ledger_relay_subscriber::connect;
+use ledger_relay_subscriber::error::SubscribeError;
+use ledger_relay_subscriber::{Ledger, Status};
 use ledger_relay_transport::parse_duration;
 
 mod lane_stats;
@@ -387,7 +389,10 @@ pub fn report_failure(
     error: &(dyn std::error::Error + 'static),
     subscribe: Option<&SubscribeError>,
 ) {
-    let text = format!("{program}: {}", crate::error::ErrorChain(error));
+    let text = format!(
+        "{program}: {}",
+        ledger_relay_subscriber::error::ErrorChain(error)
+    );
     ledger_relay_cli::logging::fatal(format, program, &text);
     if let Some(line) = subscribe.and_then(SubscribeError::below_retention_line) {
         let _ = writeln!(std::io::stderr(), "{line}");

@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use clap::Parser;
-use ledger_relay_subscriber::cli::{self, Args};
 use ledger_relay_subscriber::SubscribeError;
+use ledger_relay_subscriber_bin::cli::{self, Args};
 use ledger_relay_wire::AssemblyError;
 
 use crate::support::fake_relay::{FakeRelay, Plan};

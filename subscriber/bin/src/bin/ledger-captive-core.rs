@@ -1,5 +1,5 @@
 //! `ledger-captive-core`: stands in for stellar-core under the Go SDK's `CaptiveStellarCore`
-//! and streams verified ledgers from relays (see `ledger_relay_subscriber::captive` and
+//! and streams verified ledgers from relays (see `ledger_relay_subscriber_bin::captive` and
 //! docs/rpc.md). Answers the commands the SDK runs; exits non-zero with one line on stderr on
 //! failure.
 
@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use ledger_relay_cli::{logging, LogFormat};
-use ledger_relay_subscriber::captive::{
+use ledger_relay_subscriber::SubscribeConfig;
+use ledger_relay_subscriber_bin::captive::{
     anchored_start, catchup_range, parse_args, run_start, stream, version_text, CaptiveError,
     Command, CoreConf, Serve, Settings, State,
 };
-use ledger_relay_subscriber::{cli, SubscribeConfig};
+use ledger_relay_subscriber_bin::cli;
 
 const PROGRAM: &str = "ledger-captive-core";
 
@@ -202,8 +203,8 @@ Exit codes: 0 done, 2 failure, 3 certificate refused, 4 start below every relay'
 (with a line `below-retention requested=R oldest=O newest=N`). See docs/rpc.md.
 ",
         env!("CARGO_PKG_VERSION"),
-        cfg = ledger_relay_subscriber::captive::CONFIG_ENV,
-        default = ledger_relay_subscriber::captive::DEFAULT_CONFIG,
-        prefix = ledger_relay_subscriber::captive::ENV_PREFIX,
+        cfg = ledger_relay_subscriber_bin::captive::CONFIG_ENV,
+        default = ledger_relay_subscriber_bin::captive::DEFAULT_CONFIG,
+        prefix = ledger_relay_subscriber_bin::captive::ENV_PREFIX,
     )
 }

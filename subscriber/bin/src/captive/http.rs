@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::CaptiveError;
-use crate::core_http::CoreClient;
+use ledger_relay_subscriber::core_http::CoreClient;
 
 /// Open client connections served at once, over both ports; more wait in the listen backlog.
 /// stellar-rpc holds a handful (Go's default keeps two idle per host).
@@ -352,7 +352,7 @@ impl Handler {
         matches!(reached, Ok(Ok(_)))
     }
 
-    fn warn(&self, port: CorePort, e: &crate::core_http::CoreClientError) {
+    fn warn(&self, port: CorePort, e: &ledger_relay_subscriber::core_http::CoreClientError) {
         let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if warned.last.is_some_and(|t| now < t + WARN_EVERY) {

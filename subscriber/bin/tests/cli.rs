@@ -4,8 +4,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use clap::Parser;
-use ledger_relay_subscriber::cli::{self, Args, Output};
 use ledger_relay_subscriber::frame::ErrorCode;
+use ledger_relay_subscriber_bin::cli::{self, Args, Output};
 
 use crate::support::fake_relay::{FakeRelay, Plan};
 use crate::support::{subscribe_args, testnet_ledgers, within, Pki, FIRST_SEQ, TESTNET};

@@ -1,12 +1,12 @@
 //! `ledger-subscribe`: writes a relay's verified ledgers in stellar-core's metadata framing.
-//! Thin: parses arguments, then calls [`ledger_relay_subscriber::cli::run`].
+//! Thin: parses arguments, then calls [`ledger_relay_subscriber_bin::cli::run`].
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{CommandFactory as _, Parser as _};
 use ledger_relay_cli::{logging, LogFormat};
-use ledger_relay_subscriber::cli::{self, Args, RunError, DEFAULT_LOG_FILTER};
+use ledger_relay_subscriber_bin::cli::{self, Args, RunError, DEFAULT_LOG_FILTER};
 
 fn main() -> ExitCode {
     // clap prints usage errors and exits 2 itself (0 for --help and --version).

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::RunError;
-use crate::lanestats::{LaneMonitor, LaneStats};
+use ledger_relay_subscriber::lanestats::{LaneMonitor, LaneStats};
 
 /// Default of `--lane-stats-interval`.
 pub const DEFAULT_LANE_STATS_INTERVAL: Duration = Duration::from_secs(1);
