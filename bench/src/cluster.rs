@@ -307,6 +307,12 @@ impl RelayProc {
     /// Stops the relay (SIGINT, then SIGKILL after 10 s); its exit status if it stopped by
     /// itself. (Dropped without a stop, as when a test fails, it is killed.)
     pub fn stop(mut self) -> Option<ExitStatus> {
+        self.halt()
+    }
+
+    /// [`RelayProc::stop`] for an owner that cannot give the relay up (its `Drop`). A relay
+    /// stopped so stops its `pipe:` source too; killed, it leaves the source running.
+    pub fn halt(&mut self) -> Option<ExitStatus> {
         crate::procs::stop(&mut self.child, Duration::from_secs(10)).map(|(st, _)| st)
     }
 }

@@ -289,14 +289,17 @@ impl Net {
 /// the stand-in on it (through the delay on the emulated network).
 struct Stack {
     relay: RelayProc,
-    stand_in: Child,
+    stand_in: Option<Child>,
     /// The relay's address as the RPC side reaches it.
     rpc_relay: String,
 }
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        kill_all(std::slice::from_mut(&mut self.stand_in));
+        kill_all(self.stand_in.as_mut_slice());
+        // Stopped, not killed: the relay stops the double, which would otherwise keep core's
+        // ports.
+        self.relay.halt();
     }
 }
 
@@ -317,27 +320,27 @@ fn start(a: &QueryArgs, c: &Cluster, net: &Net, dir: &Path) -> anyhow::Result<St
     s.retention = 1000;
     let ns = net.core.as_deref().map(|n| (n, RELAY_ADDR));
     let relay = c.relay_in(ns, &dir.join("relay"), &s, &source, extra.as_flattened())?;
-    let rpc_relay = match net.core.as_deref() {
-        Some(ns) => {
-            let listen = SocketAddr::new(RELAY_ADDR.parse()?, DELAY_PORT);
-            let one_way = Duration::from_secs_f64(a.rtt / 2e3);
-            delay::start(Some(ns), listen, relay.addr, one_way)?.to_string()
-        }
-        None => relay.addr.to_string(),
-    };
-    let stand_in = stand_in(c, net.rpc.as_deref(), &rpc_relay, dir)?;
+    let rpc_relay = relay.addr.to_string();
     let mut stack = Stack {
         relay,
-        stand_in,
+        stand_in: None,
         rpc_relay,
     };
+    if let Some(ns) = net.core.as_deref() {
+        let listen = SocketAddr::new(RELAY_ADDR.parse()?, DELAY_PORT);
+        let one_way = Duration::from_secs_f64(a.rtt / 2e3);
+        let to = stack.relay.addr;
+        stack.rpc_relay = delay::start(Some(ns), listen, to, one_way)?.to_string();
+    }
+    let child = stand_in(c, net.rpc.as_deref(), &stack.rpc_relay, dir)?;
+    let stand_in = stack.stand_in.insert(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     let probe = ["key=AAAA".to_owned()];
     while requests(net.relayed(), &probe, 1, 0.0)?
         .iter()
         .all(|s| s.status == 0)
     {
-        if let Some(st) = stack.stand_in.try_wait()? {
+        if let Some(st) = stand_in.try_wait()? {
             let log = log_tail(&dir.join("stand-in.log"), 5);
             bail!("the stand-in exited ({st}): {log}");
         }
