@@ -470,15 +470,17 @@ fn latency(a: &QueryArgs, net: &Net, keys: &[String], n: u32) -> anyhow::Result<
     })
 }
 
-/// One network: its stack, the delivery row while ledgers flow, then the latency rows.
+/// One network: its stack (its files under `work/NAME`), the delivery row while ledgers flow,
+/// then the latency rows.
 fn network(
     a: &QueryArgs,
     c: &Cluster,
     net: &Net,
-    dir: &Path,
+    work: &Path,
     keys: &[String],
     out: &mut QueryReport,
 ) {
+    let dir = &work.join(net.name);
     let started = std::fs::create_dir_all(dir).map_err(Into::into);
     let mut stack = match started.and_then(|()| start(a, c, net, dir)) {
         Ok(s) => s,
@@ -527,15 +529,12 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
     };
     if a.network != "emulated" {
         eprintln!("query: loopback");
-        let (name, core, rpc) = ("loopback", None, None);
-        network(
-            a,
-            &c,
-            &Net { name, core, rpc },
-            &tmp.path().join(name),
-            &keys,
-            &mut out,
-        );
+        let net = Net {
+            name: "loopback",
+            core: None,
+            rpc: None,
+        };
+        network(a, &c, &net, tmp.path(), &keys, &mut out);
     }
     match crate::netem::unavailable_reason() {
         _ if a.network == "loopback" => {}
@@ -555,19 +554,13 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
                     link_mtu: None,
                 },
             )?;
-            let (name, core, rpc) = (
-                "emulated",
-                Some(netem.relay_ns.clone()),
-                Some(netem.sub_ns.clone()),
-            );
-            network(
-                a,
-                &c,
-                &Net { name, core, rpc },
-                &tmp.path().join(name),
-                &keys,
-                &mut out,
-            );
+            let (core, rpc) = (Some(netem.relay_ns.clone()), Some(netem.sub_ns.clone()));
+            let net = Net {
+                name: "emulated",
+                core,
+                rpc,
+            };
+            network(a, &c, &net, tmp.path(), &keys, &mut out);
         }
     }
     out.load[1] = load_average();
