@@ -297,13 +297,22 @@ impl RelayProc {
     /// Scrapes `/metrics` (from inside its namespace).
     pub fn scrape(&self) -> anyhow::Result<Scrape> {
         let addr = self.metrics;
-        let text = crate::netem::in_ns(self.ns.as_deref(), move || http_get(addr, "/metrics"))?;
-        Ok(Scrape::parse(&text))
+        let got = crate::netem::in_ns(self.ns.as_deref(), move || http(addr, "GET /metrics", ""));
+        match got? {
+            (200, body) => Ok(Scrape::parse(&String::from_utf8_lossy(&body))),
+            (status, _) => bail!("GET /metrics: status {status}"),
+        }
     }
 
     /// Stops the relay (SIGINT, then SIGKILL after 10 s); its exit status if it stopped by
     /// itself. (Dropped without a stop, as when a test fails, it is killed.)
     pub fn stop(mut self) -> Option<ExitStatus> {
+        self.halt()
+    }
+
+    /// [`RelayProc::stop`] for an owner that cannot give the relay up (its `Drop`). A relay
+    /// stopped so stops its `pipe:` source too; killed, it leaves the source running.
+    pub fn halt(&mut self) -> Option<ExitStatus> {
         crate::procs::stop(&mut self.child, Duration::from_secs(10)).map(|(st, _)| st)
     }
 }
@@ -368,24 +377,29 @@ impl SubSpec {
     }
 }
 
-/// One plain HTTP/1.1 GET with 5 s timeouts; the body of a 200.
-pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+/// One plain HTTP/1.1 request on a fresh connection (5 s to connect, 10 s per read), with
+/// `form` as a form body when not empty: the status and the body (at most 64 MiB).
+pub fn http(addr: SocketAddr, method_path: &str, form: &str) -> anyhow::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_nodelay(true)?;
+    let length = match form.len() {
+        0 => String::new(),
+        n => format!("Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {n}\r\n"),
+    };
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method_path} HTTP/1.1\r\nHost: {addr}\r\n{length}Connection: close\r\n\r\n{form}"
     )?;
-    let mut text = String::new();
-    s.take(16 << 20).read_to_string(&mut text)?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("no end of the HTTP header")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
-    }
-    Ok(body.to_owned())
+    let mut raw = Vec::new();
+    s.take(64 << 20).read_to_end(&mut raw)?;
+    let end =
+        (raw.windows(4).position(|w| w == b"\r\n\r\n")).context("no end of the HTTP header")?;
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let status = (head.split_whitespace().nth(1).and_then(|s| s.parse().ok()))
+        .with_context(|| format!("no HTTP status in {:?}", head.escape_debug().to_string()))?;
+    Ok((status, raw.split_off(end + 4)))
 }
 
 /// A parsed `/metrics` exposition: every sample by name without the `ledger_relay_` prefix,

@@ -5,7 +5,8 @@
 //! loopback or an emulated cloud network ([`netem`]), and prints one kind of row ([`row`]).
 //! `remote` runs such rows against a relay on another host beside the bench's TCP yardstick
 //! ([`yardstick`]), which `yardstick` serves there. `cpu` measures transport cost in one
-//! process, `storage` the ring's disk and a data lake's writes and backfill.
+//! process, `storage` the ring's disk and a data lake's writes and backfill, `query` what
+//! carrying stellar-core's query port through relays adds ([`query`]).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -16,6 +17,7 @@ pub mod netem;
 pub mod pipe;
 pub mod plots;
 pub mod procs;
+pub mod query;
 pub mod remote;
 pub mod report;
 pub mod row;
@@ -60,6 +62,11 @@ pub enum Command {
     /// The ring's disk use against its live bytes and its CPU per ledger; writing a data lake
     /// and backfilling from it against catch-up from the ring.
     Storage(Box<storage::StorageArgs>),
+    /// stellar-core's query port carried through relays: getLedgerEntries of 1, 10 and 100
+    /// keys through stand-in -> relay -> core double against the double called directly, on
+    /// loopback and over an emulated round trip (root), and ledger delivery with and without
+    /// queries running.
+    Query(query::QueryArgs),
 }
 
 /// Stops the children and removes the namespaces on SIGINT or SIGTERM, then exits 130.
@@ -95,5 +102,6 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
         Command::Yardstick(a) => yardstick::serve::main(a),
         Command::Cpu(a) => cpu::main(a),
         Command::Storage(a) => storage::main(a),
+        Command::Query(a) => query::main(a),
     }
 }

@@ -550,7 +550,12 @@ fn subscribers(
 
 /// Waits until every stats file holds ledger `seq` (or a later one); fails after `limit`,
 /// or when a subscriber exits with an error first.
-fn wait_all(stats: &[PathBuf], subs: &[Child], seq: u32, limit: Duration) -> anyhow::Result<()> {
+pub fn wait_all(
+    stats: &[PathBuf],
+    subs: &[Child],
+    seq: u32,
+    limit: Duration,
+) -> anyhow::Result<()> {
     let start = Instant::now();
     let has = |p: &PathBuf| read_lenient(p).is_ok_and(|r| r.last().is_some_and(|r| r.seq >= seq));
     while !stats.iter().all(has) {

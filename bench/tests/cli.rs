@@ -10,7 +10,10 @@ fn the_command_line_is_consistent_and_offers_each_measurement_once() {
         .get_subcommands()
         .map(|c| c.get_name().to_owned())
         .collect();
-    assert_eq!(names, ["run", "remote", "yardstick", "cpu", "storage"]);
+    assert_eq!(
+        names,
+        ["run", "remote", "yardstick", "cpu", "storage", "query"]
+    );
     let help = Cli::command().render_long_help().to_string();
     for name in &names {
         assert!(help.contains(name.as_str()), "{name} missing from the help");

@@ -236,6 +236,36 @@ mod cluster {
         let want = "synthetic:size=1024,ratio=1,count=5,start=2,chunk=262144";
         assert_eq!(s.synthetic_source(), want);
     }
+
+    #[test]
+    fn an_http_request_carries_its_form_and_returns_any_status_and_the_body() {
+        use std::io::{Read, Write};
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let serve = std::thread::spawn(move || {
+            let (mut s, _) = server.accept().unwrap();
+            let mut got = vec![0u8; 4096];
+            let n = s.read(&mut got).unwrap();
+            s.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\n\r\nLedger not found\n",
+            )
+            .unwrap();
+            String::from_utf8_lossy(&got[..n]).into_owned()
+        });
+        let (status, body) = http(addr, "POST /getledgerentry", "key=AAAA").unwrap();
+        assert_eq!((status, &body[..]), (404, &b"Ledger not found\n"[..]));
+        let request = serve.join().unwrap();
+        assert!(
+            request.starts_with("POST /getledgerentry HTTP/1.1\r\n"),
+            "{request}"
+        );
+        assert!(request.contains("Content-Length: 8\r\n"), "{request}");
+        assert!(request.ends_with("\r\n\r\nkey=AAAA"), "{request}");
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone = closed.local_addr().unwrap();
+        drop(closed);
+        assert!(http(gone, "GET /metrics", "").is_err());
+    }
 }
 
 mod cpu {
@@ -398,6 +428,65 @@ mod message {
         );
         assert_eq!(best_sample(&[skewed, s]), Some(s));
         assert_eq!(best_sample(&[]), None);
+    }
+}
+
+mod query {
+    use std::net::UdpSocket;
+    use std::time::{Duration, Instant};
+
+    use ledger_relay_bench::query::*;
+
+    #[test]
+    fn bodies_take_keys_in_turn_and_pin_a_ledger_when_asked() {
+        let keys: Vec<String> = (0..5).map(|i| format!("K{i}")).collect();
+        assert_eq!(
+            bodies(&keys, 2, 3, Some(7)),
+            [
+                "key=K0&key=K1&ledgerSeq=7",
+                "key=K2&key=K3&ledgerSeq=7",
+                "key=K4&key=K0&ledgerSeq=7"
+            ]
+        );
+        assert_eq!(bodies(&keys, 1, 1, None), ["key=K0"]);
+    }
+
+    #[test]
+    fn the_smallest_round_trip_of_a_lane_stats_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l.csv");
+        let text = "unix_ms,lane,rtt_ms,min_rtt_ms\n1,0,1.5,1.2\n2,1,1.4,0\n3,1,1.3,1.1\n";
+        std::fs::write(&p, text).unwrap();
+        assert_eq!(min_rtt(&p), Some(1.1));
+        assert_eq!(min_rtt(&dir.path().join("none")), None);
+    }
+
+    #[test]
+    fn datagrams_come_back_after_twice_the_delay() {
+        let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            while let Ok((n, from)) = echo.recv_from(&mut b) {
+                let _ = echo.send_to(&b[..n], from);
+            }
+        });
+        let any = "127.0.0.1:0".parse().unwrap();
+        let listen = delay::start(None, any, echo_addr, Duration::from_millis(20)).unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        for _ in 0..2 {
+            let t = Instant::now();
+            client.send_to(b"ping", listen).unwrap();
+            let mut b = [0u8; 16];
+            let (n, from) = client.recv_from(&mut b).unwrap();
+            assert_eq!((&b[..n], from), (&b"ping"[..], listen));
+            let rtt = t.elapsed();
+            assert!(rtt >= Duration::from_millis(40), "{rtt:?}");
+            assert!(rtt < Duration::from_millis(500), "{rtt:?}");
+        }
     }
 }
 

@@ -38,7 +38,7 @@ use crate::report::{table_of, Col};
 pub const TAIL: u32 = 20;
 
 /// The testnet dump, under the testdata directory.
-const TESTNET: &str = "testnet/testnet-1410048-1410367.lcm-v0.framed.xdr";
+pub const TESTNET: &str = "testnet/testnet-1410048-1410367.lcm-v0.framed.xdr";
 
 /// One write or read of a whole set.
 #[derive(Debug, Clone, Default, serde::Serialize)]
