@@ -44,8 +44,8 @@ async fn a_subscriber_below_the_ring_gets_the_lake_then_the_ring_then_live() {
         let dir = TestDir::new();
         let mut config = dir.relay_config(&file_source());
         config.retention = 20;
-        // 32 s of source: the subscriber backfills while it runs, and then goes live.
-        config.source_options.cadence = Duration::from_millis(100);
+        // 16 s of source: the subscriber backfills while it runs, and then goes live.
+        config.source_options.cadence = Duration::from_millis(50);
         config.export = Some(crate::lake::export_to(&place));
         config.backfill = Some(backfill_from(&place));
         let relay = Running::start(config).await;

@@ -324,6 +324,7 @@ impl RelayProcess {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "process tier (real relays killed, failed over or flooded): .ci/run runs it"]
 async fn export_resumes_after_sigkill_with_no_gap_and_no_duplicate() {
     let want = testnet_ledgers();
     let place = Place::s3("sigkill");
