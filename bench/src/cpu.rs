@@ -1,15 +1,8 @@
-//! `ledger-bench cpu`: CPU per raw ledger at its real size, against the two transports a byte
-//! could take instead, in the same run on the same machine. Each row moves `--ledgers`
-//! incompressible ledgers of `--size` over loopback at one cadence, both ends in one process,
-//! and counts that process's CPU over the ledgers after the warm-up:
-//!
-//! - `quinn`: bare quinn, one connection and one stream, with the lanes' transport settings and
-//!   mutual TLS 1.3 (same provider and certificates): the bytes on QUIC with nothing of ours;
-//! - `tls-tcp`: one TLS 1.3-over-TCP flow with the TCP yardstick's TLS: what a single flow costs;
-//! - `relay`: `ledger-relay demo --ratio 1 --codec none`, the product end to end, which prints
-//!   its own CPU per ledger split by thread group.
-//!
-//! The two baselines' receivers read and discard the bytes; the relay's subscriber reassembles.
+//! `ledger-bench cpu`: CPU per raw ledger at its real size, in one process over loopback, for
+//! bare quinn (one stream, the lanes' transport settings, mutual TLS 1.3), one TLS-over-TCP
+//! flow (the TCP yardstick's TLS) and `ledger-relay demo --ratio 1 --codec none` (the product
+//! end to end, its CPU split by thread group). The baselines' receivers discard the bytes; the
+//! relay's subscriber reassembles.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -182,12 +175,10 @@ const SENDER: &str = "bench-send";
 const RECEIVER: &str = "bench-recv";
 
 fn baseline_group(comm: &str) -> &'static str {
-    if comm.starts_with(SENDER) {
-        "sender"
-    } else if comm.starts_with(RECEIVER) {
-        "receiver"
-    } else {
-        "other"
+    match comm {
+        c if c.starts_with(SENDER) => "sender",
+        c if c.starts_with(RECEIVER) => "receiver",
+        _ => "other",
     }
 }
 
@@ -230,18 +221,8 @@ impl Run {
         // microseconds).
         let gate = Arc::new(std::sync::RwLock::new(()));
         let held = gate.write().unwrap_or_else(|e| e.into_inner());
-        let g = gate.clone();
-        let recv = spawn_named(RECEIVER, move || {
-            let r = receiver(addr_rx, progress_tx);
-            drop(g.read());
-            r
-        })?;
-        let g = gate.clone();
-        let send = spawn_named(SENDER, move || {
-            let r = sender(addr_tx);
-            drop(g.read());
-            r
-        })?;
+        let recv = spawn_gated(RECEIVER, &gate, move || receiver(addr_rx, progress_tx))?;
+        let send = spawn_gated(SENDER, &gate, move || sender(addr_tx))?;
         let limit = self.cadence * (self.total() + 10) + Duration::from_secs(60);
         let deadline = Instant::now() + limit;
         let (mut start, mut end) = (None, None);
@@ -311,11 +292,7 @@ impl Run {
         // unidirectional stream, and sends on streams of its own.
         let sender = move |addr_tx: std::sync::mpsc::Sender<SocketAddr>| {
             runtime()?.block_on(async move {
-                let socket = ledger_relay_transport::udp_socket(
-                    SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-                    &transport,
-                )?;
-                let endpoint = ledger_relay_transport::endpoint(socket, Some(server), &transport)?;
+                let endpoint = endpoint(&transport, Some(server))?;
                 addr_tx.send(endpoint.local_addr()?)?;
                 let incoming = endpoint.accept().await.context("no connection")?;
                 let conn = incoming.await?;
@@ -338,11 +315,7 @@ impl Run {
         let receiver = move |addr_rx: std::sync::mpsc::Receiver<SocketAddr>, progress: Progress| {
             runtime()?.block_on(async move {
                 let peer = addr_rx.recv_timeout(Duration::from_secs(30))?;
-                let socket = ledger_relay_transport::udp_socket(
-                    SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-                    &transport,
-                )?;
-                let mut endpoint = ledger_relay_transport::endpoint(socket, None, &transport)?;
+                let mut endpoint = endpoint(&transport, None)?;
                 endpoint.set_default_client_config(client);
                 let conn = endpoint.connect(peer, "localhost")?.await?;
                 let mut stream = conn.accept_uni().await?;
@@ -505,9 +478,22 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-fn spawn_named<T: Send + 'static>(
+/// `f` on a thread named `name` that ends only once `gate` opens.
+fn spawn_gated<T: Send + 'static>(
     name: &str,
+    gate: &Arc<std::sync::RwLock<()>>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> anyhow::Result<std::thread::JoinHandle<T>> {
-    Ok(std::thread::Builder::new().name(name.into()).spawn(f)?)
+    let gate = gate.clone();
+    let gated = move || (f(), drop(gate.read())).0;
+    Ok(std::thread::Builder::new().name(name.into()).spawn(gated)?)
+}
+
+/// A quinn endpoint on a loopback port, a server with `server`.
+fn endpoint(
+    t: &TransportSettings,
+    server: Option<quinn::ServerConfig>,
+) -> anyhow::Result<quinn::Endpoint> {
+    let socket = ledger_relay_transport::udp_socket(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), t)?;
+    Ok(ledger_relay_transport::endpoint(socket, server, t)?)
 }

@@ -1,23 +1,13 @@
 //! `ledger-bench query`: what carrying stellar-core's query port through relays adds.
 //!
-//! Per network (loopback, and the emulated one: the two namespaces of [`crate::netem`],
-//! uncapped, with a [`delay`] of half `--rtt` each way in front of the relay, root only): a
-//! relay whose `pipe:` source is `ledger-core-double` replaying the testnet ledgers at
-//! `--cadence`, the double's ports forwarded (`--core-http`, `--core-query`), and on the RPC side
-//! the stand-in (`ledger-captive-core`) serving core's query port through that relay.
-//!
-//! - **delivery** (while ledgers flow): a `ledger-subscribe` on the RPC side takes the
-//!   ledgers; its delivery p99 over one span of ledgers without queries and over the next with
-//!   `--rate` queries/s (10 keys each) through the stand-in.
-//! - **latency** (after the last ledger, so every answer is for the same state):
-//!   `getLedgerEntries` of 1, 10 and 100 keys as stellar-rpc sends them (`ledgerSeq` set),
-//!   each on a fresh connection (core closes after each answer), one at a time, in alternating
-//!   rounds: to the double from its own side (what an RPC box running its own core sees) and to
-//!   the stand-in (stand-in -> relay -> double). Added latency is the difference of the
-//!   quantiles. Every answer through the relay is compared with the direct one, request by
-//!   request.
-//!
-//! The query clients are threads of this process inside the side they measure from.
+//! Per network (loopback; the emulated one, root only: [`crate::netem`]'s namespaces, uncapped,
+//! a [`delay`] of half `--rtt` each way in front of the relay): a relay whose `pipe:` source is
+//! `ledger-core-double` with its ports forwarded, and on the RPC side the stand-in
+//! (`ledger-captive-core`) serving core's query port through that relay. **delivery**: a
+//! subscriber's p99 over ledgers without queries, then with `--rate` queries/s. **latency**
+//! (after the last ledger, so every answer is for the same state): `getLedgerEntries` as
+//! stellar-rpc sends them, one at a time, alternating the double called directly and the
+//! stand-in; every relayed answer is compared with the direct one.
 
 pub mod delay;
 
@@ -274,6 +264,11 @@ struct Net {
 }
 
 impl Net {
+    fn on(name: &'static str, n: Option<&Netem>) -> Net {
+        let (core, rpc) = (n.map(|n| n.relay_ns.clone()), n.map(|n| n.sub_ns.clone()));
+        Net { name, core, rpc }
+    }
+
     /// The double's query port from core's side.
     fn direct(&self) -> (Option<&str>, u16) {
         (self.core.as_deref(), DOUBLE[1])
@@ -518,23 +513,23 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
         ..Cluster::default()
     };
     let keys = live_keys(&a.testdata.join(TESTNET))?;
-    let (args, load) = (a.clone(), [load_average(), None]);
-    let (latency, delivery, emulated_skipped) = (Vec::new(), Vec::new(), None);
     let mut out = QueryReport {
-        args,
-        load,
-        latency,
-        delivery,
-        emulated_skipped,
+        args: a.clone(),
+        load: [load_average(), None],
+        latency: Vec::new(),
+        delivery: Vec::new(),
+        emulated_skipped: None,
     };
     if a.network != "emulated" {
         eprintln!("query: loopback");
-        let net = Net {
-            name: "loopback",
-            core: None,
-            rpc: None,
-        };
-        network(a, &c, &net, tmp.path(), &keys, &mut out);
+        network(
+            a,
+            &c,
+            &Net::on("loopback", None),
+            tmp.path(),
+            &keys,
+            &mut out,
+        );
     }
     match crate::netem::unavailable_reason() {
         _ if a.network == "loopback" => {}
@@ -554,12 +549,7 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
                     link_mtu: None,
                 },
             )?;
-            let (core, rpc) = (Some(netem.relay_ns.clone()), Some(netem.sub_ns.clone()));
-            let net = Net {
-                name: "emulated",
-                core,
-                rpc,
-            };
+            let net = Net::on("emulated", Some(&netem));
             network(a, &c, &net, tmp.path(), &keys, &mut out);
         }
     }

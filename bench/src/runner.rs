@@ -51,12 +51,8 @@ impl Env {
     pub fn local(rows: &[Scenario], testdata: PathBuf) -> anyhow::Result<Env> {
         let mut env = Env::remote(PathBuf::new(), None, None, Duration::from_secs(600))?;
         env.certs = env.tmp.path().join("certs");
-        let n = rows
-            .iter()
-            .map(|s| s.processes() + s.edges)
-            .max()
-            .unwrap_or(1);
-        make_certs(&env.certs, usize::from(n) + 2)?;
+        let n = rows.iter().map(|s| s.processes() + s.edges).max();
+        make_certs(&env.certs, usize::from(n.unwrap_or(1)) + 2)?;
         env.testdata = testdata;
         if rows.iter().any(|s| s.export == Export::S3) {
             env.s3 = Some(
@@ -141,12 +137,6 @@ impl Drop for Procs {
     }
 }
 
-impl Procs {
-    fn sub_ns(&self) -> Option<&str> {
-        self.netem.as_ref().map(|n| n.sub_ns.as_str())
-    }
-}
-
 /// Measures `sc`.
 pub fn take(env: &mut Env, sc: &Scenario) -> anyhow::Result<Taken> {
     env.index += 1;
@@ -202,11 +192,8 @@ fn tcp(
     limit: Duration,
 ) -> anyhow::Result<Taken> {
     let count = sp.last - sp.first + 1;
-    let server_name = env.server_name.clone();
-    let (certs, client) = (
-        env.certs.clone(),
-        env.client.clone().unwrap_or_else(|| "sub-0".into()),
-    );
+    let (certs, server_name) = (env.certs.clone(), env.server_name.clone());
+    let client = env.client.clone().unwrap_or_else(|| "sub-0".into());
     let read = move |addr: String, from: u32| {
         let host = crate::yardstick::client::host_of(&addr)?;
         Yardstick::new(&addr, &certs, &client, &server_name.unwrap_or(host))?
@@ -261,15 +248,13 @@ fn tcp(
 /// The relay settings of `sc` for `count` ledgers from `start`.
 fn settings(sc: &Scenario, start: u32, count: u32) -> RelaySettings {
     RelaySettings {
-        size: sc.size,
-        ratio: sc.ratio,
         count: Some(count),
         start,
-        cadence_ms: sc.cadence_ms(),
         emit_ms: sc.emit,
         codec: sc.codec.clone(),
         chunk: sc.chunk,
         retention: count + 10,
+        ..RelaySettings::endless(sc.size, sc.ratio, sc.cadence_ms())
     }
 }
 
@@ -341,9 +326,9 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
         Some(p) => {
             let p = env.testdata.join(p);
             let (first, n) = file_span(&p)?;
-            (first, format!("file:{}", p.display()), n)
+            (first, Some(format!("file:{}", p.display())), n)
         }
-        None => (2, String::new(), u32::MAX),
+        None => (2, None, u32::MAX),
     };
     let sp = Span::of(sc, start);
     if sp.last - start + 1 > count_max {
@@ -353,11 +338,7 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
         );
     }
     let s = settings(sc, start, sp.last - start + 1);
-    let source = if source.is_empty() {
-        s.synthetic_source()
-    } else {
-        source
-    };
+    let source = source.unwrap_or_else(|| s.synthetic_source());
     let mut c = cluster(env, sc);
     c.relay_extra = relay_flags(env, sc, dir)?;
     if let Some(s3) = &env.s3 {
@@ -443,13 +424,8 @@ fn start_relays(
                     extra.push("--cut-through".into());
                 }
                 let ns = edge_ns.as_ref().map(|(n, ip)| (n.as_str(), *ip));
-                p.relays.push(c.relay_in(
-                    ns,
-                    &dir.join(format!("edge-{e}")),
-                    s,
-                    &upstream,
-                    &extra,
-                )?);
+                let edge = c.relay_in(ns, &dir.join(format!("edge-{e}")), s, &upstream, &extra)?;
+                p.relays.push(edge);
             }
         }
         TopoKind::Hedge => {
@@ -496,20 +472,15 @@ fn subscribers(
     ];
     let spawn =
         |i: u16, relays: String, sessions: u16, extra: Vec<String>, kids: &mut Vec<Child>| {
-            let mut spec = SubSpec::new(
-                &format!("sub-{i}"),
-                from,
-                count,
-                sc.lanes,
-                dir,
-                &format!("{tag}-{i}"),
-            );
+            let (name, tag) = (format!("sub-{i}"), format!("{tag}-{i}"));
+            let mut spec = SubSpec::new(&name, from, count, sc.lanes, dir, &tag);
             spec.sessions = sessions;
             spec.extra = watchdogs.iter().cloned().chain(extra).collect();
             if sc.receive_only {
                 spec.extra.push("--receive-only".into());
             }
-            kids.push(c.subscriber(p.sub_ns(), &relays, &spec)?);
+            let ns = p.netem.as_ref().map(|n| n.sub_ns.as_str());
+            kids.push(c.subscriber(ns, &relays, &spec)?);
             anyhow::Ok(spec)
         };
     let started = (|| {
@@ -607,21 +578,15 @@ fn window(
     reference: Option<&Path>,
     t: &mut Taken,
 ) -> anyhow::Result<()> {
-    let limit = Duration::from_secs_f64(
-        sc.cadence_ms() / 1e3 * f64::from(sp.last - sp.start + 3)
-            + 60.0
-            + 0.5 * f64::from(sc.processes()),
-    );
+    let secs = sc.cadence_ms() / 1e3 * f64::from(sp.last - sp.start + 3) + 60.0;
+    let limit = Duration::from_secs_f64(secs + 0.5 * f64::from(sc.processes()));
     let mut all: Vec<PathBuf> = stats.to_vec();
     all.extend(reference.map(Path::to_path_buf));
     wait_all(&all, &p.subs, sp.mark, limit)?;
     // CPU seconds of every relay, the first relay's by thread, and every subscriber process's.
     let marks = |p: &Procs| {
-        let relays: Vec<f64> = p
-            .relays
-            .iter()
-            .map(|r| cpu_seconds(r.pid).unwrap_or(f64::NAN))
-            .collect();
+        let cpu = |r: &RelayProc| cpu_seconds(r.pid).unwrap_or(f64::NAN);
+        let relays: Vec<f64> = p.relays.iter().map(cpu).collect();
         let subs: Vec<Option<f64>> = p.subs.iter().map(|c| cpu_seconds(c.id())).collect();
         (relays, thread_cpu_seconds(p.relays[0].pid), subs)
     };
@@ -698,12 +663,8 @@ fn idle(
     let before = status_kib(pid, "VmRSS").context("the relay's memory")?;
     let (kids, stats, _) = subscribers(sc, c, dir, p, last, None, "idle")?;
     p.subs = kids;
-    wait_all(
-        &stats,
-        &p.subs,
-        last,
-        Duration::from_secs(60) + Duration::from_millis(500) * u32::from(sc.processes()),
-    )?;
+    let limit = Duration::from_secs(60) + Duration::from_millis(500) * u32::from(sc.processes());
+    wait_all(&stats, &p.subs, last, limit)?;
     let up = |m: &Scrape| {
         m.labelled("subscriber_lanes")
             .filter(|(_, v)| *v == f64::from(sc.lanes))
@@ -713,11 +674,8 @@ fn idle(
         r.scrape()
             .is_ok_and(|m| up(&m) >= usize::from(sc.subscribers))
     };
-    p.relays[0].wait_until(
-        "every idle session's lanes up",
-        Duration::from_secs(30),
-        all_up,
-    )?;
+    let what = "every idle session's lanes up";
+    p.relays[0].wait_until(what, Duration::from_secs(30), all_up)?;
     std::thread::sleep(Duration::from_secs(1));
     let (c0, t0) = (cpu_seconds(pid), Instant::now());
     std::thread::sleep(Duration::from_secs_f64(sc.idle / 1e3));
@@ -744,12 +702,7 @@ fn lanes(sc: &Scenario, m: &Scrape) -> Vec<Lane> {
         .map(|s| s.flow_bps as f64 / 1e6);
     (0..sc.lanes)
         .map(|lane| {
-            let v = |name: &str| {
-                m.values
-                    .get(&format!("lane_{name}{{lane=\"{lane}\"}}"))
-                    .copied()
-                    .unwrap_or(0.0)
-            };
+            let v = |name: &str| m.get(&format!("lane_{name}{{lane=\"{lane}\"}}"));
             Lane {
                 lane,
                 cap_mbit: cap.map(|c| if sc.half_cap && lane == 0 { c / 2.0 } else { c }),
