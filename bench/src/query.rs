@@ -225,9 +225,7 @@ fn live_keys(testnet: &Path) -> anyhow::Result<Vec<String>> {
     );
     let b64 = |k: &&LedgerKey| -> anyhow::Result<String> {
         let s = base64::engine::general_purpose::STANDARD.encode(k.to_xdr(Limits::none())?);
-        Ok(s.replace('+', "%2B")
-            .replace('/', "%2F")
-            .replace('=', "%3D"))
+        Ok((s.replace('+', "%2B").replace('/', "%2F")).replace('=', "%3D"))
     };
     keys.iter().take(100).map(b64).collect()
 }
@@ -235,9 +233,8 @@ fn live_keys(testnet: &Path) -> anyhow::Result<Vec<String>> {
 /// `count` form bodies of `n` keys each (in turn from `keys`), with `ledgerSeq` if given.
 pub fn bodies(keys: &[String], n: usize, count: usize, seq: Option<u32>) -> Vec<String> {
     let body = |b: usize| {
-        let mut parts: Vec<String> = (0..n)
-            .map(|j| format!("key={}", keys[(b * n + j) % keys.len()]))
-            .collect();
+        let key = |j| format!("key={}", keys[(b * n + j) % keys.len()]);
+        let mut parts: Vec<String> = (0..n).map(key).collect();
         parts.extend(seq.map(|s| format!("ledgerSeq={s}")));
         parts.join("&")
     };
@@ -249,10 +246,8 @@ pub fn min_rtt(path: &Path) -> Option<f64> {
     let text = std::fs::read_to_string(path).ok()?;
     let mut lines = text.lines();
     let col = lines.next()?.split(',').position(|h| h == "min_rtt_ms")?;
-    lines
-        .filter_map(|l| l.split(',').nth(col)?.parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
-        .min_by(f64::total_cmp)
+    let rtts = lines.filter_map(|l| l.split(',').nth(col)?.parse::<f64>().ok());
+    rtts.filter(|v| *v > 0.0).min_by(f64::total_cmp)
 }
 
 /// Where a network's sides run: both on this host, or core's in the emulated network's relay
@@ -331,10 +326,7 @@ fn start(a: &QueryArgs, c: &Cluster, net: &Net, dir: &Path) -> anyhow::Result<St
     let stand_in = stack.stand_in.insert(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     let probe = ["key=AAAA".to_owned()];
-    while requests(net.relayed(), &probe, 1, 0.0)?
-        .iter()
-        .all(|s| s.status == 0)
-    {
+    while (requests(net.relayed(), &probe, 1, 0.0)?.iter()).all(|s| s.status == 0) {
         if let Some(st) = stand_in.try_wait()? {
             let log = log_tail(&dir.join("stand-in.log"), 5);
             bail!("the stand-in exited ({st}): {log}");
@@ -413,9 +405,7 @@ fn delivery(
         let t0 = Instant::now();
         let samples = reached.and_then(|()| requests(net.relayed(), &load, count, a.rate));
         let secs = t0.elapsed().as_secs_f64();
-        let records = sub
-            .join()
-            .map_err(|_| anyhow::anyhow!("the subscriber panicked"));
+        let records = (sub.join()).map_err(|_| anyhow::anyhow!("the subscriber panicked"));
         anyhow::Ok((records??.0, samples?, secs))
     })?;
     let achieved_qps = samples.len() as f64 / secs.max(1e-9);
@@ -486,8 +476,7 @@ fn network(
         }
     };
     let row = delivery(a, c, net, &stack, dir, keys);
-    out.delivery
-        .push(row.unwrap_or_else(|e| DeliveryRow::failed(net.name, &e)));
+    (out.delivery).push(row.unwrap_or_else(|e| DeliveryRow::failed(net.name, &e)));
     // Every answer of the latency rows is for the last ledger: wait until the relay has it.
     let last = stack.relay.wait_newest(LAST, Duration::from_secs(60));
     let last = last.map_err(|e| format!("{e:#}"));
@@ -495,17 +484,14 @@ fn network(
         eprintln!("query: {} latency, {n} keys", net.name);
         let row = last.clone().map_err(anyhow::Error::msg);
         let row = row.and_then(|_| latency(a, net, keys, n));
-        out.latency
-            .push(row.unwrap_or_else(|e| LatencyRow::failed(net.name, n, &e)));
+        (out.latency).push(row.unwrap_or_else(|e| LatencyRow::failed(net.name, n, &e)));
     }
 }
 
 /// Runs the networks asked for.
 pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
     anyhow::ensure!(a.rate > 0.0, "--rate must be positive");
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-query")
-        .tempdir()?;
+    let tmp = (tempfile::Builder::new().prefix("ledger-bench-query")).tempdir()?;
     let certs = tmp.path().join("certs");
     make_certs(&certs, 2)?;
     let c = Cluster {

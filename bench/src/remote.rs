@@ -126,16 +126,9 @@ pub fn scenarios(a: &RemoteArgs) -> Vec<Scenario> {
         min_mtu: a.min_mtu,
         ..Scenario::default()
     };
-    let tcp = a
-        .tcp
-        .iter()
-        .map(|_| row("remote-tcp".into(), Carrier::Tcp, 1));
-    tcp.chain(
-        a.lanes
-            .iter()
-            .map(|&n| row(format!("remote-l{n}"), Carrier::Relay, n)),
-    )
-    .collect()
+    let tcp = |_| row("remote-tcp".into(), Carrier::Tcp, 1);
+    let lanes = (a.lanes.iter()).map(|&n| row(format!("remote-l{n}"), Carrier::Relay, n));
+    a.tcp.iter().map(tcp).chain(lanes).collect()
 }
 
 /// Runs the rows, with clock probes before and after.
@@ -144,37 +137,24 @@ pub fn run(a: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     if rows.is_empty() {
         bail!("nothing to run: no --lanes and no --tcp");
     }
-    let server_name = a
-        .server_name
-        .clone()
-        .map_or_else(|| host_of(&a.relay).context("--relay"), Ok)?;
+    let host = || host_of(&a.relay).context("--relay");
+    let server_name = a.server_name.clone().map_or_else(host, Ok)?;
     let mut env = Env::remote(
         a.certs.clone(),
         Some(a.name.clone()),
         Some(server_name.clone()),
         a.row_timeout,
     )?;
-    let yardstick = a
-        .tcp
-        .as_ref()
-        .map(|t| Yardstick::new(t, &a.certs, &a.name, &server_name))
-        .transpose()?;
-    let probe = || {
-        yardstick
-            .as_ref()
-            .map(|y| y.clock(a.clock_probes))
-            .transpose()
-    };
-    let before = probe()?;
+    let yardstick = |t: &String| Yardstick::new(t, &a.certs, &a.name, &server_name);
+    let yardstick = a.tcp.as_ref().map(yardstick).transpose()?;
+    let probe = |y: &Yardstick| y.clock(a.clock_probes);
+    let before = yardstick.as_ref().map(probe).transpose()?;
     let taken: Vec<_> = rows.iter().map(|sc| (sc, take(&mut env, sc))).collect();
-    let after = probe()?;
-    let offset_ms = before
-        .zip(after)
-        .map(|(b, a)| (b.offset_ms + a.offset_ms) / 2.0);
-    let rows = taken
-        .into_iter()
-        .map(|(sc, t)| Row::finish(sc, t, offset_ms.unwrap_or(0.0)))
-        .collect();
+    let after = yardstick.as_ref().map(probe).transpose()?;
+    let mean = |(b, a): (ClockEstimate, ClockEstimate)| (b.offset_ms + a.offset_ms) / 2.0;
+    let offset_ms = before.zip(after).map(mean);
+    let off = offset_ms.unwrap_or(0.0);
+    let rows = taken.into_iter().map(|(sc, t)| Row::finish(sc, t, off));
     Ok(RemoteReport {
         args: a.clone(),
         clock: Clock {
@@ -182,7 +162,7 @@ pub fn run(a: &RemoteArgs) -> anyhow::Result<RemoteReport> {
             before,
             after,
         },
-        rows,
+        rows: rows.collect(),
     })
 }
 

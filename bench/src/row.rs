@@ -257,6 +257,11 @@ fn d(r: &Row, f: fn(&Summary) -> f64, prec: usize) -> String {
     opt(r.delivery.as_ref().map(f), prec)
 }
 
+/// Delivery p99 over the model bound.
+fn over_bound(r: &Row) -> Option<f64> {
+    Some(r.delivery.as_ref()?.p99_ms / r.bound_ms?)
+}
+
 fn sp(r: &&Row, f: fn(&Spread) -> f64) -> String {
     opt(r.spread.as_ref().map(f), 1)
 }
@@ -307,15 +312,7 @@ pub fn table(rows: &[Row]) -> String {
         Col::r("xfer", 7, |r| d(r, |s| s.transfer_mib_s, 1)),
         Col::r("ratio", 6, |r| d(r, |s| s.ratio, 2)),
         Col::r("bound", 7, |r| opt(r.bound_ms, 2)),
-        Col::r("p99/b", 6, |r| {
-            opt(
-                r.delivery
-                    .as_ref()
-                    .zip(r.bound_ms)
-                    .map(|(s, b)| s.p99_ms / b),
-                2,
-            )
-        }),
+        Col::r("p99/b", 6, |r| opt(over_bound(r), 2)),
     ];
     let mut out = table_of(&cols, rows, 6, |r| r.error.as_deref());
     let with = |f: fn(&Row) -> bool| rows.iter().filter(|r| f(r)).collect::<Vec<&Row>>();
@@ -373,12 +370,7 @@ pub fn table(rows: &[Row]) -> String {
 fn lanes_table(rows: &[Row]) -> String {
     let mut out = String::new();
     for r in rows.iter().filter(|r| !r.lanes.is_empty()) {
-        let total: f64 = r
-            .lanes
-            .iter()
-            .map(|l| l.delivered_bytes)
-            .sum::<f64>()
-            .max(1.0);
+        let total: f64 = r.lanes.iter().map(|l| l.delivered_bytes).sum();
         let caps: Option<f64> = r.lanes.iter().map(|l| l.cap_mbit).sum();
         let of_caps = |x: f64| {
             opt(
@@ -402,7 +394,7 @@ fn lanes_table(rows: &[Row]) -> String {
                 opt(l.cap_mbit, 0),
                 l.sent_bytes / 1e6,
                 l.delivered_bytes / 1e6,
-                100.0 * l.delivered_bytes / total,
+                100.0 * l.delivered_bytes / total.max(1.0),
                 100.0 * l.busy_s / r.span_s,
                 l.lost_packets,
                 l.rtt_ms,

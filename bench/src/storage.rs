@@ -1,12 +1,8 @@
-//! `ledger-bench storage`: what the relay's storage costs and gives.
-//!
-//! - **paced** and **burst** (the ring's disk): `ledger-relay run` with a synthetic source and no
-//!   subscriber, at the network's pace and then as fast as it takes them. Sampled: `du -sb` of
-//!   the data directory against the ring's live bytes (`ledger_relay_ring_bytes`) while running
-//!   and after `--idle`; bytes written (`/proc/PID/io` `wchar`) per byte stored; CPU per
-//!   ledger, the process's and the ring's (the process less every other thread).
-//! - **backfill** and **sessions** (a SEP-54 data lake, [`lake`]): writing a lake, then reading
-//!   it back against catch-up from the ring, in this process and through a relay and subscriber.
+//! `ledger-bench storage`: what the relay's storage costs and gives. **paced** and **burst**:
+//! `ledger-relay run` on a synthetic source with no subscriber, at the network's pace and
+//! unpaced, its data directory's `du -sb` against the ring's live bytes, its bytes written per
+//! byte stored and its CPU per ledger. **backfill** and **sessions**: a SEP-54 data lake
+//! ([`lake`]) written, then read back against catch-up from the ring.
 
 pub mod lake;
 
@@ -164,7 +160,6 @@ pub struct StorageReport {
 }
 
 /// Whether a relay thread (by name) works for the ring: the ring writer and sled's threads.
-/// Only used to name threads: the ring's CPU is the process's less every other thread's.
 pub fn is_ring_thread(name: &str) -> bool {
     ["ring-", "sled", "log flusher", "flusher"]
         .iter()
@@ -288,6 +283,10 @@ fn ring_run(
     })
 }
 
+fn mb(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / 1e6)
+}
+
 /// The ring runs' table.
 pub fn ring_table(runs: &[RingRun]) -> String {
     let cols: [Col<RingRun>; 12] = [
@@ -299,12 +298,8 @@ pub fn ring_table(runs: &[RingRun]) -> String {
         Col::r("steady", 7, |r| opt(r.steady_peak, 2)),
         Col::r("peak", 7, |r| opt(r.peak, 2)),
         Col::r("after", 7, |r| opt(r.after, 2)),
-        Col::r("live_MB", 9, |r| {
-            format!("{:.1}", r.end_bytes.0 as f64 / 1e6)
-        }),
-        Col::r("disk_MB", 9, |r| {
-            format!("{:.1}", r.end_bytes.1 as f64 / 1e6)
-        }),
+        Col::r("live_MB", 9, |r| mb(r.end_bytes.0)),
+        Col::r("disk_MB", 9, |r| mb(r.end_bytes.1)),
         Col::r("wrote/st", 9, |r| format!("{:.2}", r.written_per_stored)),
         Col::r("cpu_ms ring_ms", 15, |r| {
             format!("{:.1} {:>6.1}", r.process_cpu_ms, r.ring_cpu_ms)
@@ -316,9 +311,7 @@ pub fn ring_table(runs: &[RingRun]) -> String {
 
 /// The whole command: runs the parts, prints the tables, writes `--json`.
 pub fn main(a: &StorageArgs) -> anyhow::Result<()> {
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-storage")
-        .tempdir()?;
+    let tmp = (tempfile::Builder::new().prefix("ledger-bench-storage")).tempdir()?;
     let certs = tmp.path().join("certs");
     make_certs(&certs, 1)?;
     let mut c = Cluster {

@@ -1,12 +1,9 @@
-//! A SEP-54 data lake on a loopback S3-protocol server (`moto_server`, on the same cores: its
-//! CPU is part of what is measured), for synthetic ledgers and the 320 testnet ledgers.
-//!
-//! In this process: catch-up from a ring (`Ring::get`) against the backfill API (fetch,
-//! decompress, decode, check, chunk) at each prefetch depth, with the prefetch's peak against
-//! its bound, and the lake read without chunking. Through sessions: a relay with `--backfill`
-//! and a ring smaller than the history, and a `ledger-subscribe` from the lake's first ledger
-//! into the ring ([`TAIL`] more), against the same relay with a ring holding it all; the
-//! relay's memory sampled against a session's bound, `(depth + 1) x` the largest batch.
+//! A SEP-54 data lake on a loopback S3-protocol server (`moto_server`, on the same cores), for
+//! synthetic ledgers and the 320 testnet ledgers. In this process: catch-up from a ring against
+//! backfill at each prefetch depth (its peak against its bound), and the lake read unchunked.
+//! Through sessions: a relay with `--backfill` and a ring smaller than the history serving a
+//! subscriber from the lake's first ledger, against a ring holding it all; the relay's memory
+//! against a session's bound, `(depth + 1) x` the largest batch.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -405,9 +402,7 @@ fn session(
 }
 
 fn m(b: Option<u64>) -> String {
-    b.map_or("-".into(), |b| {
-        format!("{:.1}", b as f64 / f64::from(1 << 20))
-    })
+    f(b.map(|b| b as f64 / f64::from(1 << 20)))
 }
 
 fn f(v: Option<f64>) -> String {
