@@ -70,10 +70,7 @@ impl RelaySettings {
 
     /// The `synthetic:` source of these settings (the ratio calibrated at the chunk size).
     pub fn synthetic_source(&self) -> String {
-        let count = self
-            .count
-            .map(|n| format!(",count={n}"))
-            .unwrap_or_default();
+        let count = self.count.map_or(String::new(), |n| format!(",count={n}"));
         let (size, ratio, start, chunk) = (self.size, self.ratio, self.start, self.chunk);
         format!("synthetic:size={size},ratio={ratio}{count},start={start},chunk={chunk}")
     }
@@ -413,18 +410,15 @@ pub struct Scrape {
 impl Scrape {
     /// Parses the relay's Prometheus text; other lines are skipped.
     pub fn parse(text: &str) -> Scrape {
-        let values = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (key, value) = l.rsplit_once(' ')?;
-                Some((
-                    key.strip_prefix("ledger_relay_")?.to_owned(),
-                    value.trim().parse().ok()?,
-                ))
-            })
-            .collect();
-        Scrape { values }
+        let sample = |l: &str| {
+            let (key, value) = l.rsplit_once(' ')?;
+            let key = key.strip_prefix("ledger_relay_")?;
+            Some((key.into(), value.trim().parse().ok()?))
+        };
+        let values = (text.lines().filter(|l| !l.starts_with('#'))).filter_map(sample);
+        Scrape {
+            values: values.collect(),
+        }
     }
 
     /// An unlabelled sample (0 when absent).

@@ -207,9 +207,7 @@ fn tcp(
     }
     let mut netem = sc.shape().map(|s| Netem::create("t", s)).transpose()?;
     let ip = netem.as_ref().map_or("127.0.0.1", |_| RELAY_ADDR);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = (std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?).port();
     if let (Some(n), Some(shape)) = (&mut netem, sc.shape()) {
         n.cap_source_port(port, shape.flow_bps)?;
     }
@@ -399,8 +397,7 @@ fn start_relays(
     let shape = sc.shape();
     match sc.topology {
         TopoKind::Direct => {
-            p.relays
-                .push(c.relay_in(ns, &dir.join("relay"), s, source, &[])?);
+            (p.relays).push(c.relay_in(ns, &dir.join("relay"), s, source, &[])?);
             if let (Some(n), Some(shape)) = (&mut p.netem, shape) {
                 for k in 0..sc.processes() * u16::from(sc.lanes) {
                     let half = sc.half_cap && k % u16::from(sc.lanes) == 0;
@@ -537,10 +534,8 @@ pub fn wait_all(
             }
         }
         if start.elapsed() > limit {
-            let have: Vec<usize> = stats
-                .iter()
-                .map(|p| read_lenient(p).map_or(0, |r| r.len()))
-                .collect();
+            let len = |p: &PathBuf| read_lenient(p).map_or(0, |r| r.len());
+            let have: Vec<usize> = stats.iter().map(len).collect();
             bail!("not every subscriber reached ledger {seq} within {limit:?} (ledgers each: {have:?})");
         }
         // Not faster: reading 64 stats files takes CPU from the relay and the subscribers.
@@ -621,13 +616,9 @@ fn window(
     cpu.sub_ms =
         (subs.len() == after.2.len()).then(|| per(subs.iter().sum::<f64>() / subs.len() as f64));
     let mem = t.memory.get_or_insert_with(Memory::default);
-    mem.peak_mib = rss
-        .iter()
-        .map(|s| crate::procs::mib(s.rss_kib))
-        .fold(0.0, f64::max);
-    mem.per_session_mib = mem
-        .alone_mib
-        .map(|a| (mem.peak_mib - a) / f64::from(sc.subscribers));
+    let peak = rss.iter().map(|s| crate::procs::mib(s.rss_kib));
+    mem.peak_mib = peak.fold(0.0, f64::max);
+    mem.per_session_mib = (mem.alone_mib).map(|a| (mem.peak_mib - a) / f64::from(sc.subscribers));
     Ok(())
 }
 
@@ -665,15 +656,9 @@ fn idle(
     p.subs = kids;
     let limit = Duration::from_secs(60) + Duration::from_millis(500) * u32::from(sc.processes());
     wait_all(&stats, &p.subs, last, limit)?;
-    let up = |m: &Scrape| {
-        m.labelled("subscriber_lanes")
-            .filter(|(_, v)| *v == f64::from(sc.lanes))
-            .count()
-    };
-    let all_up = |r: &RelayProc| {
-        r.scrape()
-            .is_ok_and(|m| up(&m) >= usize::from(sc.subscribers))
-    };
+    let lanes = f64::from(sc.lanes);
+    let up = |m: &Scrape| (m.labelled("subscriber_lanes").filter(|(_, v)| *v == lanes)).count();
+    let all_up = |r: &RelayProc| (r.scrape()).is_ok_and(|m| up(&m) >= usize::from(sc.subscribers));
     let what = "every idle session's lanes up";
     p.relays[0].wait_until(what, Duration::from_secs(30), all_up)?;
     std::thread::sleep(Duration::from_secs(1));
@@ -687,19 +672,15 @@ fn idle(
     let n = f64::from(sc.subscribers);
     t.cpu.get_or_insert_with(Cpu::default).idle_ms_per_s =
         c0.zip(c1).map(|(a, b)| (b - a) * 1e3 / secs / n);
-    t.memory
-        .get_or_insert_with(Memory::default)
-        .idle_per_session_mib = Some(crate::procs::mib(with.saturating_sub(before)) / n);
+    let mem = t.memory.get_or_insert_with(Memory::default);
+    mem.idle_per_session_mib = Some(crate::procs::mib(with.saturating_sub(before)) / n);
     Ok(())
 }
 
 /// The relay's per-lane counters, with each lane's cap on a direct emulated row.
 fn lanes(sc: &Scenario, m: &Scrape) -> Vec<Lane> {
     let direct = sc.topology == TopoKind::Direct;
-    let cap = sc
-        .shape()
-        .filter(|_| direct)
-        .map(|s| s.flow_bps as f64 / 1e6);
+    let cap = (sc.shape().filter(|_| direct)).map(|s| s.flow_bps as f64 / 1e6);
     (0..sc.lanes)
         .map(|lane| {
             let v = |name: &str| m.get(&format!("lane_{name}{{lane=\"{lane}\"}}"));
