@@ -83,8 +83,7 @@ pub enum CpuRow {
 impl CpuRow {
     fn name(self) -> String {
         use clap::ValueEnum;
-        self.to_possible_value()
-            .map_or_else(String::new, |v| v.get_name().to_owned())
+        (self.to_possible_value()).map_or_else(String::new, |v| v.get_name().to_owned())
     }
 }
 
@@ -251,9 +250,7 @@ impl Run {
                 stuck.push(side);
                 continue;
             }
-            let joined = handle
-                .join()
-                .map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
+            let joined = (handle.join()).map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
             joined?.with_context(|| format!("{name} {side}"))?;
         }
         let (true, Some((Some(c0), t0)), Some((Some(c1), t1))) = (stuck.is_empty(), start, end)
@@ -409,9 +406,7 @@ impl Run {
                 cmd.args([flag, &m.to_string()]);
             }
         }
-        let out = cmd
-            .stderr(std::process::Stdio::inherit())
-            .output()
+        let out = (cmd.stderr(std::process::Stdio::inherit()).output())
             .context("running ledger-relay demo")?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
@@ -433,10 +428,8 @@ pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measure
         })
         .with_context(|| format!("no CPU line in the demo's output:\n{text}"))?;
     let mut split = BTreeMap::new();
-    if let Some(line) = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("of which, ms per ledger: "))
-    {
+    let mut lines = text.lines();
+    if let Some(line) = lines.find_map(|l| l.trim().strip_prefix("of which, ms per ledger: ")) {
         for part in line.split(", ") {
             if let Some((group, ms)) = part.rsplit_once(' ') {
                 if let Ok(ms) = ms.parse::<f64>() {
@@ -473,9 +466,7 @@ fn path_line(s: &quinn::ConnectionStats) -> String {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
+    Ok((tokio::runtime::Builder::new_current_thread().enable_all()).build()?)
 }
 
 /// `f` on a thread named `name` that ends only once `gate` opens.

@@ -49,14 +49,9 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
         .filter(|r| r.scenario.mode != Mode::CatchUp && !r.delivery_ms.is_empty())
         .map(|r| {
             let n = r.delivery_ms.len() as f64;
-            (
-                r.scenario.name.clone(),
-                r.delivery_ms
-                    .iter()
-                    .enumerate()
-                    .map(|(k, d)| (d.max(0.011).log10(), (k + 1) as f64 / n))
-                    .collect(),
-            )
+            let point = |(k, d): (usize, &f64)| (d.max(0.011).log10(), (k + 1) as f64 / n);
+            let points = r.delivery_ms.iter().enumerate().map(point);
+            (r.scenario.name.clone(), points.collect())
         })
         .collect();
     let cdf_labels = [
@@ -82,9 +77,7 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
             }
         }
         series.retain(|s| s.1.len() > 1 && s.1.iter().any(|p| p.0 != s.1[0].0));
-        series
-            .iter_mut()
-            .for_each(|s| s.1.sort_by(|a, b| a.0.total_cmp(&b.0)));
+        (series.iter_mut()).for_each(|s| s.1.sort_by(|a, b| a.0.total_cmp(&b.0)));
         series
     };
     type Axis = fn(&Row) -> f64;

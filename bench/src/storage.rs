@@ -161,25 +161,17 @@ pub struct StorageReport {
 
 /// Whether a relay thread (by name) works for the ring: the ring writer and sled's threads.
 pub fn is_ring_thread(name: &str) -> bool {
-    ["ring-", "sled", "log flusher", "flusher"]
-        .iter()
-        .any(|p| name.starts_with(p))
+    (["ring-", "sled", "log flusher", "flusher"].iter()).any(|p| name.starts_with(p))
 }
 
 /// `du -sb PATH`: apparent bytes of everything under it.
 pub fn du_sb(path: &Path) -> anyhow::Result<u64> {
-    let out = Command::new("du")
-        .arg("-sb")
-        .arg(path)
-        .output()
-        .context("running du -sb")?;
+    let out = (Command::new("du").arg("-sb").arg(path).output()).context("running du -sb")?;
     // du exits 1 when a file vanishes under it (sled and the ring delete files as they go);
     // its total is still the one to take.
     let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("du -sb {}: {text:?}", path.display()))
+    let total = text.split_whitespace().next().and_then(|v| v.parse().ok());
+    total.with_context(|| format!("du -sb {}: {text:?}", path.display()))
 }
 
 /// Samples `relay`'s disk until ledger `last` is in its ring and `a.idle` has passed; the samples and the seconds until the ring held `last`.
@@ -249,21 +241,12 @@ fn ring_run(
     let wchar = crate::procs::proc_value(pid, "io", "wchar").unwrap_or(0);
     relay.stop();
     let full = |s: &&Sample| s.ledgers >= u64::from(a.retention);
-    let steady: Vec<f64> = samples
-        .iter()
-        .filter(|s| !s.idle)
-        .filter(full)
-        .filter_map(Sample::ratio)
-        .collect();
-    let first_full = samples
-        .iter()
-        .position(|s| full(&s))
-        .unwrap_or(samples.len());
+    let steady = samples.iter().filter(|s| !s.idle).filter(full);
+    let steady: Vec<f64> = steady.filter_map(Sample::ratio).collect();
+    let first_full = (samples.iter().position(|s| full(&s))).unwrap_or(samples.len());
     let last_sample = samples.last().copied();
-    let not_ring: f64 = (threads.iter())
-        .filter(|(n, _)| !is_ring_thread(n))
-        .map(|(_, c)| c)
-        .sum();
+    let not_ring = threads.iter().filter(|(n, _)| !is_ring_thread(n));
+    let not_ring: f64 = not_ring.map(|(_, c)| c).sum();
     let (live, disk) = last_sample.map_or((0, 0), |s| (s.live_bytes, s.disk_bytes));
     let stored_per_ledger = live as f64 / last_sample.map_or(1, |s| s.ledgers.max(1)) as f64;
     Ok(RingRun {

@@ -83,11 +83,8 @@ impl Set {
     }
 
     fn largest(&self) -> u64 {
-        self.ledgers
-            .iter()
-            .map(|l| 12 + l.raw.len() as u64)
-            .max()
-            .unwrap_or(0)
+        let objects = self.ledgers.iter().map(|l| 12 + l.raw.len() as u64);
+        objects.max().unwrap_or(0)
     }
 
     fn first(&self) -> u32 {
@@ -154,15 +151,11 @@ pub fn run(p: &StorageArgs, work: &Path) -> anyhow::Result<LakeReport> {
         ..LakeOptions::default()
     };
     let mut report = LakeReport::default();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = (tokio::runtime::Builder::new_multi_thread().enable_all()).build()?;
     for set in &sets {
         report.writes.push(rt.block_on(write(set, &opts))?);
         if p.parts.contains(&Part::Backfill) {
-            report
-                .reads
-                .extend(rt.block_on(reads(p, set, &opts, work))?);
+            (report.reads).extend(rt.block_on(reads(p, set, &opts, work))?);
         }
     }
     drop(rt);
@@ -383,10 +376,8 @@ fn session(
         secs,
     );
     r.object_mb_s = Some(rest.iter().map(|r| r.wire_bytes).sum::<u64>() as f64 / 1e6 / secs);
-    let peak = m
-        .labelled("lake_prefetch_peak_bytes")
-        .find(|(l, _)| l.contains("backfill"))
-        .map(|(_, v)| v as u64);
+    let mut peak = m.labelled("lake_prefetch_peak_bytes");
+    let peak = (peak.find(|(l, _)| l.contains("backfill"))).map(|(_, v)| v as u64);
     r.peak_held_bytes = depth.and(peak);
     r.bound_bytes = depth.map(|d| (d as u64 + 1) * set.largest());
     let (before, top) = (
