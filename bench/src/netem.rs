@@ -24,12 +24,11 @@ pub fn unavailable_reason() -> Option<String> {
         return Some("not root: network namespaces and tc qdiscs need root".into());
     }
     for tool in ["ip", "tc"] {
-        let found = Command::new(tool)
-            .arg("-V")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if found.is_err() {
+        let mut cmd = Command::new(tool);
+        if (cmd.arg("-V").stdout(Stdio::null()).stderr(Stdio::null()))
+            .status()
+            .is_err()
+        {
             return Some(format!("`{tool}` not found (install iproute2)"));
         }
     }
@@ -74,10 +73,10 @@ fn run(line: &str) -> anyhow::Result<()> {
 }
 
 fn delete_ns(name: &str) {
-    let _ = Command::new("ip")
+    let _ = (Command::new("ip")
         .args(["netns", "del", name])
-        .stderr(Stdio::null())
-        .status();
+        .stderr(Stdio::null()))
+    .status();
 }
 
 /// Removes every namespace this process created (for the Ctrl-C handler).
@@ -199,7 +198,5 @@ pub fn in_ns<T: Send + 'static>(
         }
         f()
     });
-    thread
-        .join()
-        .map_err(|_| anyhow::anyhow!("a thread in a namespace panicked"))?
+    (thread.join()).map_err(|_| anyhow::anyhow!("a thread in a namespace panicked"))?
 }

@@ -100,9 +100,10 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
 /// The number of field `field` in `/proc/PID/FILE` (`io`'s `wchar`).
 pub fn proc_value(pid: u32, file: &str, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'));
+    value?.split_whitespace().next()?.parse().ok()
 }
 
 /// The machine's load averages (1, 5, 15 min).
@@ -110,7 +111,6 @@ pub fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     let v: Vec<f64> = text
         .split_whitespace()
-        .take(3)
         .filter_map(|f| f.parse().ok())
         .collect();
     Some([*v.first()?, *v.get(1)?, *v.get(2)?])

@@ -152,11 +152,7 @@ pub fn csv(rows: &[impl serde::Serialize], skip: &[&str]) -> String {
     }
     let mut s = cols.join(",") + "\n";
     for row in &flat {
-        let cell = |c: &&str| {
-            row.iter()
-                .find(|(k, _)| k == c)
-                .map_or("", |(_, v)| v.as_str())
-        };
+        let cell = |c: &&str| (row.iter().find(|(k, _)| k == c)).map_or("", |(_, v)| v.as_str());
         s += &(cols.iter().map(cell).collect::<Vec<_>>().join(",") + "\n");
     }
     s

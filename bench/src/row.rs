@@ -179,16 +179,13 @@ impl Row {
                 return row;
             }
         };
-        t.records
-            .iter_mut()
-            .flatten()
-            .for_each(|r| r.delivery_ms += offset_ms);
+        (t.records.iter_mut().flatten()).for_each(|r| r.delivery_ms += offset_ms);
         let warm = sc.warmup as usize;
-        let kept: Vec<Vec<Record>> = t
+        let kept = t
             .records
             .iter()
-            .map(|v| v.iter().skip(warm).copied().collect())
-            .collect();
+            .map(|v| v.iter().skip(warm).copied().collect());
+        let kept: Vec<Vec<Record>> = kept.collect();
         let s = summarize(&t.records, warm, sc.emit);
         row.delivery_ms = kept.iter().flatten().map(|r| r.delivery_ms).collect();
         row.delivery_ms.sort_by(f64::total_cmp);

@@ -117,9 +117,7 @@ impl RunArgs {
         if names.len() != rows.len() {
             bail!("two rows have the same name");
         }
-        Ok((0..self.repeat)
-            .flat_map(|_| rows.iter().cloned())
-            .collect())
+        Ok((0..self.repeat).flat_map(|_| rows.clone()).collect())
     }
 }
 
@@ -144,9 +142,8 @@ pub fn run(a: &RunArgs) -> anyhow::Result<Report> {
 pub fn main(a: &RunArgs) -> anyhow::Result<()> {
     if a.list {
         for (name, text) in PRESETS {
-            let about = toml::from_str::<Preset>(text)
-                .map(|p| p.about)
-                .unwrap_or_default();
+            let about =
+                (toml::from_str::<Preset>(text)).map_or_else(|_| String::new(), |p| p.about);
             println!("{name:<14} {about}");
         }
         return Ok(());

@@ -35,8 +35,7 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
             bail!("line {}: expected 6 fields, got {line:?}", i + 1);
         }
         let n = |k: usize| -> anyhow::Result<f64> {
-            f[k].parse::<f64>()
-                .with_context(|| format!("line {}: field {}", i + 1, k + 1))
+            (f[k].parse::<f64>()).with_context(|| format!("line {}: field {}", i + 1, k + 1))
         };
         out.push(Record {
             seq: n(0)? as u32,
@@ -120,16 +119,13 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
     let mib = f64::from(1 << 20);
     let mut d: Vec<f64> = kept.iter().map(|r| r.delivery_ms).collect();
     d.sort_by(f64::total_cmp);
-    let mut ia: Vec<f64> = (subs.iter().flat_map(|v| v.iter().skip(warmup + 1)))
-        .filter_map(|r| r.inter_arrival_ms)
-        .collect();
+    let after_first = subs.iter().flat_map(|v| v.iter().skip(warmup + 1));
+    let mut ia: Vec<f64> = after_first.filter_map(|r| r.inter_arrival_ms).collect();
     ia.sort_by(f64::total_cmp);
     let raw = kept.iter().map(|r| r.raw_bytes as f64).sum::<f64>() / kept.len() as f64;
     let wire = kept.iter().map(|r| r.wire_bytes as f64).sum::<f64>() / kept.len() as f64;
-    let mut gp: Vec<f64> = kept
-        .iter()
-        .map(|r| r.raw_bytes as f64 / mib / ((r.delivery_ms + emit_ms) / 1e3))
-        .collect();
+    let goodput = |r: &&Record| r.raw_bytes as f64 / mib / ((r.delivery_ms + emit_ms) / 1e3);
+    let mut gp: Vec<f64> = kept.iter().map(goodput).collect();
     gp.sort_by(f64::total_cmp);
     // Per subscriber, over the ledgers after its first counted one.
     let (mut tput, mut xfer) = (Vec::new(), Vec::new());
@@ -187,9 +183,8 @@ pub fn spread(subs: &[Vec<Record>]) -> Spread {
     let (mut firsts, mut lasts) = (Vec::new(), Vec::new());
     let mut last_count = vec![0usize; subs.len()];
     for seq in first_sub.iter().map(|r| r.seq) {
-        let d: Vec<f64> = (subs.iter())
-            .filter_map(|v| v.iter().find(|r| r.seq == seq).map(|r| r.delivery_ms))
-            .collect();
+        let of = |v: &Vec<Record>| v.iter().find(|r| r.seq == seq).map(|r| r.delivery_ms);
+        let d: Vec<f64> = subs.iter().filter_map(of).collect();
         if d.len() != subs.len() {
             continue;
         }

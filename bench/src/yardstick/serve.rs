@@ -121,10 +121,8 @@ pub fn verifier(
         roots.add(ca)?;
     }
     let provider = tls::crypto_provider();
-    Ok(
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()?,
-    )
+    let builder = rustls::server::WebPkiClientVerifier::builder_with_provider;
+    Ok(builder(Arc::new(roots), provider).build()?)
 }
 
 /// The yardstick's server TLS: certificate `name` of `certs`, clients of its CA.
@@ -173,8 +171,7 @@ fn ledger(shared: &Shared, seq: u32) -> anyhow::Result<Arc<Ledger>> {
         let want = if seq == 0 {
             held.ledgers.back()
         } else {
-            seq.checked_sub(oldest)
-                .and_then(|i| held.ledgers.get(i as usize))
+            (seq.checked_sub(oldest)).and_then(|i| held.ledgers.get(i as usize))
         };
         match want {
             Some(l) => return Ok(l.clone()),
@@ -188,8 +185,7 @@ fn ledger(shared: &Shared, seq: u32) -> anyhow::Result<Arc<Ledger>> {
         if left.is_zero() {
             bail!("no ledger {seq} within {TIMEOUT:?}");
         }
-        held = ready
-            .wait_timeout(held, left)
+        held = (ready.wait_timeout(held, left))
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }
