@@ -181,8 +181,7 @@ fn baseline_group(comm: &str) -> &'static str {
     }
 }
 
-/// When the receiver had each whole ledger, counted from its first byte; sent back so the main
-/// thread can take the CPU readings at the warm-up's end and at the last ledger.
+/// The receiver's count of whole ledgers, for the CPU readings at the warm-up's end and the last.
 type Progress = std::sync::mpsc::Sender<u32>;
 
 /// Tells `progress` of each whole ledger of `size` bytes in the `got` bytes received so far.
@@ -416,8 +415,7 @@ impl Run {
     }
 }
 
-/// The figures of `ledger-relay demo`'s CPU lines: `cpu (...): X ms per ledger` and `of which,
-/// ms per ledger: group X, ...`.
+/// The figures of `ledger-relay demo`'s CPU lines.
 pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measured> {
     let total = text
         .lines()
@@ -447,9 +445,7 @@ pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measure
     })
 }
 
-/// What a QUIC connection's sender did: the path MTU it reached, packets and how many system
-/// calls carried them (GSO batches), losses, and MTU probes and black holes (which fall back to
-/// 1200-byte packets).
+/// What a QUIC sender did: path MTU, packets per send (GSO), losses, MTU probes, black holes.
 fn path_line(s: &quinn::ConnectionStats) -> String {
     format!(
         "path MTU {} B, {} packets in {} sends ({:.1} per send), {} lost, {} MTU probes ({} lost), {} black holes, {} congestion events",

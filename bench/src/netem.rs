@@ -89,9 +89,8 @@ pub fn cleanup_registered() {
 }
 
 impl Netem {
-    /// Creates the namespaces (named after our pid and `tag`, so parallel runs do not collide),
-    /// the veth pair, its MTU and an HTB root with the aggregate class; flows get their own
-    /// classes with [`Netem::cap_port`] and [`Netem::cap_source_port`].
+    /// Creates the namespaces (named after our pid and `tag`), the veth pair and an HTB root with
+    /// the aggregate class; [`Netem::cap_port`] and [`Netem::cap_source_port`] add the flows.
     pub fn create(tag: &str, shape: Shape) -> anyhow::Result<Netem> {
         if let Some(reason) = unavailable_reason() {
             bail!("emulated network unavailable: {reason}");

@@ -25,8 +25,7 @@ pub fn filler(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// `count` ledgers of `size` bytes, one per `cadence_ms`, each written over `emit_ms`; one
-/// record per ledger.
+/// `count` ledgers of `size` bytes every `cadence_ms`, each written over `emit_ms`.
 pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Result<Vec<Record>> {
     let (r, w) = nix::unistd::pipe().context("creating a pipe")?;
     let (mut reader, mut writer) = (std::fs::File::from(r), std::fs::File::from(w));

@@ -9,8 +9,7 @@ use plotters::prelude::*;
 use crate::row::Row;
 use crate::scenario::Mode;
 
-/// Draws the plots `out` asks for; one that cannot be drawn is reported on stderr (the rows
-/// are measured already).
+/// Draws the plots `out` asks for; one that cannot be drawn is reported on stderr.
 pub fn draw(out: &crate::report::Output, rows: &[Row]) {
     if let Some(dir) = &out.plots {
         match plots(rows, dir) {

@@ -32,8 +32,7 @@ const LAST: u32 = 1_410_367;
 /// The ledgers a delivery row counts without queries, and with them.
 const WITHOUT: (u32, u32) = (FIRST + 40, FIRST + 160);
 const WITH: (u32, u32) = (FIRST + 180, FIRST + 300);
-/// HTTP and query ports of the double and of the stand-in, inside their side (each namespace
-/// has its own, so fixed numbers do not clash), and of the delay in front of the relay.
+/// HTTP and query ports of the double, of the stand-in (each side has its own), and the delay.
 const DOUBLE: [u16; 2] = [21626, 21628];
 const STAND_IN: [u16; 2] = [11626, 11628];
 const DELAY_PORT: u16 = 27400;
@@ -147,8 +146,7 @@ pub struct QueryReport {
     pub emulated_skipped: Option<String>,
 }
 
-/// One request's outcome: status (0: no answer), ms from connect to the end of the answer,
-/// and a hash of status and body.
+/// One request: status (0: no answer), ms from connect to the answer's end, hash of the answer.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     status: u16,
@@ -250,8 +248,7 @@ pub fn min_rtt(path: &Path) -> Option<f64> {
     rtts.filter(|v| *v > 0.0).min_by(f64::total_cmp)
 }
 
-/// Where a network's sides run: both on this host, or core's in the emulated network's relay
-/// namespace and the RPC box's in its subscriber namespace.
+/// Where core's side and the RPC box's run (namespaces of the emulated network, or this host).
 struct Net {
     name: &'static str,
     core: Option<String>,
@@ -275,8 +272,7 @@ impl Net {
     }
 }
 
-/// A network's processes, stopped when dropped: the relay with the double as its source, and
-/// the stand-in on it (through the delay on the emulated network).
+/// A network's relay (the double its source) and stand-in, stopped when dropped.
 struct Stack {
     relay: RelayProc,
     stand_in: Option<Child>,
@@ -375,8 +371,7 @@ fn stand_in(c: &Cluster, ns: Option<&str>, relay: &str, dir: &Path) -> anyhow::R
     Ok(child)
 }
 
-/// Delivery to a subscriber beside the stand-in over [`WITHOUT`], then over [`WITH`] with
-/// `--rate` queries/s through the stand-in.
+/// Delivery beside the stand-in over [`WITHOUT`], then over [`WITH`] with `--rate` queries/s.
 fn delivery(
     a: &QueryArgs,
     c: &Cluster,
@@ -432,8 +427,7 @@ fn delivery(
     })
 }
 
-/// One latency row: `--requests` to each path, in alternating rounds, each answer for the
-/// last ledger.
+/// One latency row: `--requests` to each path in alternating rounds.
 fn latency(a: &QueryArgs, net: &Net, keys: &[String], n: u32) -> anyhow::Result<LatencyRow> {
     let bodies = bodies(keys, n as usize, 16, Some(LAST));
     let (mut direct, mut relayed) = (Vec::new(), Vec::new());
@@ -455,8 +449,7 @@ fn latency(a: &QueryArgs, net: &Net, keys: &[String], n: u32) -> anyhow::Result<
     })
 }
 
-/// One network: its stack (its files under `work/NAME`), the delivery row while ledgers flow,
-/// then the latency rows.
+/// One network: its stack under `work/NAME`, the delivery row, then the latency rows.
 fn network(
     a: &QueryArgs,
     c: &Cluster,

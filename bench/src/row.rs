@@ -9,8 +9,7 @@ use crate::report::{opt, table_of, Col};
 use crate::scenario::{Carrier, Mode, Scenario, TopoKind};
 use crate::stats::{p50_p99_max, spread, summarize, Record, Spread, Summary};
 
-/// CPU over the measured window: from when every subscriber held its last warm-up ledger to
-/// when every one held the last ledger, per ledger.
+/// CPU per ledger over the measured window (see [`crate::runner`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Cpu {
     /// The relay's (a tier's root, a hedge's A), user + system, every thread, ms.
@@ -124,8 +123,7 @@ pub struct Row {
     pub delivery_ms: Vec<f64>,
 }
 
-/// The model bound in ms of `wire` bytes per ledger at `capacity_bps` per subscriber, the last
-/// chunk (`chunk_wire` bytes) on one flow of at most `flow_bps`, less the emit window.
+/// The model bound, ms, of `wire` bytes per ledger at `capacity_bps`, last chunk at `flow_bps`.
 pub fn model_bound_ms(
     wire: f64,
     chunk_wire: f64,
@@ -164,8 +162,7 @@ fn bound(sc: &Scenario, s: &Summary) -> Option<f64> {
 }
 
 impl Row {
-    /// The row of `sc` from what the runner took (or why it could not), delivery moved by
-    /// `offset_ms` (another host's clock).
+    /// The row of `sc` from what the runner took, delivery moved by `offset_ms` (another clock).
     pub fn finish(sc: &Scenario, taken: anyhow::Result<Taken>, offset_ms: f64) -> Row {
         let mut row = Row {
             scenario: sc.clone(),
@@ -275,8 +272,7 @@ fn m(r: &&Row, f: fn(&Memory) -> Option<f64>) -> String {
     opt(r.memory.as_ref().and_then(f), 2)
 }
 
-/// Prints `head` and the rows' tables, writes the files `out` asks for (`json` as the JSON);
-/// fails when every row failed.
+/// Prints `head` and the tables, writes the files `out` asks for; fails when every row failed.
 pub fn emit(
     out: &crate::report::Output,
     head: &str,

@@ -46,8 +46,7 @@ pub struct Env {
 }
 
 impl Env {
-    /// A run of `rows` on this host: an ephemeral CA with a certificate for every process, and
-    /// the loopback S3 server when a row exports to it.
+    /// A run of `rows` here: an ephemeral CA, and the loopback S3 server when a row exports there.
     pub fn local(rows: &[Scenario], testdata: PathBuf) -> anyhow::Result<Env> {
         let mut env = Env::remote(PathBuf::new(), None, None, Duration::from_secs(600))?;
         env.certs = env.tmp.path().join("certs");
@@ -119,8 +118,7 @@ impl Span {
     }
 }
 
-/// What a row runs on this host: its relays and subscriber processes (stopped when dropped)
-/// and the emulated network.
+/// A row's relays, subscriber processes (stopped when dropped) and emulated network.
 #[derive(Default)]
 struct Procs {
     relays: Vec<RelayProc>,
@@ -181,8 +179,7 @@ fn cluster(env: &Env, sc: &Scenario) -> Cluster {
     }
 }
 
-/// The TCP yardstick: the server (`ledger-bench yardstick`) in the relays' namespace, its
-/// sending port capped at the per-flow cap, read from the subscribers'; or one elsewhere.
+/// The TCP yardstick: its server in the relays' namespace, capped per flow; or one elsewhere.
 fn tcp(
     env: &Env,
     sc: &Scenario,
@@ -382,8 +379,7 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
     Ok(t)
 }
 
-/// Starts the row's relays: one (direct), a root and its edges (tier), or A and B (hedge);
-/// on the emulated network, caps their flows.
+/// Starts the row's relays (direct, tier or hedge) and, emulated, caps their flows.
 fn start_relays(
     sc: &Scenario,
     c: &Cluster,
@@ -439,12 +435,10 @@ fn start_relays(
     Ok(())
 }
 
-/// The first of the ports the subscribers' lanes are pinned to on the emulated network
-/// (process i's lane k: this + i x lanes + k).
+/// The first lane port on the emulated network (process i's lane k: this + i x lanes + k).
 const LANE_PORTS: u16 = 20_000;
 
-/// Starts the subscriber processes of `sc` from `from` for `count` ledgers; returns them, the
-/// stats file of each measured session, and a tier's reference subscriber's.
+/// Starts the row's subscribers: the processes, every session's stats, a tier's reference's.
 #[allow(clippy::type_complexity)]
 fn subscribers(
     sc: &Scenario,
@@ -516,8 +510,7 @@ fn subscribers(
     }
 }
 
-/// Waits until every stats file holds ledger `seq` (or a later one); fails after `limit`,
-/// or when a subscriber exits with an error first.
+/// Waits until every stats file holds ledger `seq`; fails after `limit` or if a subscriber fails.
 pub fn wait_all(
     stats: &[PathBuf],
     subs: &[Child],
@@ -639,8 +632,7 @@ fn alone(sc: &Scenario, relay: &mut RelayProc, sp: Span, t: &mut Taken) -> anyho
     Ok(())
 }
 
-/// As many sessions as the row's waiting at the tip after the source stopped: the relay's
-/// memory and CPU per idle session.
+/// The relay's memory and CPU per idle session, as many as the row's at the tip.
 fn idle(
     sc: &Scenario,
     c: &Cluster,

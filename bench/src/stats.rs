@@ -22,8 +22,7 @@ pub struct Record {
     pub received_unix_ms: f64,
 }
 
-/// Parses a stats CSV (`seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms,received_unix_ms`;
-/// the first ledger's inter-arrival is empty).
+/// Parses a stats CSV (the first ledger's inter-arrival is empty).
 pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -109,8 +108,7 @@ pub struct Summary {
     pub transfer_mib_s: f64,
 }
 
-/// Summarizes each subscriber's records (in arrival order), leaving out the first `warmup`
-/// of each; `emit_ms` is the source's emit window.
+/// Summarizes each subscriber's records (in arrival order) after the first `warmup` of each.
 pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
     let kept: Vec<&Record> = subs.iter().flat_map(|v| v.iter().skip(warmup)).collect();
     if kept.is_empty() {

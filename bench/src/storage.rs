@@ -211,8 +211,7 @@ fn sample(
     }
 }
 
-/// One ring run: the relay, sampled until its last ledger is in the ring and `a.idle` has
-/// passed.
+/// One ring run: the relay, sampled until its ring holds the last ledger and `a.idle` passed.
 fn ring_run(
     a: &StorageArgs,
     c: &Cluster,

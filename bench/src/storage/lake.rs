@@ -211,8 +211,7 @@ async fn write(set: &Set, opts: &LakeOptions) -> anyhow::Result<ReadRun> {
     Ok(w)
 }
 
-/// Catch-up from a ring holding `set`, then backfill from its lake at each depth, then the
-/// lake alone.
+/// Catch-up from a ring holding `set`, then backfill at each depth, then the lake alone.
 async fn reads(
     p: &StorageArgs,
     set: &Set,
@@ -309,8 +308,7 @@ async fn reads(
     Ok(out)
 }
 
-/// One relay and one subscriber through `set`: `depth` `None` is catch-up from a ring holding
-/// everything; `file` the set's dump when it is not synthetic.
+/// One relay and subscriber through `set`: `depth` `None` is catch-up from a ring holding it all.
 fn session(
     c: &Cluster,
     work: &Path,

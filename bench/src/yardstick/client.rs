@@ -54,8 +54,7 @@ impl Conn {
 }
 
 impl Yardstick {
-    /// The server at `addr` (HOST:PORT), reached with client certificate `name` of `certs`,
-    /// its certificate checked against `server_name`.
+    /// The server at `addr`, reached as `name` of `certs`, its certificate valid for `server_name`.
     pub fn new(
         addr: &str,
         certs: &Path,
@@ -88,8 +87,7 @@ impl Yardstick {
         Ok(Conn { tls })
     }
 
-    /// Sends `probes` clock probes one after another and keeps the one with the shortest round
-    /// trip.
+    /// Sends `probes` clock probes; keeps the one with the shortest round trip.
     pub fn clock(&self, probes: u32) -> anyhow::Result<ClockEstimate> {
         let at = || format!("clock probes to the yardstick at {}", self.addr);
         let mut conn = self.connect().with_context(at)?;
@@ -118,8 +116,7 @@ impl Yardstick {
         })
     }
 
-    /// Takes `count` ledgers from `from` (0: the newest); one record per ledger, its delivery
-    /// by the two hosts' clocks as they are.
+    /// Takes `count` ledgers from `from` (0: the newest), delivery by each host's clock as it is.
     pub fn stream(&self, from: u32, count: u32, within: Duration) -> anyhow::Result<Vec<Record>> {
         let at = || format!("the yardstick at {}", self.addr);
         let deadline = Instant::now() + within;

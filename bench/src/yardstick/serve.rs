@@ -111,8 +111,7 @@ pub fn main(a: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Client certificates of the CA in `certs` (`ca.pem`), verified as the relay does (without
-/// its allow-list and CRL).
+/// Client certificates of the CA in `certs`, verified as the relay does (without its allow-list).
 pub fn verifier(
     certs: &Path,
 ) -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
