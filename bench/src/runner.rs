@@ -21,7 +21,7 @@ use crate::procs::{
     cpu_seconds, kill_all, status_kib, thread_cpu_seconds, wait_with_cpu, RssSampler,
 };
 use crate::row::{Cpu, Lane, Memory, Taken};
-use crate::scenario::{Carrier, Export, HedgeTo, Mode, Network, Scenario, TopoKind};
+use crate::scenario::{Carrier, Export, HedgeTo, Mode, NetKind, Scenario, TopoKind};
 use crate::stats::{read_lenient, Record};
 use crate::yardstick::client::Yardstick;
 
@@ -141,20 +141,20 @@ pub fn take(env: &mut Env, sc: &Scenario) -> anyhow::Result<Taken> {
     let name = sc.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
     let dir = env.tmp.path().join(format!("{}-{name}", env.index));
     std::fs::create_dir_all(&dir)?;
-    let net = sc.network();
-    if let (Network::Emulated(_), Some(why)) = (&net, crate::netem::unavailable_reason()) {
+    if let (NetKind::Emulated, Some(why)) = (sc.network, crate::netem::unavailable_reason()) {
         bail!("skipped: {why}");
     }
     let sp = Span::of(sc, 2);
     let count = sp.last - sp.first + 1;
     let limit = Duration::from_secs_f64(sc.cadence_ms() / 1e3 * f64::from(sp.last) * 3.0 + 60.0);
-    match (sc.carrier, net) {
+    match (sc.carrier, sc.network) {
         (Carrier::Pipe, _) => {
             let records = crate::pipe::run(sc.size as usize, count, sc.cadence_ms(), sc.emit)?;
             Ok(Taken::of(records))
         }
-        (Carrier::Tcp, net) => tcp(env, sc, &dir, net, sp, limit),
-        (Carrier::Relay, Network::Remote { relay, .. }) => {
+        (Carrier::Tcp, _) => tcp(env, sc, &dir, sp, limit),
+        (Carrier::Relay, NetKind::Remote) => {
+            let relay = sc.relay.clone().unwrap_or_default();
             let name = env.client.clone().unwrap_or_else(|| "sub-0".into());
             let mut spec = SubSpec::new(&name, "tip", Some(count), sc.lanes, &dir, "sub");
             spec.extra = vec!["--quiet".into()];
@@ -180,14 +180,7 @@ fn cluster(env: &Env, sc: &Scenario) -> Cluster {
 }
 
 /// The TCP yardstick: its server in the relays' namespace, capped per flow; or one elsewhere.
-fn tcp(
-    env: &Env,
-    sc: &Scenario,
-    dir: &Path,
-    net: Network,
-    sp: Span,
-    limit: Duration,
-) -> anyhow::Result<Taken> {
+fn tcp(env: &Env, sc: &Scenario, dir: &Path, sp: Span, limit: Duration) -> anyhow::Result<Taken> {
     let count = sp.last - sp.first + 1;
     let (certs, server_name) = (env.certs.clone(), env.server_name.clone());
     let client = env.client.clone().unwrap_or_else(|| "sub-0".into());
@@ -196,11 +189,8 @@ fn tcp(
         Yardstick::new(&addr, &certs, &client, &server_name.unwrap_or(host))?
             .stream(from, count, limit)
     };
-    if let Network::Remote {
-        tcp: Some(addr), ..
-    } = net
-    {
-        return Ok(Taken::of(read(addr, 0)?));
+    if let (NetKind::Remote, Some(addr)) = (sc.network, &sc.tcp) {
+        return Ok(Taken::of(read(addr.clone(), 0)?));
     }
     let mut netem = sc.shape().map(|s| Netem::create("t", s)).transpose()?;
     let ip = netem.as_ref().map_or("127.0.0.1", |_| RELAY_ADDR);

@@ -242,46 +242,15 @@ impl Default for Scenario {
     }
 }
 
-/// The network of a row, typed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Network {
-    /// Loopback.
-    Loopback,
-    /// Emulated, with this shape.
-    Emulated(Shape),
-    /// A relay elsewhere.
-    Remote {
-        /// Its QUIC address.
-        relay: String,
-        /// Its TCP yardstick's address.
-        tcp: Option<String>,
-    },
-}
-
 impl Scenario {
-    /// The typed network.
-    pub fn network(&self) -> Network {
-        let flow_bps = (self.flow_mbit * 1e6) as u64;
-        match self.network {
-            NetKind::Loopback => Network::Loopback,
-            NetKind::Emulated => Network::Emulated(Shape {
-                flow_bps,
-                aggregate_bps: (self.aggregate_mbit).map_or(flow_bps * 8, |a| (a * 1e6) as u64),
-                link_mtu: self.link_mtu,
-            }),
-            NetKind::Remote => Network::Remote {
-                relay: self.relay.clone().unwrap_or_default(),
-                tcp: self.tcp.clone(),
-            },
-        }
-    }
-
     /// The emulated network's shape, on an emulated row.
     pub fn shape(&self) -> Option<Shape> {
-        match self.network() {
-            Network::Emulated(shape) => Some(shape),
-            _ => None,
-        }
+        let flow_bps = (self.flow_mbit * 1e6) as u64;
+        (self.network == NetKind::Emulated).then_some(Shape {
+            flow_bps,
+            aggregate_bps: (self.aggregate_mbit).map_or(flow_bps * 8, |a| (a * 1e6) as u64),
+            link_mtu: self.link_mtu,
+        })
     }
 
     /// Time between ledgers with this many subscribers, ms.
