@@ -214,9 +214,7 @@ impl Run {
     {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (progress_tx, progress_rx) = std::sync::mpsc::channel();
-        // Each end holds its thread until the last reading is taken (the gate opens), so its
-        // CPU shows in the split even when it finished first (a TCP flow ends within
-        // microseconds).
+        // Each end holds its thread until the gate opens: its CPU shows even if it finished first.
         let gate = Arc::new(std::sync::RwLock::new(()));
         let held = gate.write().unwrap_or_else(|e| e.into_inner());
         let recv = spawn_gated(RECEIVER, &gate, move || receiver(addr_rx, progress_tx))?;

@@ -1,8 +1,6 @@
-//! The emulated cloud network: two network namespaces joined by a veth pair, addresses from
-//! 198.18.0.0/15 (RFC 2544's benchmarking range), and on the relay's side an HTB qdisc with an
-//! aggregate class and one class per flow keyed by a port, so that a cap is per 5-tuple as
-//! EC2's is. [`Netem`] removes its namespaces when dropped, [`cleanup_registered`] on Ctrl-C;
-//! [`in_ns`] runs a closure on a thread inside a namespace.
+//! The emulated cloud network: two namespaces joined by a veth pair (198.18.0.0/15), on the
+//! relay's side an HTB class per flow keyed by a port, so a cap is per 5-tuple as EC2's is.
+//! [`Netem`] removes its namespaces when dropped, [`cleanup_registered`] on Ctrl-C.
 
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};

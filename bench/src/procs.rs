@@ -1,6 +1,5 @@
-//! Child processes and what `/proc` says about them: finding the workspace's binaries, CPU
-//! time (per process and per thread), resident memory sampled on a thread of its own, and
-//! waiting for a child with a deadline without losing its CPU time.
+//! Child processes and what `/proc` says about them: the workspace's binaries, CPU time, resident
+//! memory sampled on a thread of its own, and waiting for a child without losing its CPU time.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

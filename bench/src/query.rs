@@ -283,8 +283,7 @@ struct Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         kill_all(self.stand_in.as_mut_slice());
-        // Stopped, not killed: the relay stops the double, which would otherwise keep core's
-        // ports.
+        // Stopped, not killed: the relay stops the double, which would otherwise keep core's ports.
         self.relay.halt();
     }
 }

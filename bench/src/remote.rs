@@ -1,12 +1,9 @@
-//! `ledger-bench remote`: single flow against lanes on a real network: a row per lane count
-//! (`ledger-subscribe` from the tip) against a relay on another host and, with `--tcp`, one over
-//! the bench's TCP yardstick there (`ledger-bench yardstick` with the relay's source).
+//! `ledger-bench remote`: a row per lane count (`ledger-subscribe` from the tip) against a relay
+//! on another host and, with `--tcp`, one over the TCP yardstick there.
 //!
-//! **Clocks.** Delivery compares the two hosts' clocks. With `--tcp` their offset is estimated
-//! as NTP does over the yardstick (which runs on the relay's host): ((t1 - t0) + (t2 - t3)) / 2,
-//! wrong by at most half the round trip; of `--clock-probes` probes the shortest round trip is
-//! kept, before the rows and after; the mean is added to every delivery. Without `--tcp`
-//! delivery is left as the clocks say. Inter-arrival and throughput use this host's clock.
+//! **Clocks.** With `--tcp` the hosts' offset is estimated as NTP does over the yardstick:
+//! ((t1 - t0) + (t2 - t3)) / 2, within half the round trip; the best of `--clock-probes` before
+//! and after, their mean added to every delivery. Without it delivery is as the clocks say.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,7 +1,5 @@
-//! What a row measured: one [`Row`] whatever the scenario, with optional column groups
-//! (delivery, the spread between subscribers, what a tier adds, CPU over the measured window,
-//! memory, each lane, the export), printed as one table per group and written as one CSV
-//! line per row.
+//! What a row measured: one [`Row`] whatever the scenario, with optional column groups, printed
+//! as one table per group and written as one CSV line per row.
 
 use std::fmt::Write as _;
 

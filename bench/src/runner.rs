@@ -1,12 +1,10 @@
 //! The one runner: a [`Scenario`] in, what it measured ([`Taken`]) out.
 //!
-//! A relay row starts its relays (in the emulated network's relay namespace, flows capped, when
-//! there is one). Subscribers ask for `first..=last`: live, `first` is far enough ahead for every
-//! process to connect before it is published (`--start-wait`); from the ring, they start once
-//! the source finished. The measured window runs from when every subscriber holds its last
-//! warm-up ledger to when every one holds `last`: the relays' and subscribers' CPU over it and
-//! the first relay's memory sampled every 100 ms; `baseline_ledgers` and `idle` add the relay
-//! alone and with idle sessions. Every subscriber's stats file must hold exactly its ledgers.
+//! Subscribers ask for `first..=last`: live, `first` is far enough ahead for every process to
+//! connect first (`--start-wait`); from the ring, they start once the source finished. The
+//! measured window runs from when every subscriber holds its last warm-up ledger to when every
+//! one holds `last`: CPU over it, the first relay's memory every 100 ms; `baseline_ledgers` and
+//! `idle` add the relay alone and with idle sessions. Every stats file must hold its ledgers.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -561,7 +559,6 @@ fn window(
     let mut all: Vec<PathBuf> = stats.to_vec();
     all.extend(reference.map(Path::to_path_buf));
     wait_all(&all, &p.subs, sp.mark, limit)?;
-    // CPU seconds of every relay, the first relay's by thread, and every subscriber process's.
     let marks = |p: &Procs| {
         let cpu = |r: &RelayProc| cpu_seconds(r.pid).unwrap_or(f64::NAN);
         let relays: Vec<f64> = p.relays.iter().map(cpu).collect();

@@ -85,8 +85,7 @@ fn hold(
 }
 
 fn send_when_due(held: Receiver<Held>) {
-    // Sleeps may end up to the timer slack late (50 µs by default): 1 µs keeps the added delay
-    // what was asked.
+    // Sleeps may end up to the timer slack (50 µs) late: 1 µs keeps the delay what was asked.
     if let Err(e) = nix::sys::prctl::set_timerslack(1_000) {
         eprintln!("udp delay: cannot lower the timer slack ({e}); delays may run 50 µs long");
     }
