@@ -291,10 +291,9 @@ impl Run {
                 let incoming = endpoint.accept().await.context("no connection")?;
                 let conn = incoming.await?;
                 let mut stream = conn.open_uni().await?;
-                let mut next = tokio::time::Instant::now();
+                let mut tick = tokio::time::interval(cadence);
                 for _ in 0..total {
-                    tokio::time::sleep_until(next).await;
-                    next += cadence;
+                    tick.tick().await;
                     stream.write_chunk(payload.clone()).await?;
                 }
                 stream.finish()?;
@@ -346,10 +345,9 @@ impl Run {
                 let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(server))
                     .accept(tcp)
                     .await?;
-                let mut next = tokio::time::Instant::now();
+                let mut tick = tokio::time::interval(cadence);
                 for _ in 0..total {
-                    tokio::time::sleep_until(next).await;
-                    next += cadence;
+                    tick.tick().await;
                     tls.write_all(&payload).await?;
                     tls.flush().await?;
                 }

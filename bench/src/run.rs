@@ -149,16 +149,9 @@ pub fn main(a: &RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let report = run(a)?;
-    let fmt = |l: Option<[f64; 3]>| {
-        l.map_or("?".into(), |l| {
-            format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-        })
-    };
-    let head = format!(
-        "preset {}; load average {} -> {}\n",
-        a.preset,
-        fmt(report.load[0]),
-        fmt(report.load[1])
-    );
+    let fmt =
+        |l: Option<[f64; 3]>| l.map_or("?".into(), |[a, b, c]| format!("{a:.2} {b:.2} {c:.2}"));
+    let (before, after) = (fmt(report.load[0]), fmt(report.load[1]));
+    let head = format!("preset {}; load average {before} -> {after}\n", a.preset);
     crate::row::emit(&a.output, &head, &report.rows, &report)
 }

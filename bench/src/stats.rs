@@ -186,13 +186,9 @@ pub fn spread(subs: &[Vec<Record>]) -> Spread {
         if d.len() != subs.len() {
             continue;
         }
-        let (i, last) = (d.iter().copied().enumerate()).fold((0, f64::NEG_INFINITY), |m, x| {
-            if x.1 > m.1 {
-                x
-            } else {
-                m
-            }
-        });
+        // The first to finish last, as `max_by` takes the last of equals.
+        let latest = (d.iter().copied().enumerate().rev()).max_by(|a, b| a.1.total_cmp(&b.1));
+        let (i, last) = latest.unwrap_or((0, f64::NAN));
         last_count[i] += 1;
         firsts.push(d.iter().copied().fold(f64::INFINITY, f64::min));
         lasts.push(last);

@@ -300,13 +300,10 @@ pub fn main(a: &StorageArgs) -> anyhow::Result<()> {
         certs,
         ..Cluster::default()
     };
-    let tuning: Vec<String> = [
-        ("segment_mib", a.segment_mib.map(u64::from)),
-        ("flush_ms", a.flush_ms),
-    ]
-    .iter()
-    .filter_map(|(k, v)| Some(format!("{k}={}", (*v)?)))
-    .collect();
+    let segment = a.segment_mib.map(u64::from);
+    let tuning = [("segment_mib", segment), ("flush_ms", a.flush_ms)];
+    let tuning = tuning.map(|(k, v)| v.map(|v| format!("{k}={v}")));
+    let tuning: Vec<String> = tuning.into_iter().flatten().collect();
     if !tuning.is_empty() {
         c.relay_env.push((SLED_TUNING_ENV, tuning.join(",")));
     }

@@ -124,19 +124,14 @@ pub fn run(p: &StorageArgs, work: &Path) -> anyhow::Result<LakeReport> {
     let file = std::fs::File::open(p.testdata.join(TESTNET))
         .with_context(|| format!("{TESTNET} under {}", p.testdata.display()))?;
     let testnet = Records::new(file, DEFAULT_MAX_RECORD_LEN).map(|r| batch(r?));
+    let testnet: Vec<_> = testnet.collect::<anyhow::Result<_>>()?;
     let synthetic = synthetic_ledgers(&spec).map(batch);
-    let name = format!(
-        "synthetic {:.1} MiB x{}",
-        p.size as f64 / f64::from(1 << 20),
-        p.backfill_ledgers
-    );
+    let synthetic: Vec<_> = synthetic.collect::<anyhow::Result<_>>()?;
+    let (mib, n) = (p.size as f64 / f64::from(1 << 20), p.backfill_ledgers);
     let mut sets = Vec::new();
     for (name, ledgers) in [
-        (name, synthetic.collect::<anyhow::Result<_>>()?),
-        (
-            "testnet x320".into(),
-            testnet.collect::<anyhow::Result<_>>()?,
-        ),
+        (format!("synthetic {mib:.1} MiB x{n}"), synthetic),
+        ("testnet x320".into(), testnet),
     ] {
         let bucket = unique_bucket("backfill");
         server.create_bucket(&bucket)?;

@@ -38,18 +38,16 @@ pub struct Yardstick {
 }
 
 /// A connection.
-struct Conn {
-    tls: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
-}
+struct Conn(rustls::StreamOwned<rustls::ClientConnection, TcpStream>);
 
 impl Conn {
     fn send(&mut self, r: Request) -> anyhow::Result<()> {
-        self.tls.write_all(&r.encode())?;
-        Ok(self.tls.flush()?)
+        self.0.write_all(&r.encode())?;
+        Ok(self.0.flush()?)
     }
 
     fn next_reply(&mut self) -> anyhow::Result<Reply> {
-        Ok(read_reply(&mut self.tls, DEFAULT_MAX_RECORD_LEN)?)
+        Ok(read_reply(&mut self.0, DEFAULT_MAX_RECORD_LEN)?)
     }
 }
 
@@ -84,7 +82,7 @@ impl Yardstick {
         while tls.conn.is_handshaking() {
             (tls.conn.complete_io(&mut tls.sock)).context("TLS handshake")?;
         }
-        Ok(Conn { tls })
+        Ok(Conn(tls))
     }
 
     /// Sends `probes` clock probes; keeps the one with the shortest round trip.
@@ -100,11 +98,7 @@ impl Yardstick {
                     t3_ns: now_ns(),
                     ..s
                 }),
-                other => bail!(
-                    "{}: expected a clock answer, got {}",
-                    self.addr,
-                    what(&other)
-                ),
+                other => bail!("{}: expected a clock answer, got {}", at(), what(&other)),
             }
         }
         let best = best_sample(&samples).context("no clock sample")?;
@@ -124,12 +118,9 @@ impl Yardstick {
         conn.send(Request::Stream { from, count })?;
         let mut records: Vec<Record> = Vec::new();
         while records.len() < count as usize {
+            let got = records.len();
             if Instant::now() > deadline {
-                bail!(
-                    "{}: {} of {count} ledgers within {within:?}",
-                    at(),
-                    records.len()
-                );
+                bail!("{}: {got} of {count} ledgers within {within:?}", at());
             }
             let (seq, last_byte_ns, body) = match conn.next_reply().with_context(at)? {
                 Reply::Ledger {

@@ -83,10 +83,8 @@ pub fn main(a: &ServeArgs) -> anyhow::Result<()> {
     };
     let config = Arc::new(server_config(&a.certs, &a.name)?);
     let listener = TcpListener::bind(a.listen).with_context(|| format!("binding {}", a.listen))?;
-    eprintln!(
-        "ledger-bench yardstick: listening on {}",
-        listener.local_addr()?
-    );
+    let addr = listener.local_addr()?;
+    eprintln!("ledger-bench yardstick: listening on {addr}");
     let shared = Shared::default();
     let source = shared.clone();
     let (cadence, emit, keep) = (a.cadence, spec.emit.unwrap_or(a.emit), a.keep as usize);
