@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,7 +183,7 @@ fn baseline_group(comm: &str) -> &'static str {
 }
 
 /// The receiver's count of whole ledgers, for the CPU readings at the warm-up's end and the last.
-type Progress = std::sync::mpsc::Sender<u32>;
+type Progress = Sender<u32>;
 
 /// Tells `progress` of each whole ledger of `size` bytes in the `got` bytes received so far.
 fn count(got: usize, size: usize, done: &mut u32, progress: &Progress) {
@@ -207,13 +208,11 @@ impl Run {
     /// warm-up ledger and the last ledger.
     fn measure<S, R>(&self, row: CpuRow, sender: S, receiver: R) -> anyhow::Result<Measured>
     where
-        S: FnOnce(std::sync::mpsc::Sender<SocketAddr>) -> anyhow::Result<()> + Send + 'static,
-        R: FnOnce(std::sync::mpsc::Receiver<SocketAddr>, Progress) -> anyhow::Result<()>
-            + Send
-            + 'static,
+        S: FnOnce(Sender<SocketAddr>) -> anyhow::Result<()> + Send + 'static,
+        R: FnOnce(Receiver<SocketAddr>, Progress) -> anyhow::Result<()> + Send + 'static,
     {
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (progress_tx, progress_rx) = std::sync::mpsc::channel();
+        let (addr_tx, addr_rx) = channel();
+        let (progress_tx, progress_rx) = channel();
         // Each end holds its thread until the gate opens: its CPU shows even if it finished first.
         let gate = Arc::new(std::sync::RwLock::new(()));
         let held = gate.write().unwrap_or_else(|e| e.into_inner());
@@ -258,15 +257,13 @@ impl Run {
             );
         };
         let per = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(self.ledgers);
+        let split = (cputime::since(&t0, t1).into_iter()).map(|(g, d)| (g.to_string(), per(d)));
         Ok(Measured {
             row,
             ledgers: self.ledgers,
             size: self.size as u64,
             cpu_ms_per_ledger: per(c1.saturating_sub(c0)),
-            split_ms: cputime::since(&t0, t1)
-                .into_iter()
-                .map(|(g, d)| (g.to_string(), per(d)))
-                .collect(),
+            split_ms: split.collect(),
         })
     }
 
@@ -284,7 +281,7 @@ impl Run {
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
         // The sender is the server, as the relay is: a lane's server lets its peer open no
         // unidirectional stream, and sends on streams of its own.
-        let sender = move |addr_tx: std::sync::mpsc::Sender<SocketAddr>| {
+        let sender = move |addr_tx: Sender<SocketAddr>| {
             runtime()?.block_on(async move {
                 let endpoint = endpoint(&transport, Some(server))?;
                 addr_tx.send(endpoint.local_addr()?)?;
@@ -305,7 +302,7 @@ impl Run {
             })
         };
         let transport = self.transport.clone();
-        let receiver = move |addr_rx: std::sync::mpsc::Receiver<SocketAddr>, progress: Progress| {
+        let receiver = move |addr_rx: Receiver<SocketAddr>, progress: Progress| {
             runtime()?.block_on(async move {
                 let peer = addr_rx.recv_timeout(Duration::from_secs(30))?;
                 let mut endpoint = endpoint(&transport, None)?;
@@ -334,7 +331,7 @@ impl Run {
         let payload = self.payload();
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
         // The sender is the TLS server, as the relay is.
-        let sender = move |addr_tx: std::sync::mpsc::Sender<SocketAddr>| {
+        let sender = move |addr_tx: Sender<SocketAddr>| {
             runtime()?.block_on(async move {
                 let listener =
                     tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
@@ -355,7 +352,7 @@ impl Run {
                 Ok(())
             })
         };
-        let receiver = move |addr_rx: std::sync::mpsc::Receiver<SocketAddr>, progress: Progress| {
+        let receiver = move |addr_rx: Receiver<SocketAddr>, progress: Progress| {
             runtime()?.block_on(async move {
                 let peer = addr_rx.recv_timeout(Duration::from_secs(30))?;
                 let tcp = tokio::net::TcpStream::connect(peer).await?;
