@@ -216,11 +216,8 @@ fn live_keys(testnet: &Path) -> anyhow::Result<Vec<String>> {
         .filter(live)
         .collect();
     keys.sort();
-    anyhow::ensure!(
-        keys.len() >= 100,
-        "only {} live accounts at the last ledger",
-        keys.len()
-    );
+    let n = keys.len();
+    anyhow::ensure!(n >= 100, "only {n} live accounts at the last ledger");
     let b64 = |k: &&LedgerKey| -> anyhow::Result<String> {
         let s = base64::engine::general_purpose::STANDARD.encode(k.to_xdr(Limits::none())?);
         Ok((s.replace('+', "%2B").replace('/', "%2F")).replace('=', "%3D"))
@@ -292,13 +289,9 @@ impl Drop for Stack {
 fn start(a: &QueryArgs, c: &Cluster, net: &Net, dir: &Path) -> anyhow::Result<Stack> {
     let double = sibling_binary("ledger-core-double")?;
     let (file, us) = (a.testdata.join(TESTNET), (a.cadence * 1e3).round());
-    let source = format!(
-        "pipe:{} --ledgers {} --cadence {us}us --http-port {} --query-port {}",
-        double.display(),
-        file.display(),
-        DOUBLE[0],
-        DOUBLE[1]
-    );
+    let (d, f, [h, q]) = (double.display(), file.display(), DOUBLE);
+    let source =
+        format!("pipe:{d} --ledgers {f} --cadence {us}us --http-port {h} --query-port {q}");
     let extra = [("--core-http", DOUBLE[0]), ("--core-query", DOUBLE[1])]
         .map(|(flag, port)| [flag.to_owned(), format!("http://127.0.0.1:{port}")]);
     let mut s = RelaySettings::endless(4096, 1.0, a.cadence);
@@ -343,10 +336,8 @@ fn stand_in(c: &Cluster, ns: Option<&str>, relay: &str, dir: &Path) -> anyhow::R
     std::fs::create_dir_all(&home)?;
     let conf = home.join("stellar-core.conf");
     let [http, query] = STAND_IN;
-    crate::report::write(
-        &conf,
-        &format!("HTTP_PORT = {http}\nHTTP_QUERY_PORT = {query}\n"),
-    )?;
+    let text = format!("HTTP_PORT = {http}\nHTTP_QUERY_PORT = {query}\n");
+    crate::report::write(&conf, &text)?;
     let (b, conf) = (sibling_binary("ledger-captive-core")?, conf.display());
     let (b, before) = (b.display(), FIRST - 1);
     let script = format!(
@@ -389,12 +380,8 @@ fn delivery(
     let (records, samples, secs) = std::thread::scope(|s| {
         let (rpc, spec) = (net.rpc.as_deref(), &spec);
         let sub = s.spawn(move || c.run_subscriber(rpc, &stack.rpc_relay, spec, within));
-        let reached = crate::runner::wait_all(
-            std::slice::from_ref(&spec.stats),
-            &[],
-            WITHOUT.1 + 5,
-            within,
-        );
+        let stats = std::slice::from_ref(&spec.stats);
+        let reached = crate::runner::wait_all(stats, &[], WITHOUT.1 + 5, within);
         // The load ends on its own, bounded by its count, its rate and each request's timeouts.
         let t0 = Instant::now();
         let samples = reached.and_then(|()| requests(net.relayed(), &load, count, a.rate));
@@ -404,10 +391,8 @@ fn delivery(
     })?;
     let achieved_qps = samples.len() as f64 / secs.max(1e-9);
     if achieved_qps < 0.9 * a.rate {
-        bail!(
-            "the query load ran at {achieved_qps:.0}/s, not the {}/s asked",
-            a.rate
-        );
+        let rate = a.rate;
+        bail!("the query load ran at {achieved_qps:.0}/s, not the {rate}/s asked");
     }
     let span = |(from, to): (u32, u32)| {
         let within = records.iter().filter(|r| (from..to).contains(&r.seq));
@@ -518,15 +503,13 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
         None => {
             eprintln!("query: emulated network, {} ms round trip", a.rtt);
             // Uncapped: the link is only delayed.
-            let fast = 10_000_000_000;
-            let netem = Netem::create(
-                "q",
-                Shape {
-                    flow_bps: fast,
-                    aggregate_bps: fast,
-                    link_mtu: None,
-                },
-            )?;
+            let (flow_bps, aggregate_bps, link_mtu) = (10_000_000_000, 10_000_000_000, None);
+            let shape = Shape {
+                flow_bps,
+                aggregate_bps,
+                link_mtu,
+            };
+            let netem = Netem::create("q", shape)?;
             let net = Net::on("emulated", Some(&netem));
             network(a, &c, &net, tmp.path(), &keys, &mut out);
         }

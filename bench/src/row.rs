@@ -148,15 +148,10 @@ fn bound(sc: &Scenario, s: &Summary) -> Option<f64> {
         f64::from(sc.lanes)
     };
     let per_sub = shape.aggregate_bps as f64 / f64::from(sc.subscribers);
-    let cap = (lanes * shape.flow_bps as f64).min(per_sub);
+    let flow = shape.flow_bps as f64;
+    let cap = (lanes * flow).min(per_sub);
     let chunk_wire = (sc.chunk as f64 / s.ratio.max(1.0)).min(s.wire_bytes);
-    Some(model_bound_ms(
-        s.wire_bytes,
-        chunk_wire,
-        cap,
-        shape.flow_bps as f64,
-        sc.emit,
-    ))
+    Some(model_bound_ms(s.wire_bytes, chunk_wire, cap, flow, sc.emit))
 }
 
 impl Row {
@@ -347,11 +342,10 @@ pub fn table(rows: &[Row]) -> String {
     for r in rows {
         if let Some((newest, degraded)) = r.export {
             let last = r.delivery.as_ref().map_or(0, |_| r.scenario.ledgers);
+            let (name, d) = (&r.scenario.name, if degraded { ", degraded" } else { "" });
             let _ = writeln!(
                 out,
-                "{}: exported to ledger {newest}{} ({last} measured)",
-                r.scenario.name,
-                if degraded { ", degraded" } else { "" }
+                "{name}: exported to ledger {newest}{d} ({last} measured)"
             );
         }
     }
@@ -363,19 +357,13 @@ fn lanes_table(rows: &[Row]) -> String {
     for r in rows.iter().filter(|r| !r.lanes.is_empty()) {
         let total: f64 = r.lanes.iter().map(|l| l.delivered_bytes).sum();
         let caps: Option<f64> = r.lanes.iter().map(|l| l.cap_mbit).sum();
-        let of_caps = |x: f64| {
-            opt(
-                caps.map(|c| 100.0 * x / (c * 1e6 / 8.0 / f64::from(1 << 20))),
-                1,
-            )
-        };
         let xfer = r.delivery.as_ref().map_or(f64::NAN, |s| s.transfer_mib_s);
+        let of_caps = caps.map(|c| 100.0 * xfer / (c * 1e6 / 8.0 / f64::from(1 << 20)));
+        let (name, imbalance) = (&r.scenario.name, r.imbalance().map(|x| 100.0 * x));
+        let (imbalance, of_caps) = (opt(imbalance, 1), opt(of_caps, 1));
         let _ = writeln!(
             out,
-            "{}: imbalance {}%, goodput {}% of the caps",
-            r.scenario.name,
-            opt(r.imbalance().map(|x| 100.0 * x), 1),
-            of_caps(xfer)
+            "{name}: imbalance {imbalance}%, goodput {of_caps}% of the caps"
         );
         for l in &r.lanes {
             let _ = writeln!(

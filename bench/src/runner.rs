@@ -314,13 +314,11 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
         None => (2, None, u32::MAX),
     };
     let sp = Span::of(sc, start);
-    if sp.last - start + 1 > count_max {
-        bail!(
-            "the source holds {count_max} ledgers, the row needs {}",
-            sp.last - start + 1
-        );
+    let needs = sp.last - start + 1;
+    if needs > count_max {
+        bail!("the source holds {count_max} ledgers, the row needs {needs}");
     }
-    let s = settings(sc, start, sp.last - start + 1);
+    let s = settings(sc, start, needs);
     let source = source.unwrap_or_else(|| s.synthetic_source());
     let mut c = cluster(env, sc);
     c.relay_extra = relay_flags(env, sc, dir)?;
