@@ -203,9 +203,8 @@ impl Run {
         Bytes::from(crate::pipe::filler(self.size, 0x9e37_79b9_7f4a_7c15))
     }
 
-    /// Starts the two ends on threads of their own (a single-threaded runtime each, named so
-    /// their CPU is told apart), then takes CPU readings when the receiver reports the last
-    /// warm-up ledger and the last ledger.
+    /// Runs the two ends on named threads (a single-threaded runtime each) and takes CPU readings
+    /// when the receiver reports the last warm-up ledger and the last ledger.
     fn measure<S, R>(&self, row: CpuRow, sender: S, receiver: R) -> anyhow::Result<Measured>
     where
         S: FnOnce(Sender<SocketAddr>) -> anyhow::Result<()> + Send + 'static,
@@ -333,15 +332,13 @@ impl Run {
         // The sender is the TLS server, as the relay is.
         let sender = move |addr_tx: Sender<SocketAddr>| {
             runtime()?.block_on(async move {
-                let listener =
-                    tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-                        .await?;
+                let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+                let listener = tokio::net::TcpListener::bind(local).await?;
                 addr_tx.send(listener.local_addr()?)?;
                 let (tcp, _) = listener.accept().await?;
                 tcp.set_nodelay(true)?;
-                let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(server))
-                    .accept(tcp)
-                    .await?;
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+                let mut tls = acceptor.accept(tcp).await?;
                 let mut tick = tokio::time::interval(cadence);
                 for _ in 0..total {
                     tick.tick().await;
@@ -358,16 +355,11 @@ impl Run {
                 let tcp = tokio::net::TcpStream::connect(peer).await?;
                 tcp.set_nodelay(true)?;
                 let name = rustls::pki_types::ServerName::try_from("localhost")?;
-                let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
-                    .connect(name, tcp)
-                    .await?;
+                let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+                let mut tls = connector.connect(name, tcp).await?;
                 let mut buf = vec![0u8; 256 << 10];
                 let (mut got, mut done) = (0, 0);
-                loop {
-                    let n = tls.read(&mut buf).await?;
-                    if n == 0 {
-                        break;
-                    }
+                while let n @ 1.. = tls.read(&mut buf).await? {
                     got += n;
                     count(got, size, &mut done, &progress);
                 }
