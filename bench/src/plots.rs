@@ -64,11 +64,8 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
         let mut series: Vec<Series> = Vec::new();
         for r in &ok {
             let sc = &r.scenario;
-            let key = format!(
-                "{:?} {} {:?} {:?}",
-                sc.network, sc.codec, sc.carrier, sc.mode
-            )
-            .to_lowercase();
+            let (net, codec, carrier, mode) = (sc.network, &sc.codec, sc.carrier, sc.mode);
+            let key = format!("{net:?} {codec} {carrier:?} {mode:?}").to_lowercase();
             let Some(y) = y(r) else { continue };
             match series.iter_mut().find(|s| s.0 == key) {
                 Some(s) => s.1.push((x(r), y)),

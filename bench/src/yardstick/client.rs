@@ -167,13 +167,8 @@ pub fn client_config(certs: &Path, name: &str) -> anyhow::Result<rustls::ClientC
     let ca = ledger_relay_certs::load_certs(&certs.join("ca.pem"))?;
     let chain = ledger_relay_certs::load_certs(&certs.join(format!("{name}.pem")))?;
     let key = ledger_relay_certs::load_key(&certs.join(format!("{name}.key")))?;
-    Ok(ledger_relay_transport::tls::client_tls(
-        &ca,
-        &[],
-        chain,
-        key,
-        ALPN,
-    )?)
+    let tls = ledger_relay_transport::tls::client_tls(&ca, &[], chain, key, ALPN)?;
+    Ok(tls)
 }
 
 fn what(r: &Reply) -> String {

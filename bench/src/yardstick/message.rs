@@ -238,9 +238,8 @@ pub fn read_reply(r: &mut impl Read, max_len: u32) -> Result<Reply, MessageError
             if len > MAX_ERROR_LEN {
                 return Err(MessageError::ErrorTooLong { len });
             }
-            Ok(Reply::Error(
-                String::from_utf8_lossy(&read_n(r, len)?).into_owned(),
-            ))
+            let text = String::from_utf8_lossy(&read_n(r, len)?).into_owned();
+            Ok(Reply::Error(text))
         }
         LEDGER => {
             let h = read_n(r, LEDGER_HEAD_LEN - 1)?;
