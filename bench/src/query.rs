@@ -154,9 +154,8 @@ struct Sample {
     hash: u64,
 }
 
-/// `count` `POST /getledgerentry` from namespace `ns` to port `port` of its loopback, the
-/// `bodies` in turn: one at a time back to back or, with `rate` > 0, each at its time on a
-/// schedule of `rate` per second over 4 threads; in request order.
+/// `count` `POST /getledgerentry` to `port` in namespace `ns`, the `bodies` in turn, back to back
+/// or, with `rate` > 0, on a schedule of `rate` per second over 4 threads; in request order.
 fn requests(
     (ns, port): (Option<&str>, u16),
     bodies: &[String],

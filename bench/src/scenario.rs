@@ -1,9 +1,7 @@
-//! A scenario is one row of a run, as data: network, topology, source, codec, lanes,
-//! subscribers, delivery mode, ledgers. A preset file (`bench/scenarios/*.toml`, built in) holds
-//! `about`, `[defaults]`, `[sweep]` (fields whose values multiply the rows, as `--sweep` does)
-//! and `[[row]]` tables, each with a `name`. Fields are flat, so `--set` and `--sweep` reach any
-//! of them. Durations are `600ms`-style strings or milliseconds; sizes `594KiB`-style strings
-//! or bytes.
+//! A scenario is one row of a run, as data. A preset file (`bench/scenarios/*.toml`, built in)
+//! holds `about`, `[defaults]`, `[sweep]` (fields whose values multiply the rows) and `[[row]]`
+//! tables, each with a `name`. Fields are flat, so `--set` and `--sweep` reach any of them.
+//! Durations are `600ms`-style strings or milliseconds; sizes `594KiB`-style strings or bytes.
 
 use anyhow::{bail, Context};
 use serde::de::Error as _;

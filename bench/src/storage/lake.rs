@@ -1,9 +1,8 @@
-//! A SEP-54 data lake on a loopback S3-protocol server (`moto_server`, on the same cores), for
-//! synthetic ledgers and the 320 testnet ledgers. In this process: catch-up from a ring against
-//! backfill at each prefetch depth (its peak against its bound), and the lake read unchunked.
-//! Through sessions: a relay with `--backfill` and a ring smaller than the history serving a
-//! subscriber from the lake's first ledger, against a ring holding it all; the relay's memory
-//! against a session's bound, `(depth + 1) x` the largest batch.
+//! A SEP-54 data lake on a loopback S3 server (`moto_server`, on the same cores) for synthetic
+//! and the 320 testnet ledgers. In this process: catch-up from a ring against backfill at each
+//! prefetch depth (its peak against its bound), and the lake read unchunked. Through sessions: a
+//! relay with `--backfill` and a small ring serving a subscriber from the lake's first ledger,
+//! against a ring holding it all; its memory against `(depth + 1) x` the largest batch.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

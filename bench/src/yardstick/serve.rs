@@ -1,8 +1,6 @@
-//! `ledger-bench yardstick`: the TCP yardstick's server, run on a relay's host beside
-//! `ledger-relay run --source synthetic:...`. It generates the same ledgers as that source
-//! (synthetic ledgers are a function of their settings), paced alike, and serves them over
-//! mutual TLS 1.3 over TCP with the relay's certificate: each ledger once it is whole, in
-//! order, to at most [`MAX_CONNECTIONS`] clients at once.
+//! `ledger-bench yardstick`: the TCP yardstick's server, on a relay's host beside `ledger-relay
+//! run --source synthetic:...`: the same ledgers, paced alike, each sent once whole, in order,
+//! over mutual TLS 1.3 over TCP with the relay's certificate to at most [`MAX_CONNECTIONS`].
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -129,8 +127,7 @@ pub fn server_config(certs: &Path, name: &str) -> anyhow::Result<rustls::ServerC
     Ok(tls::server_tls(chain, key, verifier(certs)?, ALPN)?)
 }
 
-/// Builds each ledger ahead of its time, then holds it from its start plus the emit window on
-/// (when the relay would have read its last byte), keeping the newest `keep`.
+/// Builds each ledger ahead of its time, holds it from its start + emit window, keeps `keep`.
 fn generate(spec: &SyntheticSpec, cadence: Duration, emit: Duration, keep: usize, shared: &Shared) {
     let t0 = Instant::now();
     for (k, body) in synthetic_ledgers(spec).enumerate() {
