@@ -110,11 +110,10 @@ pub struct DeliveryRow {
 
 impl LatencyRow {
     fn failed(network: &'static str, keys: u32, e: &anyhow::Error) -> LatencyRow {
-        let error = Some(format!("{e:#}"));
         LatencyRow {
             network,
             keys,
-            error,
+            error: Some(format!("{e:#}")),
             ..Default::default()
         }
     }
@@ -122,10 +121,9 @@ impl LatencyRow {
 
 impl DeliveryRow {
     fn failed(network: &'static str, e: &anyhow::Error) -> DeliveryRow {
-        let error = Some(format!("{e:#}"));
         DeliveryRow {
             network,
-            error,
+            error: Some(format!("{e:#}")),
             ..Default::default()
         }
     }
