@@ -15,8 +15,7 @@ use crate::netem::{Netem, RELAY_ADDR};
 use crate::procs::{kill_all, log_tail, sibling_binary, track, wait_with_cpu};
 use crate::stats::Record;
 
-/// Creates an ephemeral CA in `dir`: a relay certificate for loopback and the emulated
-/// address, and client certificates `sub-0` .. `sub-{n-1}`.
+/// An ephemeral CA in `dir`: `relay` (loopback and the emulated address), `sub-0` .. `sub-{n-1}`.
 pub fn make_certs(dir: &Path, n: usize) -> anyhow::Result<()> {
     // Two days for the CA: a one-day leaf issued a second after a one-day CA would outlive it.
     let certs = ledger_relay_certs::CertDir::init(dir, 2)?;
@@ -52,8 +51,7 @@ pub struct RelaySettings {
 }
 
 impl RelaySettings {
-    /// An endless synthetic source from ledger 2 of `size`-byte ledgers at `ratio`, one per
-    /// `cadence_ms` emitted over 8 ms, zstd, 256 KiB chunks, 200 ledgers kept.
+    /// An endless synthetic source from ledger 2: 8 ms emit, zstd, 256 KiB chunks, 200 kept.
     pub fn endless(size: u64, ratio: f64, cadence_ms: f64) -> RelaySettings {
         RelaySettings {
             size,
@@ -70,17 +68,13 @@ impl RelaySettings {
 
     /// The `synthetic:` source of these settings (the ratio calibrated at the chunk size).
     pub fn synthetic_source(&self) -> String {
-        let count = self
-            .count
-            .map(|n| format!(",count={n}"))
-            .unwrap_or_default();
+        let count = self.count.map_or(String::new(), |n| format!(",count={n}"));
         let (size, ratio, start, chunk) = (self.size, self.ratio, self.start, self.chunk);
         format!("synthetic:size={size},ratio={ratio}{count},start={start},chunk={chunk}")
     }
 }
 
-/// How relays and subscribers are started: the CA, the QUIC packet sizes of both ends, and the
-/// flags and environment of every relay.
+/// How relays and subscribers are started: the CA, both ends' packet sizes, the relays' flags.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
     /// The CA directory with the relay's and the subscribers' certificates.
@@ -119,9 +113,8 @@ impl Cluster {
         Ok(cmd)
     }
 
-    /// Starts `ledger-relay run` on `source` with data under `dir`, in namespace `ns` listening
-    /// on `ip` (else on loopback), with [`Cluster::relay_extra`] and then `extra`; returns once
-    /// its log says it listens.
+    /// Starts `ledger-relay run` on `source` under `dir`, in namespace `ns` on its IP (else
+    /// loopback), with [`Cluster::relay_extra`] and `extra`; returns once its log says it listens.
     pub fn relay_in(
         &self,
         ns: Option<(&str, &str)>,
@@ -185,10 +178,8 @@ impl Cluster {
         Ok(relay)
     }
 
-    /// Starts `ledger-subscribe` for `spec`, in namespace `ns` when given, on `relays` as
-    /// `--relay` takes them (`HOST:PORT`, or `A,B` with `--hedge`). One session writes its
-    /// ledgers to /dev/null (verified all the same: order, checksums, the hash chain); several
-    /// are written nowhere.
+    /// Starts `ledger-subscribe` for `spec` (in namespace `ns`) on `relays` as `--relay` takes
+    /// them. One session writes to /dev/null (verified all the same); several write nowhere.
     pub fn subscriber(
         &self,
         ns: Option<&str>,
@@ -226,8 +217,7 @@ impl Cluster {
         Ok(child)
     }
 
-    /// Runs `spec` to its end, for at most `within`: its records and CPU seconds, or the end
-    /// of its log when it fails or takes longer (then it is killed).
+    /// Runs `spec` for at most `within`: its records and CPU seconds, or its log's end (killed).
     pub fn run_subscriber(
         &self,
         ns: Option<&str>,
@@ -345,8 +335,7 @@ pub struct SubSpec {
 }
 
 impl SubSpec {
-    /// Subscriber `name` from `from` for `count` ledgers on `lanes` lanes, its stats in
-    /// `dir/TAG.csv` and its stderr in `dir/TAG.log`, one session, no more flags.
+    /// Subscriber `name`, one session, its stats in `dir/TAG.csv` and its stderr in `dir/TAG.log`.
     pub fn new(
         name: &str,
         from: impl ToString,
@@ -413,18 +402,15 @@ pub struct Scrape {
 impl Scrape {
     /// Parses the relay's Prometheus text; other lines are skipped.
     pub fn parse(text: &str) -> Scrape {
-        let values = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (key, value) = l.rsplit_once(' ')?;
-                Some((
-                    key.strip_prefix("ledger_relay_")?.to_owned(),
-                    value.trim().parse().ok()?,
-                ))
-            })
-            .collect();
-        Scrape { values }
+        let sample = |l: &str| {
+            let (key, value) = l.rsplit_once(' ')?;
+            let key = key.strip_prefix("ledger_relay_")?;
+            Some((key.into(), value.trim().parse().ok()?))
+        };
+        let values = (text.lines().filter(|l| !l.starts_with('#'))).filter_map(sample);
+        Scrape {
+            values: values.collect(),
+        }
     }
 
     /// An unlabelled sample (0 when absent).

@@ -1,19 +1,13 @@
-//! `ledger-bench cpu`: CPU per raw ledger at its real size, against the two transports a byte
-//! could take instead, in the same run on the same machine. Each row moves `--ledgers`
-//! incompressible ledgers of `--size` over loopback at one cadence, both ends in one process,
-//! and counts that process's CPU over the ledgers after the warm-up:
-//!
-//! - `quinn`: bare quinn, one connection and one stream, with the lanes' transport settings and
-//!   mutual TLS 1.3 (same provider and certificates): the bytes on QUIC with nothing of ours;
-//! - `tls-tcp`: one TLS 1.3-over-TCP flow with the TCP yardstick's TLS: what a single flow costs;
-//! - `relay`: `ledger-relay demo --ratio 1 --codec none`, the product end to end, which prints
-//!   its own CPU per ledger split by thread group.
-//!
-//! The two baselines' receivers read and discard the bytes; the relay's subscriber reassembles.
+//! `ledger-bench cpu`: CPU per raw ledger at its real size, in one process over loopback, for
+//! bare quinn (one stream, the lanes' transport settings, mutual TLS 1.3), one TLS-over-TCP
+//! flow (the TCP yardstick's TLS) and `ledger-relay demo --ratio 1 --codec none` (the product
+//! end to end, its CPU split by thread group). The baselines' receivers discard the bytes; the
+//! relay's subscriber reassembles.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,8 +84,7 @@ pub enum CpuRow {
 impl CpuRow {
     fn name(self) -> String {
         use clap::ValueEnum;
-        self.to_possible_value()
-            .map_or_else(String::new, |v| v.get_name().to_owned())
+        (self.to_possible_value()).map_or_else(String::new, |v| v.get_name().to_owned())
     }
 }
 
@@ -182,18 +175,15 @@ const SENDER: &str = "bench-send";
 const RECEIVER: &str = "bench-recv";
 
 fn baseline_group(comm: &str) -> &'static str {
-    if comm.starts_with(SENDER) {
-        "sender"
-    } else if comm.starts_with(RECEIVER) {
-        "receiver"
-    } else {
-        "other"
+    match comm {
+        c if c.starts_with(SENDER) => "sender",
+        c if c.starts_with(RECEIVER) => "receiver",
+        _ => "other",
     }
 }
 
-/// When the receiver had each whole ledger, counted from its first byte; sent back so the main
-/// thread can take the CPU readings at the warm-up's end and at the last ledger.
-type Progress = std::sync::mpsc::Sender<u32>;
+/// The receiver's count of whole ledgers, for the CPU readings at the warm-up's end and the last.
+type Progress = Sender<u32>;
 
 /// Tells `progress` of each whole ledger of `size` bytes in the `got` bytes received so far.
 fn count(got: usize, size: usize, done: &mut u32, progress: &Progress) {
@@ -213,35 +203,20 @@ impl Run {
         Bytes::from(crate::pipe::filler(self.size, 0x9e37_79b9_7f4a_7c15))
     }
 
-    /// Starts the two ends on threads of their own (a single-threaded runtime each, named so
-    /// their CPU is told apart), then takes CPU readings when the receiver reports the last
-    /// warm-up ledger and the last ledger.
+    /// Runs the two ends on named threads (a single-threaded runtime each) and takes CPU readings
+    /// when the receiver reports the last warm-up ledger and the last ledger.
     fn measure<S, R>(&self, row: CpuRow, sender: S, receiver: R) -> anyhow::Result<Measured>
     where
-        S: FnOnce(std::sync::mpsc::Sender<SocketAddr>) -> anyhow::Result<()> + Send + 'static,
-        R: FnOnce(std::sync::mpsc::Receiver<SocketAddr>, Progress) -> anyhow::Result<()>
-            + Send
-            + 'static,
+        S: FnOnce(Sender<SocketAddr>) -> anyhow::Result<()> + Send + 'static,
+        R: FnOnce(Receiver<SocketAddr>, Progress) -> anyhow::Result<()> + Send + 'static,
     {
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (progress_tx, progress_rx) = std::sync::mpsc::channel();
-        // Each end holds its thread until the last reading is taken (the gate opens), so its
-        // CPU shows in the split even when it finished first (a TCP flow ends within
-        // microseconds).
+        let (addr_tx, addr_rx) = channel();
+        let (progress_tx, progress_rx) = channel();
+        // Each end holds its thread until the gate opens: its CPU shows even if it finished first.
         let gate = Arc::new(std::sync::RwLock::new(()));
         let held = gate.write().unwrap_or_else(|e| e.into_inner());
-        let g = gate.clone();
-        let recv = spawn_named(RECEIVER, move || {
-            let r = receiver(addr_rx, progress_tx);
-            drop(g.read());
-            r
-        })?;
-        let g = gate.clone();
-        let send = spawn_named(SENDER, move || {
-            let r = sender(addr_tx);
-            drop(g.read());
-            r
-        })?;
+        let recv = spawn_gated(RECEIVER, &gate, move || receiver(addr_rx, progress_tx))?;
+        let send = spawn_gated(SENDER, &gate, move || sender(addr_tx))?;
         let limit = self.cadence * (self.total() + 10) + Duration::from_secs(60);
         let deadline = Instant::now() + limit;
         let (mut start, mut end) = (None, None);
@@ -270,9 +245,7 @@ impl Run {
                 stuck.push(side);
                 continue;
             }
-            let joined = handle
-                .join()
-                .map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
+            let joined = (handle.join()).map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
             joined?.with_context(|| format!("{name} {side}"))?;
         }
         let (true, Some((Some(c0), t0)), Some((Some(c1), t1))) = (stuck.is_empty(), start, end)
@@ -283,15 +256,13 @@ impl Run {
             );
         };
         let per = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(self.ledgers);
+        let split = (cputime::since(&t0, t1).into_iter()).map(|(g, d)| (g.to_string(), per(d)));
         Ok(Measured {
             row,
             ledgers: self.ledgers,
             size: self.size as u64,
             cpu_ms_per_ledger: per(c1.saturating_sub(c0)),
-            split_ms: cputime::since(&t0, t1)
-                .into_iter()
-                .map(|(g, d)| (g.to_string(), per(d)))
-                .collect(),
+            split_ms: split.collect(),
         })
     }
 
@@ -309,21 +280,16 @@ impl Run {
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
         // The sender is the server, as the relay is: a lane's server lets its peer open no
         // unidirectional stream, and sends on streams of its own.
-        let sender = move |addr_tx: std::sync::mpsc::Sender<SocketAddr>| {
+        let sender = move |addr_tx: Sender<SocketAddr>| {
             runtime()?.block_on(async move {
-                let socket = ledger_relay_transport::udp_socket(
-                    SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-                    &transport,
-                )?;
-                let endpoint = ledger_relay_transport::endpoint(socket, Some(server), &transport)?;
+                let endpoint = endpoint(&transport, Some(server))?;
                 addr_tx.send(endpoint.local_addr()?)?;
                 let incoming = endpoint.accept().await.context("no connection")?;
                 let conn = incoming.await?;
                 let mut stream = conn.open_uni().await?;
-                let mut next = tokio::time::Instant::now();
+                let mut tick = tokio::time::interval(cadence);
                 for _ in 0..total {
-                    tokio::time::sleep_until(next).await;
-                    next += cadence;
+                    tick.tick().await;
                     stream.write_chunk(payload.clone()).await?;
                 }
                 stream.finish()?;
@@ -335,14 +301,10 @@ impl Run {
             })
         };
         let transport = self.transport.clone();
-        let receiver = move |addr_rx: std::sync::mpsc::Receiver<SocketAddr>, progress: Progress| {
+        let receiver = move |addr_rx: Receiver<SocketAddr>, progress: Progress| {
             runtime()?.block_on(async move {
                 let peer = addr_rx.recv_timeout(Duration::from_secs(30))?;
-                let socket = ledger_relay_transport::udp_socket(
-                    SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-                    &transport,
-                )?;
-                let mut endpoint = ledger_relay_transport::endpoint(socket, None, &transport)?;
+                let mut endpoint = endpoint(&transport, None)?;
                 endpoint.set_default_client_config(client);
                 let conn = endpoint.connect(peer, "localhost")?.await?;
                 let mut stream = conn.accept_uni().await?;
@@ -368,21 +330,18 @@ impl Run {
         let payload = self.payload();
         let (total, cadence, size) = (self.total(), self.cadence, self.size);
         // The sender is the TLS server, as the relay is.
-        let sender = move |addr_tx: std::sync::mpsc::Sender<SocketAddr>| {
+        let sender = move |addr_tx: Sender<SocketAddr>| {
             runtime()?.block_on(async move {
-                let listener =
-                    tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-                        .await?;
+                let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+                let listener = tokio::net::TcpListener::bind(local).await?;
                 addr_tx.send(listener.local_addr()?)?;
                 let (tcp, _) = listener.accept().await?;
                 tcp.set_nodelay(true)?;
-                let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(server))
-                    .accept(tcp)
-                    .await?;
-                let mut next = tokio::time::Instant::now();
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+                let mut tls = acceptor.accept(tcp).await?;
+                let mut tick = tokio::time::interval(cadence);
                 for _ in 0..total {
-                    tokio::time::sleep_until(next).await;
-                    next += cadence;
+                    tick.tick().await;
                     tls.write_all(&payload).await?;
                     tls.flush().await?;
                 }
@@ -390,22 +349,17 @@ impl Run {
                 Ok(())
             })
         };
-        let receiver = move |addr_rx: std::sync::mpsc::Receiver<SocketAddr>, progress: Progress| {
+        let receiver = move |addr_rx: Receiver<SocketAddr>, progress: Progress| {
             runtime()?.block_on(async move {
                 let peer = addr_rx.recv_timeout(Duration::from_secs(30))?;
                 let tcp = tokio::net::TcpStream::connect(peer).await?;
                 tcp.set_nodelay(true)?;
                 let name = rustls::pki_types::ServerName::try_from("localhost")?;
-                let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
-                    .connect(name, tcp)
-                    .await?;
+                let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+                let mut tls = connector.connect(name, tcp).await?;
                 let mut buf = vec![0u8; 256 << 10];
                 let (mut got, mut done) = (0, 0);
-                loop {
-                    let n = tls.read(&mut buf).await?;
-                    if n == 0 {
-                        break;
-                    }
+                while let n @ 1.. = tls.read(&mut buf).await? {
                     got += n;
                     count(got, size, &mut done, &progress);
                 }
@@ -436,9 +390,7 @@ impl Run {
                 cmd.args([flag, &m.to_string()]);
             }
         }
-        let out = cmd
-            .stderr(std::process::Stdio::inherit())
-            .output()
+        let out = (cmd.stderr(std::process::Stdio::inherit()).output())
             .context("running ledger-relay demo")?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
@@ -448,8 +400,7 @@ impl Run {
     }
 }
 
-/// The figures of `ledger-relay demo`'s CPU lines: `cpu (...): X ms per ledger` and `of which,
-/// ms per ledger: group X, ...`.
+/// The figures of `ledger-relay demo`'s CPU lines.
 pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measured> {
     let total = text
         .lines()
@@ -460,10 +411,8 @@ pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measure
         })
         .with_context(|| format!("no CPU line in the demo's output:\n{text}"))?;
     let mut split = BTreeMap::new();
-    if let Some(line) = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("of which, ms per ledger: "))
-    {
+    let mut lines = text.lines();
+    if let Some(line) = lines.find_map(|l| l.trim().strip_prefix("of which, ms per ledger: ")) {
         for part in line.split(", ") {
             if let Some((group, ms)) = part.rsplit_once(' ') {
                 if let Ok(ms) = ms.parse::<f64>() {
@@ -481,9 +430,7 @@ pub fn parse_demo(text: &str, ledgers: u32, size: u64) -> anyhow::Result<Measure
     })
 }
 
-/// What a QUIC connection's sender did: the path MTU it reached, packets and how many system
-/// calls carried them (GSO batches), losses, and MTU probes and black holes (which fall back to
-/// 1200-byte packets).
+/// What a QUIC sender did: path MTU, packets per send (GSO), losses, MTU probes, black holes.
 fn path_line(s: &quinn::ConnectionStats) -> String {
     format!(
         "path MTU {} B, {} packets in {} sends ({:.1} per send), {} lost, {} MTU probes ({} lost), {} black holes, {} congestion events",
@@ -500,14 +447,25 @@ fn path_line(s: &quinn::ConnectionStats) -> String {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
+    Ok((tokio::runtime::Builder::new_current_thread().enable_all()).build()?)
 }
 
-fn spawn_named<T: Send + 'static>(
+/// `f` on a thread named `name` that ends only once `gate` opens.
+fn spawn_gated<T: Send + 'static>(
     name: &str,
+    gate: &Arc<std::sync::RwLock<()>>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> anyhow::Result<std::thread::JoinHandle<T>> {
-    Ok(std::thread::Builder::new().name(name.into()).spawn(f)?)
+    let gate = gate.clone();
+    let gated = move || (f(), drop(gate.read())).0;
+    Ok(std::thread::Builder::new().name(name.into()).spawn(gated)?)
+}
+
+/// A quinn endpoint on a loopback port, a server with `server`.
+fn endpoint(
+    t: &TransportSettings,
+    server: Option<quinn::ServerConfig>,
+) -> anyhow::Result<quinn::Endpoint> {
+    let socket = ledger_relay_transport::udp_socket(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), t)?;
+    Ok(ledger_relay_transport::endpoint(socket, server, t)?)
 }

@@ -1,12 +1,7 @@
-//! `ledger-bench`: what lanes buy and what they cost.
-//!
-//! `run` takes scenarios as data ([`scenario`]: presets, fields set by flags, sweeps) through
-//! one runner ([`runner`]) with the real `ledger-relay` and `ledger-subscribe` binaries, on
-//! loopback or an emulated cloud network ([`netem`]), and prints one kind of row ([`row`]).
-//! `remote` runs such rows against a relay on another host beside the bench's TCP yardstick
-//! ([`yardstick`]), which `yardstick` serves there. `cpu` measures transport cost in one
-//! process, `storage` the ring's disk and a data lake's writes and backfill, `query` what
-//! carrying stellar-core's query port through relays adds ([`query`]).
+//! `ledger-bench`: what lanes buy and what they cost. `run`: scenarios as data ([`scenario`])
+//! through one runner ([`runner`]) on loopback or an emulated network ([`netem`]), one kind of row
+//! ([`row`]); `remote`: such rows against another host, beside the TCP [`yardstick`]; `cpu`,
+//! `storage` and `query`: transport cost, the ring and a data lake, and core's query port.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,8 +1,6 @@
-//! The emulated cloud network: two network namespaces joined by a veth pair, addresses from
-//! 198.18.0.0/15 (RFC 2544's benchmarking range), and on the relay's side an HTB qdisc with an
-//! aggregate class and one class per flow keyed by a port, so that a cap is per 5-tuple as
-//! EC2's is. [`Netem`] removes its namespaces when dropped, [`cleanup_registered`] on Ctrl-C;
-//! [`in_ns`] runs a closure on a thread inside a namespace.
+//! The emulated cloud network: two namespaces joined by a veth pair (198.18.0.0/15), on the
+//! relay's side an HTB class per flow keyed by a port, so a cap is per 5-tuple as EC2's is.
+//! [`Netem`] removes its namespaces when dropped, [`cleanup_registered`] on Ctrl-C.
 
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
@@ -24,12 +22,11 @@ pub fn unavailable_reason() -> Option<String> {
         return Some("not root: network namespaces and tc qdiscs need root".into());
     }
     for tool in ["ip", "tc"] {
-        let found = Command::new(tool)
-            .arg("-V")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if found.is_err() {
+        let mut cmd = Command::new(tool);
+        if (cmd.arg("-V").stdout(Stdio::null()).stderr(Stdio::null()))
+            .status()
+            .is_err()
+        {
             return Some(format!("`{tool}` not found (install iproute2)"));
         }
     }
@@ -74,10 +71,10 @@ fn run(line: &str) -> anyhow::Result<()> {
 }
 
 fn delete_ns(name: &str) {
-    let _ = Command::new("ip")
+    let _ = (Command::new("ip")
         .args(["netns", "del", name])
-        .stderr(Stdio::null())
-        .status();
+        .stderr(Stdio::null()))
+    .status();
 }
 
 /// Removes every namespace this process created (for the Ctrl-C handler).
@@ -90,9 +87,8 @@ pub fn cleanup_registered() {
 }
 
 impl Netem {
-    /// Creates the namespaces (named after our pid and `tag`, so parallel runs do not collide),
-    /// the veth pair, its MTU and an HTB root with the aggregate class; flows get their own
-    /// classes with [`Netem::cap_port`] and [`Netem::cap_source_port`].
+    /// Creates the namespaces (named after our pid and `tag`), the veth pair and an HTB root with
+    /// the aggregate class; [`Netem::cap_port`] and [`Netem::cap_source_port`] add the flows.
     pub fn create(tag: &str, shape: Shape) -> anyhow::Result<Netem> {
         if let Some(reason) = unavailable_reason() {
             bail!("emulated network unavailable: {reason}");
@@ -199,7 +195,5 @@ pub fn in_ns<T: Send + 'static>(
         }
         f()
     });
-    thread
-        .join()
-        .map_err(|_| anyhow::anyhow!("a thread in a namespace panicked"))?
+    (thread.join()).map_err(|_| anyhow::anyhow!("a thread in a namespace panicked"))?
 }

@@ -25,8 +25,7 @@ pub fn filler(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// `count` ledgers of `size` bytes, one per `cadence_ms`, each written over `emit_ms`; one
-/// record per ledger.
+/// `count` ledgers of `size` bytes every `cadence_ms`, each written over `emit_ms`.
 pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Result<Vec<Record>> {
     let (r, w) = nix::unistd::pipe().context("creating a pipe")?;
     let (mut reader, mut writer) = (std::fs::File::from(r), std::fs::File::from(w));
@@ -56,10 +55,8 @@ pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Re
         buf.resize((u32::from_be_bytes(h) & 0x7fff_ffff) as usize, 0);
         reader.read_exact(&mut buf)?;
         let received = now_ns() as f64 / 1e6;
-        let last = stamped
-            .recv_timeout(Duration::from_secs(5))
-            .context("the writer's stamp")? as f64
-            / 1e6;
+        let stamp = (stamped.recv_timeout(Duration::from_secs(5))).context("the writer's stamp")?;
+        let last = stamp as f64 / 1e6;
         out.push(Record {
             seq,
             raw_bytes: buf.len() as u64,
@@ -70,8 +67,6 @@ pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Re
         });
         prev = Some(received);
     }
-    write
-        .join()
-        .map_err(|_| anyhow::anyhow!("the pipe's writer panicked"))??;
+    (write.join()).map_err(|_| anyhow::anyhow!("the pipe's writer panicked"))??;
     Ok(out)
 }

@@ -9,8 +9,7 @@ use plotters::prelude::*;
 use crate::row::Row;
 use crate::scenario::Mode;
 
-/// Draws the plots `out` asks for; one that cannot be drawn is reported on stderr (the rows
-/// are measured already).
+/// Draws the plots `out` asks for; one that cannot be drawn is reported on stderr.
 pub fn draw(out: &crate::report::Output, rows: &[Row]) {
     if let Some(dir) = &out.plots {
         match plots(rows, dir) {
@@ -49,14 +48,9 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
         .filter(|r| r.scenario.mode != Mode::CatchUp && !r.delivery_ms.is_empty())
         .map(|r| {
             let n = r.delivery_ms.len() as f64;
-            (
-                r.scenario.name.clone(),
-                r.delivery_ms
-                    .iter()
-                    .enumerate()
-                    .map(|(k, d)| (d.max(0.011).log10(), (k + 1) as f64 / n))
-                    .collect(),
-            )
+            let point = |(k, d): (usize, &f64)| (d.max(0.011).log10(), (k + 1) as f64 / n);
+            let points = r.delivery_ms.iter().enumerate().map(point);
+            (r.scenario.name.clone(), points.collect())
         })
         .collect();
     let cdf_labels = [
@@ -70,11 +64,8 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
         let mut series: Vec<Series> = Vec::new();
         for r in &ok {
             let sc = &r.scenario;
-            let key = format!(
-                "{:?} {} {:?} {:?}",
-                sc.network, sc.codec, sc.carrier, sc.mode
-            )
-            .to_lowercase();
+            let (net, codec, carrier, mode) = (sc.network, &sc.codec, sc.carrier, sc.mode);
+            let key = format!("{net:?} {codec} {carrier:?} {mode:?}").to_lowercase();
             let Some(y) = y(r) else { continue };
             match series.iter_mut().find(|s| s.0 == key) {
                 Some(s) => s.1.push((x(r), y)),
@@ -82,9 +73,7 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
             }
         }
         series.retain(|s| s.1.len() > 1 && s.1.iter().any(|p| p.0 != s.1[0].0));
-        series
-            .iter_mut()
-            .for_each(|s| s.1.sort_by(|a, b| a.0.total_cmp(&b.0)));
+        (series.iter_mut()).for_each(|s| s.1.sort_by(|a, b| a.0.total_cmp(&b.0)));
         series
     };
     type Axis = fn(&Row) -> f64;

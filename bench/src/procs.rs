@@ -1,6 +1,5 @@
-//! Child processes and what `/proc` says about them: finding the workspace's binaries, CPU
-//! time (per process and per thread), resident memory sampled on a thread of its own, and
-//! waiting for a child with a deadline without losing its CPU time.
+//! Child processes and what `/proc` says about them: the workspace's binaries, CPU time, resident
+//! memory sampled on a thread of its own, and waiting for a child without losing its CPU time.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,8 +14,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-/// Finds `name` next to the running executable (`target/release/` for `ledger-bench`; one
-/// level up for test binaries in `target/*/deps/`).
+/// Finds `name` next to the running executable, or one level up (test binaries in `deps/`).
 pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the running executable")?;
     let mut dir = exe.parent().map(Path::to_path_buf);
@@ -33,8 +31,7 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     )
 }
 
-/// Waits until `child`'s log holds `what`; fails, with the log's end, if it exits or `within`
-/// passes first.
+/// Waits until `child`'s log holds `what`; fails if it exits or `within` passes first.
 pub fn wait_log(child: &mut Child, log: &Path, what: &str, within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     while !std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)) {
@@ -100,9 +97,10 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
 /// The number of field `field` in `/proc/PID/FILE` (`io`'s `wchar`).
 pub fn proc_value(pid: u32, file: &str, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'));
+    value?.split_whitespace().next()?.parse().ok()
 }
 
 /// The machine's load averages (1, 5, 15 min).
@@ -110,7 +108,6 @@ pub fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     let v: Vec<f64> = text
         .split_whitespace()
-        .take(3)
         .filter_map(|f| f.parse().ok())
         .collect();
     Some([*v.first()?, *v.get(1)?, *v.get(2)?])
@@ -147,8 +144,7 @@ pub fn wait_with_cpu(
     Ok(Some((status, cpu)))
 }
 
-/// Sends SIGINT (graceful stop) to `child`, waits up to `grace`, then SIGKILL; the exit status
-/// and CPU seconds when it stopped by itself.
+/// SIGINT to `child`, SIGKILL after `grace`; its exit status and CPU seconds if it stopped.
 pub fn stop(child: &mut Child, grace: Duration) -> Option<(ExitStatus, f64)> {
     let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
     match wait_with_cpu(child, Instant::now() + grace) {
@@ -213,8 +209,7 @@ pub struct RssSampler {
 }
 
 impl RssSampler {
-    /// Starts sampling `pid` every `every`; stops by itself when the process is gone or after
-    /// `limit` samples.
+    /// Samples `pid` every `every` until it is gone or `limit` samples are taken.
     pub fn start(pid: u32, every: Duration, limit: usize) -> RssSampler {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();

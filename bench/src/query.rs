@@ -1,23 +1,13 @@
 //! `ledger-bench query`: what carrying stellar-core's query port through relays adds.
 //!
-//! Per network (loopback, and the emulated one: the two namespaces of [`crate::netem`],
-//! uncapped, with a [`delay`] of half `--rtt` each way in front of the relay, root only): a
-//! relay whose `pipe:` source is `ledger-core-double` replaying the testnet ledgers at
-//! `--cadence`, the double's ports forwarded (`--core-http`, `--core-query`), and on the RPC side
-//! the stand-in (`ledger-captive-core`) serving core's query port through that relay.
-//!
-//! - **delivery** (while ledgers flow): a `ledger-subscribe` on the RPC side takes the
-//!   ledgers; its delivery p99 over one span of ledgers without queries and over the next with
-//!   `--rate` queries/s (10 keys each) through the stand-in.
-//! - **latency** (after the last ledger, so every answer is for the same state):
-//!   `getLedgerEntries` of 1, 10 and 100 keys as stellar-rpc sends them (`ledgerSeq` set),
-//!   each on a fresh connection (core closes after each answer), one at a time, in alternating
-//!   rounds: to the double from its own side (what an RPC box running its own core sees) and to
-//!   the stand-in (stand-in -> relay -> double). Added latency is the difference of the
-//!   quantiles. Every answer through the relay is compared with the direct one, request by
-//!   request.
-//!
-//! The query clients are threads of this process inside the side they measure from.
+//! Per network (loopback; the emulated one, root only: [`crate::netem`]'s namespaces, uncapped,
+//! a [`delay`] of half `--rtt` each way in front of the relay): a relay whose `pipe:` source is
+//! `ledger-core-double` with its ports forwarded, and on the RPC side the stand-in
+//! (`ledger-captive-core`) serving core's query port through that relay. **delivery**: a
+//! subscriber's p99 over ledgers without queries, then with `--rate` queries/s. **latency**
+//! (after the last ledger, so every answer is for the same state): `getLedgerEntries` as
+//! stellar-rpc sends them, one at a time, alternating the double called directly and the
+//! stand-in; every relayed answer is compared with the direct one.
 
 pub mod delay;
 
@@ -42,8 +32,7 @@ const LAST: u32 = 1_410_367;
 /// The ledgers a delivery row counts without queries, and with them.
 const WITHOUT: (u32, u32) = (FIRST + 40, FIRST + 160);
 const WITH: (u32, u32) = (FIRST + 180, FIRST + 300);
-/// HTTP and query ports of the double and of the stand-in, inside their side (each namespace
-/// has its own, so fixed numbers do not clash), and of the delay in front of the relay.
+/// HTTP and query ports of the double, of the stand-in (each side has its own), and the delay.
 const DOUBLE: [u16; 2] = [21626, 21628];
 const STAND_IN: [u16; 2] = [11626, 11628];
 const DELAY_PORT: u16 = 27400;
@@ -121,11 +110,10 @@ pub struct DeliveryRow {
 
 impl LatencyRow {
     fn failed(network: &'static str, keys: u32, e: &anyhow::Error) -> LatencyRow {
-        let error = Some(format!("{e:#}"));
         LatencyRow {
             network,
             keys,
-            error,
+            error: Some(format!("{e:#}")),
             ..Default::default()
         }
     }
@@ -133,10 +121,9 @@ impl LatencyRow {
 
 impl DeliveryRow {
     fn failed(network: &'static str, e: &anyhow::Error) -> DeliveryRow {
-        let error = Some(format!("{e:#}"));
         DeliveryRow {
             network,
-            error,
+            error: Some(format!("{e:#}")),
             ..Default::default()
         }
     }
@@ -157,8 +144,7 @@ pub struct QueryReport {
     pub emulated_skipped: Option<String>,
 }
 
-/// One request's outcome: status (0: no answer), ms from connect to the end of the answer,
-/// and a hash of status and body.
+/// One request: status (0: no answer), ms from connect to the answer's end, hash of the answer.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     status: u16,
@@ -166,9 +152,8 @@ struct Sample {
     hash: u64,
 }
 
-/// `count` `POST /getledgerentry` from namespace `ns` to port `port` of its loopback, the
-/// `bodies` in turn: one at a time back to back or, with `rate` > 0, each at its time on a
-/// schedule of `rate` per second over 4 threads; in request order.
+/// `count` `POST /getledgerentry` to `port` in namespace `ns`, the `bodies` in turn, back to back
+/// or, with `rate` > 0, on a schedule of `rate` per second over 4 threads; in request order.
 fn requests(
     (ns, port): (Option<&str>, u16),
     bodies: &[String],
@@ -228,16 +213,11 @@ fn live_keys(testnet: &Path) -> anyhow::Result<Vec<String>> {
         .filter(live)
         .collect();
     keys.sort();
-    anyhow::ensure!(
-        keys.len() >= 100,
-        "only {} live accounts at the last ledger",
-        keys.len()
-    );
+    let n = keys.len();
+    anyhow::ensure!(n >= 100, "only {n} live accounts at the last ledger");
     let b64 = |k: &&LedgerKey| -> anyhow::Result<String> {
         let s = base64::engine::general_purpose::STANDARD.encode(k.to_xdr(Limits::none())?);
-        Ok(s.replace('+', "%2B")
-            .replace('/', "%2F")
-            .replace('=', "%3D"))
+        Ok((s.replace('+', "%2B").replace('/', "%2F")).replace('=', "%3D"))
     };
     keys.iter().take(100).map(b64).collect()
 }
@@ -245,9 +225,8 @@ fn live_keys(testnet: &Path) -> anyhow::Result<Vec<String>> {
 /// `count` form bodies of `n` keys each (in turn from `keys`), with `ledgerSeq` if given.
 pub fn bodies(keys: &[String], n: usize, count: usize, seq: Option<u32>) -> Vec<String> {
     let body = |b: usize| {
-        let mut parts: Vec<String> = (0..n)
-            .map(|j| format!("key={}", keys[(b * n + j) % keys.len()]))
-            .collect();
+        let key = |j| format!("key={}", keys[(b * n + j) % keys.len()]);
+        let mut parts: Vec<String> = (0..n).map(key).collect();
         parts.extend(seq.map(|s| format!("ledgerSeq={s}")));
         parts.join("&")
     };
@@ -259,14 +238,11 @@ pub fn min_rtt(path: &Path) -> Option<f64> {
     let text = std::fs::read_to_string(path).ok()?;
     let mut lines = text.lines();
     let col = lines.next()?.split(',').position(|h| h == "min_rtt_ms")?;
-    lines
-        .filter_map(|l| l.split(',').nth(col)?.parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
-        .min_by(f64::total_cmp)
+    let rtts = lines.filter_map(|l| l.split(',').nth(col)?.parse::<f64>().ok());
+    rtts.filter(|v| *v > 0.0).min_by(f64::total_cmp)
 }
 
-/// Where a network's sides run: both on this host, or core's in the emulated network's relay
-/// namespace and the RPC box's in its subscriber namespace.
+/// Where core's side and the RPC box's run (namespaces of the emulated network, or this host).
 struct Net {
     name: &'static str,
     core: Option<String>,
@@ -274,6 +250,11 @@ struct Net {
 }
 
 impl Net {
+    fn on(name: &'static str, n: Option<&Netem>) -> Net {
+        let (core, rpc) = (n.map(|n| n.relay_ns.clone()), n.map(|n| n.sub_ns.clone()));
+        Net { name, core, rpc }
+    }
+
     /// The double's query port from core's side.
     fn direct(&self) -> (Option<&str>, u16) {
         (self.core.as_deref(), DOUBLE[1])
@@ -285,8 +266,7 @@ impl Net {
     }
 }
 
-/// A network's processes, stopped when dropped: the relay with the double as its source, and
-/// the stand-in on it (through the delay on the emulated network).
+/// A network's relay (the double its source) and stand-in, stopped when dropped.
 struct Stack {
     relay: RelayProc,
     stand_in: Option<Child>,
@@ -297,8 +277,7 @@ struct Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         kill_all(self.stand_in.as_mut_slice());
-        // Stopped, not killed: the relay stops the double, which would otherwise keep core's
-        // ports.
+        // Stopped, not killed: the relay stops the double, which would otherwise keep core's ports.
         self.relay.halt();
     }
 }
@@ -307,13 +286,9 @@ impl Drop for Stack {
 fn start(a: &QueryArgs, c: &Cluster, net: &Net, dir: &Path) -> anyhow::Result<Stack> {
     let double = sibling_binary("ledger-core-double")?;
     let (file, us) = (a.testdata.join(TESTNET), (a.cadence * 1e3).round());
-    let source = format!(
-        "pipe:{} --ledgers {} --cadence {us}us --http-port {} --query-port {}",
-        double.display(),
-        file.display(),
-        DOUBLE[0],
-        DOUBLE[1]
-    );
+    let (d, f, [h, q]) = (double.display(), file.display(), DOUBLE);
+    let source =
+        format!("pipe:{d} --ledgers {f} --cadence {us}us --http-port {h} --query-port {q}");
     let extra = [("--core-http", DOUBLE[0]), ("--core-query", DOUBLE[1])]
         .map(|(flag, port)| [flag.to_owned(), format!("http://127.0.0.1:{port}")]);
     let mut s = RelaySettings::endless(4096, 1.0, a.cadence);
@@ -336,10 +311,7 @@ fn start(a: &QueryArgs, c: &Cluster, net: &Net, dir: &Path) -> anyhow::Result<St
     let stand_in = stack.stand_in.insert(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     let probe = ["key=AAAA".to_owned()];
-    while requests(net.relayed(), &probe, 1, 0.0)?
-        .iter()
-        .all(|s| s.status == 0)
-    {
+    while (requests(net.relayed(), &probe, 1, 0.0)?.iter()).all(|s| s.status == 0) {
         if let Some(st) = stand_in.try_wait()? {
             let log = log_tail(&dir.join("stand-in.log"), 5);
             bail!("the stand-in exited ({st}): {log}");
@@ -361,10 +333,8 @@ fn stand_in(c: &Cluster, ns: Option<&str>, relay: &str, dir: &Path) -> anyhow::R
     std::fs::create_dir_all(&home)?;
     let conf = home.join("stellar-core.conf");
     let [http, query] = STAND_IN;
-    crate::report::write(
-        &conf,
-        &format!("HTTP_PORT = {http}\nHTTP_QUERY_PORT = {query}\n"),
-    )?;
+    let text = format!("HTTP_PORT = {http}\nHTTP_QUERY_PORT = {query}\n");
+    crate::report::write(&conf, &text)?;
     let (b, conf) = (sibling_binary("ledger-captive-core")?, conf.display());
     let (b, before) = (b.display(), FIRST - 1);
     let script = format!(
@@ -388,8 +358,7 @@ fn stand_in(c: &Cluster, ns: Option<&str>, relay: &str, dir: &Path) -> anyhow::R
     Ok(child)
 }
 
-/// Delivery to a subscriber beside the stand-in over [`WITHOUT`], then over [`WITH`] with
-/// `--rate` queries/s through the stand-in.
+/// Delivery beside the stand-in over [`WITHOUT`], then over [`WITH`] with `--rate` queries/s.
 fn delivery(
     a: &QueryArgs,
     c: &Cluster,
@@ -408,27 +377,19 @@ fn delivery(
     let (records, samples, secs) = std::thread::scope(|s| {
         let (rpc, spec) = (net.rpc.as_deref(), &spec);
         let sub = s.spawn(move || c.run_subscriber(rpc, &stack.rpc_relay, spec, within));
-        let reached = crate::runner::wait_all(
-            std::slice::from_ref(&spec.stats),
-            &[],
-            WITHOUT.1 + 5,
-            within,
-        );
+        let stats = std::slice::from_ref(&spec.stats);
+        let reached = crate::runner::wait_all(stats, &[], WITHOUT.1 + 5, within);
         // The load ends on its own, bounded by its count, its rate and each request's timeouts.
         let t0 = Instant::now();
         let samples = reached.and_then(|()| requests(net.relayed(), &load, count, a.rate));
         let secs = t0.elapsed().as_secs_f64();
-        let records = sub
-            .join()
-            .map_err(|_| anyhow::anyhow!("the subscriber panicked"));
+        let records = (sub.join()).map_err(|_| anyhow::anyhow!("the subscriber panicked"));
         anyhow::Ok((records??.0, samples?, secs))
     })?;
     let achieved_qps = samples.len() as f64 / secs.max(1e-9);
     if achieved_qps < 0.9 * a.rate {
-        bail!(
-            "the query load ran at {achieved_qps:.0}/s, not the {}/s asked",
-            a.rate
-        );
+        let rate = a.rate;
+        bail!("the query load ran at {achieved_qps:.0}/s, not the {rate}/s asked");
     }
     let span = |(from, to): (u32, u32)| {
         let within = records.iter().filter(|r| (from..to).contains(&r.seq));
@@ -447,8 +408,7 @@ fn delivery(
     })
 }
 
-/// One latency row: `--requests` to each path, in alternating rounds, each answer for the
-/// last ledger.
+/// One latency row: `--requests` to each path in alternating rounds.
 fn latency(a: &QueryArgs, net: &Net, keys: &[String], n: u32) -> anyhow::Result<LatencyRow> {
     let bodies = bodies(keys, n as usize, 16, Some(LAST));
     let (mut direct, mut relayed) = (Vec::new(), Vec::new());
@@ -470,8 +430,7 @@ fn latency(a: &QueryArgs, net: &Net, keys: &[String], n: u32) -> anyhow::Result<
     })
 }
 
-/// One network: its stack (its files under `work/NAME`), the delivery row while ledgers flow,
-/// then the latency rows.
+/// One network: its stack under `work/NAME`, the delivery row, then the latency rows.
 fn network(
     a: &QueryArgs,
     c: &Cluster,
@@ -491,8 +450,7 @@ fn network(
         }
     };
     let row = delivery(a, c, net, &stack, dir, keys);
-    out.delivery
-        .push(row.unwrap_or_else(|e| DeliveryRow::failed(net.name, &e)));
+    (out.delivery).push(row.unwrap_or_else(|e| DeliveryRow::failed(net.name, &e)));
     // Every answer of the latency rows is for the last ledger: wait until the relay has it.
     let last = stack.relay.wait_newest(LAST, Duration::from_secs(60));
     let last = last.map_err(|e| format!("{e:#}"));
@@ -500,17 +458,14 @@ fn network(
         eprintln!("query: {} latency, {n} keys", net.name);
         let row = last.clone().map_err(anyhow::Error::msg);
         let row = row.and_then(|_| latency(a, net, keys, n));
-        out.latency
-            .push(row.unwrap_or_else(|e| LatencyRow::failed(net.name, n, &e)));
+        (out.latency).push(row.unwrap_or_else(|e| LatencyRow::failed(net.name, n, &e)));
     }
 }
 
 /// Runs the networks asked for.
 pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
     anyhow::ensure!(a.rate > 0.0, "--rate must be positive");
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-query")
-        .tempdir()?;
+    let tmp = (tempfile::Builder::new().prefix("ledger-bench-query")).tempdir()?;
     let certs = tmp.path().join("certs");
     make_certs(&certs, 2)?;
     let c = Cluster {
@@ -518,23 +473,23 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
         ..Cluster::default()
     };
     let keys = live_keys(&a.testdata.join(TESTNET))?;
-    let (args, load) = (a.clone(), [load_average(), None]);
-    let (latency, delivery, emulated_skipped) = (Vec::new(), Vec::new(), None);
     let mut out = QueryReport {
-        args,
-        load,
-        latency,
-        delivery,
-        emulated_skipped,
+        args: a.clone(),
+        load: [load_average(), None],
+        latency: Vec::new(),
+        delivery: Vec::new(),
+        emulated_skipped: None,
     };
     if a.network != "emulated" {
         eprintln!("query: loopback");
-        let net = Net {
-            name: "loopback",
-            core: None,
-            rpc: None,
-        };
-        network(a, &c, &net, tmp.path(), &keys, &mut out);
+        network(
+            a,
+            &c,
+            &Net::on("loopback", None),
+            tmp.path(),
+            &keys,
+            &mut out,
+        );
     }
     match crate::netem::unavailable_reason() {
         _ if a.network == "loopback" => {}
@@ -545,21 +500,14 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
         None => {
             eprintln!("query: emulated network, {} ms round trip", a.rtt);
             // Uncapped: the link is only delayed.
-            let fast = 10_000_000_000;
-            let netem = Netem::create(
-                "q",
-                Shape {
-                    flow_bps: fast,
-                    aggregate_bps: fast,
-                    link_mtu: None,
-                },
-            )?;
-            let (core, rpc) = (Some(netem.relay_ns.clone()), Some(netem.sub_ns.clone()));
-            let net = Net {
-                name: "emulated",
-                core,
-                rpc,
+            let (flow_bps, aggregate_bps, link_mtu) = (10_000_000_000, 10_000_000_000, None);
+            let shape = Shape {
+                flow_bps,
+                aggregate_bps,
+                link_mtu,
             };
+            let netem = Netem::create("q", shape)?;
+            let net = Net::on("emulated", Some(&netem));
             network(a, &c, &net, tmp.path(), &keys, &mut out);
         }
     }

@@ -1,12 +1,9 @@
-//! `ledger-bench remote`: single flow against lanes on a real network: a row per lane count
-//! (`ledger-subscribe` from the tip) against a relay on another host and, with `--tcp`, one over
-//! the bench's TCP yardstick there (`ledger-bench yardstick` with the relay's source).
+//! `ledger-bench remote`: a row per lane count (`ledger-subscribe` from the tip) against a relay
+//! on another host and, with `--tcp`, one over the TCP yardstick there.
 //!
-//! **Clocks.** Delivery compares the two hosts' clocks. With `--tcp` their offset is estimated
-//! as NTP does over the yardstick (which runs on the relay's host): ((t1 - t0) + (t2 - t3)) / 2,
-//! wrong by at most half the round trip; of `--clock-probes` probes the shortest round trip is
-//! kept, before the rows and after; the mean is added to every delivery. Without `--tcp`
-//! delivery is left as the clocks say. Inter-arrival and throughput use this host's clock.
+//! **Clocks.** With `--tcp` the hosts' offset is estimated as NTP does over the yardstick:
+//! ((t1 - t0) + (t2 - t3)) / 2, within half the round trip; the best of `--clock-probes` before
+//! and after, their mean added to every delivery. Without it delivery is as the clocks say.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -126,16 +123,9 @@ pub fn scenarios(a: &RemoteArgs) -> Vec<Scenario> {
         min_mtu: a.min_mtu,
         ..Scenario::default()
     };
-    let tcp = a
-        .tcp
-        .iter()
-        .map(|_| row("remote-tcp".into(), Carrier::Tcp, 1));
-    tcp.chain(
-        a.lanes
-            .iter()
-            .map(|&n| row(format!("remote-l{n}"), Carrier::Relay, n)),
-    )
-    .collect()
+    let tcp = |_| row("remote-tcp".into(), Carrier::Tcp, 1);
+    let lanes = (a.lanes.iter()).map(|&n| row(format!("remote-l{n}"), Carrier::Relay, n));
+    a.tcp.iter().map(tcp).chain(lanes).collect()
 }
 
 /// Runs the rows, with clock probes before and after.
@@ -144,37 +134,24 @@ pub fn run(a: &RemoteArgs) -> anyhow::Result<RemoteReport> {
     if rows.is_empty() {
         bail!("nothing to run: no --lanes and no --tcp");
     }
-    let server_name = a
-        .server_name
-        .clone()
-        .map_or_else(|| host_of(&a.relay).context("--relay"), Ok)?;
+    let host = || host_of(&a.relay).context("--relay");
+    let server_name = a.server_name.clone().map_or_else(host, Ok)?;
     let mut env = Env::remote(
         a.certs.clone(),
         Some(a.name.clone()),
         Some(server_name.clone()),
         a.row_timeout,
     )?;
-    let yardstick = a
-        .tcp
-        .as_ref()
-        .map(|t| Yardstick::new(t, &a.certs, &a.name, &server_name))
-        .transpose()?;
-    let probe = || {
-        yardstick
-            .as_ref()
-            .map(|y| y.clock(a.clock_probes))
-            .transpose()
-    };
-    let before = probe()?;
+    let yardstick = |t: &String| Yardstick::new(t, &a.certs, &a.name, &server_name);
+    let yardstick = a.tcp.as_ref().map(yardstick).transpose()?;
+    let probe = |y: &Yardstick| y.clock(a.clock_probes);
+    let before = yardstick.as_ref().map(probe).transpose()?;
     let taken: Vec<_> = rows.iter().map(|sc| (sc, take(&mut env, sc))).collect();
-    let after = probe()?;
-    let offset_ms = before
-        .zip(after)
-        .map(|(b, a)| (b.offset_ms + a.offset_ms) / 2.0);
-    let rows = taken
-        .into_iter()
-        .map(|(sc, t)| Row::finish(sc, t, offset_ms.unwrap_or(0.0)))
-        .collect();
+    let after = yardstick.as_ref().map(probe).transpose()?;
+    let mean = |(b, a): (ClockEstimate, ClockEstimate)| (b.offset_ms + a.offset_ms) / 2.0;
+    let offset_ms = before.zip(after).map(mean);
+    let off = offset_ms.unwrap_or(0.0);
+    let rows = taken.into_iter().map(|(sc, t)| Row::finish(sc, t, off));
     Ok(RemoteReport {
         args: a.clone(),
         clock: Clock {
@@ -182,7 +159,7 @@ pub fn run(a: &RemoteArgs) -> anyhow::Result<RemoteReport> {
             before,
             after,
         },
-        rows,
+        rows: rows.collect(),
     })
 }
 

@@ -51,8 +51,7 @@ pub fn opt(v: Option<f64>, prec: usize) -> String {
     }
 }
 
-/// A column of a fixed-width table: its header, width, whether it is left-aligned, and its
-/// cell of a row.
+/// A column of a fixed-width table: header, width, left-aligned or not, and its cell of a row.
 pub struct Col<R>(&'static str, usize, bool, fn(&R) -> String);
 
 impl<R> Col<R> {
@@ -96,8 +95,7 @@ pub fn table_of<R>(
     s
 }
 
-/// `v`'s scalars by their path (`delivery.p99_ms`); a list's values joined by `;` under one
-/// path (`lanes.delivered_bytes`); absent values left out.
+/// `v`'s scalars by their path (`delivery.p99_ms`), a list's values joined by `;` under one.
 fn flatten(path: String, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
     use serde_json::Value;
     let join = |k: &str| {
@@ -152,11 +150,7 @@ pub fn csv(rows: &[impl serde::Serialize], skip: &[&str]) -> String {
     }
     let mut s = cols.join(",") + "\n";
     for row in &flat {
-        let cell = |c: &&str| {
-            row.iter()
-                .find(|(k, _)| k == c)
-                .map_or("", |(_, v)| v.as_str())
-        };
+        let cell = |c: &&str| (row.iter().find(|(k, _)| k == c)).map_or("", |(_, v)| v.as_str());
         s += &(cols.iter().map(cell).collect::<Vec<_>>().join(",") + "\n");
     }
     s

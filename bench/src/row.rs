@@ -1,7 +1,5 @@
-//! What a row measured: one [`Row`] whatever the scenario, with optional column groups
-//! (delivery, the spread between subscribers, what a tier adds, CPU over the measured window,
-//! memory, each lane, the export), printed as one table per group and written as one CSV
-//! line per row.
+//! What a row measured: one [`Row`] whatever the scenario, with optional column groups, printed
+//! as one table per group and written as one CSV line per row.
 
 use std::fmt::Write as _;
 
@@ -9,8 +7,7 @@ use crate::report::{opt, table_of, Col};
 use crate::scenario::{Carrier, Mode, Scenario, TopoKind};
 use crate::stats::{p50_p99_max, spread, summarize, Record, Spread, Summary};
 
-/// CPU over the measured window: from when every subscriber held its last warm-up ledger to
-/// when every one held the last ledger, per ledger.
+/// CPU per ledger over the measured window (see [`crate::runner`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Cpu {
     /// The relay's (a tier's root, a hedge's A), user + system, every thread, ms.
@@ -124,8 +121,7 @@ pub struct Row {
     pub delivery_ms: Vec<f64>,
 }
 
-/// The model bound in ms of `wire` bytes per ledger at `capacity_bps` per subscriber, the last
-/// chunk (`chunk_wire` bytes) on one flow of at most `flow_bps`, less the emit window.
+/// The model bound, ms, of `wire` bytes per ledger at `capacity_bps`, last chunk at `flow_bps`.
 pub fn model_bound_ms(
     wire: f64,
     chunk_wire: f64,
@@ -152,20 +148,14 @@ fn bound(sc: &Scenario, s: &Summary) -> Option<f64> {
         f64::from(sc.lanes)
     };
     let per_sub = shape.aggregate_bps as f64 / f64::from(sc.subscribers);
-    let cap = (lanes * shape.flow_bps as f64).min(per_sub);
+    let flow = shape.flow_bps as f64;
+    let cap = (lanes * flow).min(per_sub);
     let chunk_wire = (sc.chunk as f64 / s.ratio.max(1.0)).min(s.wire_bytes);
-    Some(model_bound_ms(
-        s.wire_bytes,
-        chunk_wire,
-        cap,
-        shape.flow_bps as f64,
-        sc.emit,
-    ))
+    Some(model_bound_ms(s.wire_bytes, chunk_wire, cap, flow, sc.emit))
 }
 
 impl Row {
-    /// The row of `sc` from what the runner took (or why it could not), delivery moved by
-    /// `offset_ms` (another host's clock).
+    /// The row of `sc` from what the runner took, delivery moved by `offset_ms` (another clock).
     pub fn finish(sc: &Scenario, taken: anyhow::Result<Taken>, offset_ms: f64) -> Row {
         let mut row = Row {
             scenario: sc.clone(),
@@ -179,16 +169,13 @@ impl Row {
                 return row;
             }
         };
-        t.records
-            .iter_mut()
-            .flatten()
-            .for_each(|r| r.delivery_ms += offset_ms);
+        (t.records.iter_mut().flatten()).for_each(|r| r.delivery_ms += offset_ms);
         let warm = sc.warmup as usize;
-        let kept: Vec<Vec<Record>> = t
+        let kept = t
             .records
             .iter()
-            .map(|v| v.iter().skip(warm).copied().collect())
-            .collect();
+            .map(|v| v.iter().skip(warm).copied().collect());
+        let kept: Vec<Vec<Record>> = kept.collect();
         let s = summarize(&t.records, warm, sc.emit);
         row.delivery_ms = kept.iter().flatten().map(|r| r.delivery_ms).collect();
         row.delivery_ms.sort_by(f64::total_cmp);
@@ -257,6 +244,11 @@ fn d(r: &Row, f: fn(&Summary) -> f64, prec: usize) -> String {
     opt(r.delivery.as_ref().map(f), prec)
 }
 
+/// Delivery p99 over the model bound.
+fn over_bound(r: &Row) -> Option<f64> {
+    Some(r.delivery.as_ref()?.p99_ms / r.bound_ms?)
+}
+
 fn sp(r: &&Row, f: fn(&Spread) -> f64) -> String {
     opt(r.spread.as_ref().map(f), 1)
 }
@@ -273,8 +265,7 @@ fn m(r: &&Row, f: fn(&Memory) -> Option<f64>) -> String {
     opt(r.memory.as_ref().and_then(f), 2)
 }
 
-/// Prints `head` and the rows' tables, writes the files `out` asks for (`json` as the JSON);
-/// fails when every row failed.
+/// Prints `head` and the tables, writes the files `out` asks for; fails when every row failed.
 pub fn emit(
     out: &crate::report::Output,
     head: &str,
@@ -307,15 +298,7 @@ pub fn table(rows: &[Row]) -> String {
         Col::r("xfer", 7, |r| d(r, |s| s.transfer_mib_s, 1)),
         Col::r("ratio", 6, |r| d(r, |s| s.ratio, 2)),
         Col::r("bound", 7, |r| opt(r.bound_ms, 2)),
-        Col::r("p99/b", 6, |r| {
-            opt(
-                r.delivery
-                    .as_ref()
-                    .zip(r.bound_ms)
-                    .map(|(s, b)| s.p99_ms / b),
-                2,
-            )
-        }),
+        Col::r("p99/b", 6, |r| opt(over_bound(r), 2)),
     ];
     let mut out = table_of(&cols, rows, 6, |r| r.error.as_deref());
     let with = |f: fn(&Row) -> bool| rows.iter().filter(|r| f(r)).collect::<Vec<&Row>>();
@@ -359,11 +342,10 @@ pub fn table(rows: &[Row]) -> String {
     for r in rows {
         if let Some((newest, degraded)) = r.export {
             let last = r.delivery.as_ref().map_or(0, |_| r.scenario.ledgers);
+            let (name, d) = (&r.scenario.name, if degraded { ", degraded" } else { "" });
             let _ = writeln!(
                 out,
-                "{}: exported to ledger {newest}{} ({last} measured)",
-                r.scenario.name,
-                if degraded { ", degraded" } else { "" }
+                "{name}: exported to ledger {newest}{d} ({last} measured)"
             );
         }
     }
@@ -373,26 +355,15 @@ pub fn table(rows: &[Row]) -> String {
 fn lanes_table(rows: &[Row]) -> String {
     let mut out = String::new();
     for r in rows.iter().filter(|r| !r.lanes.is_empty()) {
-        let total: f64 = r
-            .lanes
-            .iter()
-            .map(|l| l.delivered_bytes)
-            .sum::<f64>()
-            .max(1.0);
+        let total: f64 = r.lanes.iter().map(|l| l.delivered_bytes).sum();
         let caps: Option<f64> = r.lanes.iter().map(|l| l.cap_mbit).sum();
-        let of_caps = |x: f64| {
-            opt(
-                caps.map(|c| 100.0 * x / (c * 1e6 / 8.0 / f64::from(1 << 20))),
-                1,
-            )
-        };
         let xfer = r.delivery.as_ref().map_or(f64::NAN, |s| s.transfer_mib_s);
+        let of_caps = caps.map(|c| 100.0 * xfer / (c * 1e6 / 8.0 / f64::from(1 << 20)));
+        let (name, imbalance) = (&r.scenario.name, r.imbalance().map(|x| 100.0 * x));
+        let (imbalance, of_caps) = (opt(imbalance, 1), opt(of_caps, 1));
         let _ = writeln!(
             out,
-            "{}: imbalance {}%, goodput {}% of the caps",
-            r.scenario.name,
-            opt(r.imbalance().map(|x| 100.0 * x), 1),
-            of_caps(xfer)
+            "{name}: imbalance {imbalance}%, goodput {of_caps}% of the caps"
         );
         for l in &r.lanes {
             let _ = writeln!(
@@ -402,7 +373,7 @@ fn lanes_table(rows: &[Row]) -> String {
                 opt(l.cap_mbit, 0),
                 l.sent_bytes / 1e6,
                 l.delivered_bytes / 1e6,
-                100.0 * l.delivered_bytes / total,
+                100.0 * l.delivered_bytes / total.max(1.0),
                 100.0 * l.busy_s / r.span_s,
                 l.lost_packets,
                 l.rtt_ms,

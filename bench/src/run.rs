@@ -117,9 +117,7 @@ impl RunArgs {
         if names.len() != rows.len() {
             bail!("two rows have the same name");
         }
-        Ok((0..self.repeat)
-            .flat_map(|_| rows.iter().cloned())
-            .collect())
+        Ok((0..self.repeat).flat_map(|_| rows.clone()).collect())
     }
 }
 
@@ -144,24 +142,16 @@ pub fn run(a: &RunArgs) -> anyhow::Result<Report> {
 pub fn main(a: &RunArgs) -> anyhow::Result<()> {
     if a.list {
         for (name, text) in PRESETS {
-            let about = toml::from_str::<Preset>(text)
-                .map(|p| p.about)
-                .unwrap_or_default();
+            let about =
+                (toml::from_str::<Preset>(text)).map_or_else(|_| String::new(), |p| p.about);
             println!("{name:<14} {about}");
         }
         return Ok(());
     }
     let report = run(a)?;
-    let fmt = |l: Option<[f64; 3]>| {
-        l.map_or("?".into(), |l| {
-            format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-        })
-    };
-    let head = format!(
-        "preset {}; load average {} -> {}\n",
-        a.preset,
-        fmt(report.load[0]),
-        fmt(report.load[1])
-    );
+    let fmt =
+        |l: Option<[f64; 3]>| l.map_or("?".into(), |[a, b, c]| format!("{a:.2} {b:.2} {c:.2}"));
+    let (before, after) = (fmt(report.load[0]), fmt(report.load[1]));
+    let head = format!("preset {}; load average {before} -> {after}\n", a.preset);
     crate::row::emit(&a.output, &head, &report.rows, &report)
 }

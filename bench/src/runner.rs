@@ -1,12 +1,10 @@
 //! The one runner: a [`Scenario`] in, what it measured ([`Taken`]) out.
 //!
-//! A relay row starts its relays (in the emulated network's relay namespace, flows capped, when
-//! there is one). Subscribers ask for `first..=last`: live, `first` is far enough ahead for every
-//! process to connect before it is published (`--start-wait`); from the ring, they start once
-//! the source finished. The measured window runs from when every subscriber holds its last
-//! warm-up ledger to when every one holds `last`: the relays' and subscribers' CPU over it and
-//! the first relay's memory sampled every 100 ms; `baseline_ledgers` and `idle` add the relay
-//! alone and with idle sessions. Every subscriber's stats file must hold exactly its ledgers.
+//! Subscribers ask for `first..=last`: live, `first` is far enough ahead for every process to
+//! connect first (`--start-wait`); from the ring, they start once the source finished. The
+//! measured window runs from when every subscriber holds its last warm-up ledger to when every
+//! one holds `last`: CPU over it, the first relay's memory every 100 ms; `baseline_ledgers` and
+//! `idle` add the relay alone and with idle sessions. Every stats file must hold its ledgers.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -21,7 +19,7 @@ use crate::procs::{
     cpu_seconds, kill_all, status_kib, thread_cpu_seconds, wait_with_cpu, RssSampler,
 };
 use crate::row::{Cpu, Lane, Memory, Taken};
-use crate::scenario::{Carrier, Export, HedgeTo, Mode, Network, Scenario, TopoKind};
+use crate::scenario::{Carrier, Export, HedgeTo, Mode, NetKind, Scenario, TopoKind};
 use crate::stats::{read_lenient, Record};
 use crate::yardstick::client::Yardstick;
 
@@ -46,17 +44,12 @@ pub struct Env {
 }
 
 impl Env {
-    /// A run of `rows` on this host: an ephemeral CA with a certificate for every process, and
-    /// the loopback S3 server when a row exports to it.
+    /// A run of `rows` here: an ephemeral CA, and the loopback S3 server when a row exports there.
     pub fn local(rows: &[Scenario], testdata: PathBuf) -> anyhow::Result<Env> {
         let mut env = Env::remote(PathBuf::new(), None, None, Duration::from_secs(600))?;
         env.certs = env.tmp.path().join("certs");
-        let n = rows
-            .iter()
-            .map(|s| s.processes() + s.edges)
-            .max()
-            .unwrap_or(1);
-        make_certs(&env.certs, usize::from(n) + 2)?;
+        let n = rows.iter().map(|s| s.processes() + s.edges).max();
+        make_certs(&env.certs, usize::from(n.unwrap_or(1)) + 2)?;
         env.testdata = testdata;
         if rows.iter().any(|s| s.export == Export::S3) {
             env.s3 = Some(
@@ -123,8 +116,7 @@ impl Span {
     }
 }
 
-/// What a row runs on this host: its relays and subscriber processes (stopped when dropped)
-/// and the emulated network.
+/// A row's relays, subscriber processes (stopped when dropped) and emulated network.
 #[derive(Default)]
 struct Procs {
     relays: Vec<RelayProc>,
@@ -141,32 +133,26 @@ impl Drop for Procs {
     }
 }
 
-impl Procs {
-    fn sub_ns(&self) -> Option<&str> {
-        self.netem.as_ref().map(|n| n.sub_ns.as_str())
-    }
-}
-
 /// Measures `sc`.
 pub fn take(env: &mut Env, sc: &Scenario) -> anyhow::Result<Taken> {
     env.index += 1;
     let name = sc.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
     let dir = env.tmp.path().join(format!("{}-{name}", env.index));
     std::fs::create_dir_all(&dir)?;
-    let net = sc.network();
-    if let (Network::Emulated(_), Some(why)) = (&net, crate::netem::unavailable_reason()) {
+    if let (NetKind::Emulated, Some(why)) = (sc.network, crate::netem::unavailable_reason()) {
         bail!("skipped: {why}");
     }
     let sp = Span::of(sc, 2);
     let count = sp.last - sp.first + 1;
     let limit = Duration::from_secs_f64(sc.cadence_ms() / 1e3 * f64::from(sp.last) * 3.0 + 60.0);
-    match (sc.carrier, net) {
+    match (sc.carrier, sc.network) {
         (Carrier::Pipe, _) => {
             let records = crate::pipe::run(sc.size as usize, count, sc.cadence_ms(), sc.emit)?;
             Ok(Taken::of(records))
         }
-        (Carrier::Tcp, net) => tcp(env, sc, &dir, net, sp, limit),
-        (Carrier::Relay, Network::Remote { relay, .. }) => {
+        (Carrier::Tcp, _) => tcp(env, sc, &dir, sp, limit),
+        (Carrier::Relay, NetKind::Remote) => {
+            let relay = sc.relay.clone().unwrap_or_default();
             let name = env.client.clone().unwrap_or_else(|| "sub-0".into());
             let mut spec = SubSpec::new(&name, "tip", Some(count), sc.lanes, &dir, "sub");
             spec.extra = vec!["--quiet".into()];
@@ -191,38 +177,22 @@ fn cluster(env: &Env, sc: &Scenario) -> Cluster {
     }
 }
 
-/// The TCP yardstick: the server (`ledger-bench yardstick`) in the relays' namespace, its
-/// sending port capped at the per-flow cap, read from the subscribers'; or one elsewhere.
-fn tcp(
-    env: &Env,
-    sc: &Scenario,
-    dir: &Path,
-    net: Network,
-    sp: Span,
-    limit: Duration,
-) -> anyhow::Result<Taken> {
+/// The TCP yardstick: its server in the relays' namespace, capped per flow; or one elsewhere.
+fn tcp(env: &Env, sc: &Scenario, dir: &Path, sp: Span, limit: Duration) -> anyhow::Result<Taken> {
     let count = sp.last - sp.first + 1;
-    let server_name = env.server_name.clone();
-    let (certs, client) = (
-        env.certs.clone(),
-        env.client.clone().unwrap_or_else(|| "sub-0".into()),
-    );
+    let (certs, server_name) = (env.certs.clone(), env.server_name.clone());
+    let client = env.client.clone().unwrap_or_else(|| "sub-0".into());
     let read = move |addr: String, from: u32| {
         let host = crate::yardstick::client::host_of(&addr)?;
         Yardstick::new(&addr, &certs, &client, &server_name.unwrap_or(host))?
             .stream(from, count, limit)
     };
-    if let Network::Remote {
-        tcp: Some(addr), ..
-    } = net
-    {
-        return Ok(Taken::of(read(addr, 0)?));
+    if let (NetKind::Remote, Some(addr)) = (sc.network, &sc.tcp) {
+        return Ok(Taken::of(read(addr.clone(), 0)?));
     }
     let mut netem = sc.shape().map(|s| Netem::create("t", s)).transpose()?;
     let ip = netem.as_ref().map_or("127.0.0.1", |_| RELAY_ADDR);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = (std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?).port();
     if let (Some(n), Some(shape)) = (&mut netem, sc.shape()) {
         n.cap_source_port(port, shape.flow_bps)?;
     }
@@ -261,15 +231,13 @@ fn tcp(
 /// The relay settings of `sc` for `count` ledgers from `start`.
 fn settings(sc: &Scenario, start: u32, count: u32) -> RelaySettings {
     RelaySettings {
-        size: sc.size,
-        ratio: sc.ratio,
         count: Some(count),
         start,
-        cadence_ms: sc.cadence_ms(),
         emit_ms: sc.emit,
         codec: sc.codec.clone(),
         chunk: sc.chunk,
         retention: count + 10,
+        ..RelaySettings::endless(sc.size, sc.ratio, sc.cadence_ms())
     }
 }
 
@@ -341,23 +309,17 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
         Some(p) => {
             let p = env.testdata.join(p);
             let (first, n) = file_span(&p)?;
-            (first, format!("file:{}", p.display()), n)
+            (first, Some(format!("file:{}", p.display())), n)
         }
-        None => (2, String::new(), u32::MAX),
+        None => (2, None, u32::MAX),
     };
     let sp = Span::of(sc, start);
-    if sp.last - start + 1 > count_max {
-        bail!(
-            "the source holds {count_max} ledgers, the row needs {}",
-            sp.last - start + 1
-        );
+    let needs = sp.last - start + 1;
+    if needs > count_max {
+        bail!("the source holds {count_max} ledgers, the row needs {needs}");
     }
-    let s = settings(sc, start, sp.last - start + 1);
-    let source = if source.is_empty() {
-        s.synthetic_source()
-    } else {
-        source
-    };
+    let s = settings(sc, start, needs);
+    let source = source.unwrap_or_else(|| s.synthetic_source());
     let mut c = cluster(env, sc);
     c.relay_extra = relay_flags(env, sc, dir)?;
     if let Some(s3) = &env.s3 {
@@ -403,8 +365,7 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
     Ok(t)
 }
 
-/// Starts the row's relays: one (direct), a root and its edges (tier), or A and B (hedge);
-/// on the emulated network, caps their flows.
+/// Starts the row's relays (direct, tier or hedge) and, emulated, caps their flows.
 fn start_relays(
     sc: &Scenario,
     c: &Cluster,
@@ -418,8 +379,7 @@ fn start_relays(
     let shape = sc.shape();
     match sc.topology {
         TopoKind::Direct => {
-            p.relays
-                .push(c.relay_in(ns, &dir.join("relay"), s, source, &[])?);
+            (p.relays).push(c.relay_in(ns, &dir.join("relay"), s, source, &[])?);
             if let (Some(n), Some(shape)) = (&mut p.netem, shape) {
                 for k in 0..sc.processes() * u16::from(sc.lanes) {
                     let half = sc.half_cap && k % u16::from(sc.lanes) == 0;
@@ -443,13 +403,8 @@ fn start_relays(
                     extra.push("--cut-through".into());
                 }
                 let ns = edge_ns.as_ref().map(|(n, ip)| (n.as_str(), *ip));
-                p.relays.push(c.relay_in(
-                    ns,
-                    &dir.join(format!("edge-{e}")),
-                    s,
-                    &upstream,
-                    &extra,
-                )?);
+                let edge = c.relay_in(ns, &dir.join(format!("edge-{e}")), s, &upstream, &extra)?;
+                p.relays.push(edge);
             }
         }
         TopoKind::Hedge => {
@@ -466,12 +421,10 @@ fn start_relays(
     Ok(())
 }
 
-/// The first of the ports the subscribers' lanes are pinned to on the emulated network
-/// (process i's lane k: this + i x lanes + k).
+/// The first lane port on the emulated network (process i's lane k: this + i x lanes + k).
 const LANE_PORTS: u16 = 20_000;
 
-/// Starts the subscriber processes of `sc` from `from` for `count` ledgers; returns them, the
-/// stats file of each measured session, and a tier's reference subscriber's.
+/// Starts the row's subscribers: the processes, every session's stats, a tier's reference's.
 #[allow(clippy::type_complexity)]
 fn subscribers(
     sc: &Scenario,
@@ -496,20 +449,15 @@ fn subscribers(
     ];
     let spawn =
         |i: u16, relays: String, sessions: u16, extra: Vec<String>, kids: &mut Vec<Child>| {
-            let mut spec = SubSpec::new(
-                &format!("sub-{i}"),
-                from,
-                count,
-                sc.lanes,
-                dir,
-                &format!("{tag}-{i}"),
-            );
+            let (name, tag) = (format!("sub-{i}"), format!("{tag}-{i}"));
+            let mut spec = SubSpec::new(&name, from, count, sc.lanes, dir, &tag);
             spec.sessions = sessions;
             spec.extra = watchdogs.iter().cloned().chain(extra).collect();
             if sc.receive_only {
                 spec.extra.push("--receive-only".into());
             }
-            kids.push(c.subscriber(p.sub_ns(), &relays, &spec)?);
+            let ns = p.netem.as_ref().map(|n| n.sub_ns.as_str());
+            kids.push(c.subscriber(ns, &relays, &spec)?);
             anyhow::Ok(spec)
         };
     let started = (|| {
@@ -548,8 +496,7 @@ fn subscribers(
     }
 }
 
-/// Waits until every stats file holds ledger `seq` (or a later one); fails after `limit`,
-/// or when a subscriber exits with an error first.
+/// Waits until every stats file holds ledger `seq`; fails after `limit` or if a subscriber fails.
 pub fn wait_all(
     stats: &[PathBuf],
     subs: &[Child],
@@ -566,10 +513,8 @@ pub fn wait_all(
             }
         }
         if start.elapsed() > limit {
-            let have: Vec<usize> = stats
-                .iter()
-                .map(|p| read_lenient(p).map_or(0, |r| r.len()))
-                .collect();
+            let len = |p: &PathBuf| read_lenient(p).map_or(0, |r| r.len());
+            let have: Vec<usize> = stats.iter().map(len).collect();
             bail!("not every subscriber reached ledger {seq} within {limit:?} (ledgers each: {have:?})");
         }
         // Not faster: reading 64 stats files takes CPU from the relay and the subscribers.
@@ -607,21 +552,14 @@ fn window(
     reference: Option<&Path>,
     t: &mut Taken,
 ) -> anyhow::Result<()> {
-    let limit = Duration::from_secs_f64(
-        sc.cadence_ms() / 1e3 * f64::from(sp.last - sp.start + 3)
-            + 60.0
-            + 0.5 * f64::from(sc.processes()),
-    );
+    let secs = sc.cadence_ms() / 1e3 * f64::from(sp.last - sp.start + 3) + 60.0;
+    let limit = Duration::from_secs_f64(secs + 0.5 * f64::from(sc.processes()));
     let mut all: Vec<PathBuf> = stats.to_vec();
     all.extend(reference.map(Path::to_path_buf));
     wait_all(&all, &p.subs, sp.mark, limit)?;
-    // CPU seconds of every relay, the first relay's by thread, and every subscriber process's.
     let marks = |p: &Procs| {
-        let relays: Vec<f64> = p
-            .relays
-            .iter()
-            .map(|r| cpu_seconds(r.pid).unwrap_or(f64::NAN))
-            .collect();
+        let cpu = |r: &RelayProc| cpu_seconds(r.pid).unwrap_or(f64::NAN);
+        let relays: Vec<f64> = p.relays.iter().map(cpu).collect();
         let subs: Vec<Option<f64>> = p.subs.iter().map(|c| cpu_seconds(c.id())).collect();
         (relays, thread_cpu_seconds(p.relays[0].pid), subs)
     };
@@ -656,13 +594,9 @@ fn window(
     cpu.sub_ms =
         (subs.len() == after.2.len()).then(|| per(subs.iter().sum::<f64>() / subs.len() as f64));
     let mem = t.memory.get_or_insert_with(Memory::default);
-    mem.peak_mib = rss
-        .iter()
-        .map(|s| crate::procs::mib(s.rss_kib))
-        .fold(0.0, f64::max);
-    mem.per_session_mib = mem
-        .alone_mib
-        .map(|a| (mem.peak_mib - a) / f64::from(sc.subscribers));
+    let peak = rss.iter().map(|s| crate::procs::mib(s.rss_kib));
+    mem.peak_mib = peak.fold(0.0, f64::max);
+    mem.per_session_mib = (mem.alone_mib).map(|a| (mem.peak_mib - a) / f64::from(sc.subscribers));
     Ok(())
 }
 
@@ -683,8 +617,7 @@ fn alone(sc: &Scenario, relay: &mut RelayProc, sp: Span, t: &mut Taken) -> anyho
     Ok(())
 }
 
-/// As many sessions as the row's waiting at the tip after the source stopped: the relay's
-/// memory and CPU per idle session.
+/// The relay's memory and CPU per idle session, as many as the row's at the tip.
 fn idle(
     sc: &Scenario,
     c: &Cluster,
@@ -698,26 +631,13 @@ fn idle(
     let before = status_kib(pid, "VmRSS").context("the relay's memory")?;
     let (kids, stats, _) = subscribers(sc, c, dir, p, last, None, "idle")?;
     p.subs = kids;
-    wait_all(
-        &stats,
-        &p.subs,
-        last,
-        Duration::from_secs(60) + Duration::from_millis(500) * u32::from(sc.processes()),
-    )?;
-    let up = |m: &Scrape| {
-        m.labelled("subscriber_lanes")
-            .filter(|(_, v)| *v == f64::from(sc.lanes))
-            .count()
-    };
-    let all_up = |r: &RelayProc| {
-        r.scrape()
-            .is_ok_and(|m| up(&m) >= usize::from(sc.subscribers))
-    };
-    p.relays[0].wait_until(
-        "every idle session's lanes up",
-        Duration::from_secs(30),
-        all_up,
-    )?;
+    let limit = Duration::from_secs(60) + Duration::from_millis(500) * u32::from(sc.processes());
+    wait_all(&stats, &p.subs, last, limit)?;
+    let lanes = f64::from(sc.lanes);
+    let up = |m: &Scrape| (m.labelled("subscriber_lanes").filter(|(_, v)| *v == lanes)).count();
+    let all_up = |r: &RelayProc| (r.scrape()).is_ok_and(|m| up(&m) >= usize::from(sc.subscribers));
+    let what = "every idle session's lanes up";
+    p.relays[0].wait_until(what, Duration::from_secs(30), all_up)?;
     std::thread::sleep(Duration::from_secs(1));
     let (c0, t0) = (cpu_seconds(pid), Instant::now());
     std::thread::sleep(Duration::from_secs_f64(sc.idle / 1e3));
@@ -729,27 +649,18 @@ fn idle(
     let n = f64::from(sc.subscribers);
     t.cpu.get_or_insert_with(Cpu::default).idle_ms_per_s =
         c0.zip(c1).map(|(a, b)| (b - a) * 1e3 / secs / n);
-    t.memory
-        .get_or_insert_with(Memory::default)
-        .idle_per_session_mib = Some(crate::procs::mib(with.saturating_sub(before)) / n);
+    let mem = t.memory.get_or_insert_with(Memory::default);
+    mem.idle_per_session_mib = Some(crate::procs::mib(with.saturating_sub(before)) / n);
     Ok(())
 }
 
 /// The relay's per-lane counters, with each lane's cap on a direct emulated row.
 fn lanes(sc: &Scenario, m: &Scrape) -> Vec<Lane> {
     let direct = sc.topology == TopoKind::Direct;
-    let cap = sc
-        .shape()
-        .filter(|_| direct)
-        .map(|s| s.flow_bps as f64 / 1e6);
+    let cap = (sc.shape().filter(|_| direct)).map(|s| s.flow_bps as f64 / 1e6);
     (0..sc.lanes)
         .map(|lane| {
-            let v = |name: &str| {
-                m.values
-                    .get(&format!("lane_{name}{{lane=\"{lane}\"}}"))
-                    .copied()
-                    .unwrap_or(0.0)
-            };
+            let v = |name: &str| m.get(&format!("lane_{name}{{lane=\"{lane}\"}}"));
             Lane {
                 lane,
                 cap_mbit: cap.map(|c| if sc.half_cap && lane == 0 { c / 2.0 } else { c }),

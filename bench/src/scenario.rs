@@ -1,9 +1,7 @@
-//! A scenario is one row of a run, as data: network, topology, source, codec, lanes,
-//! subscribers, delivery mode, ledgers. A preset file (`bench/scenarios/*.toml`, built in) holds
-//! `about`, `[defaults]`, `[sweep]` (fields whose values multiply the rows, as `--sweep` does)
-//! and `[[row]]` tables, each with a `name`. Fields are flat, so `--set` and `--sweep` reach any
-//! of them. Durations are `600ms`-style strings or milliseconds; sizes `594KiB`-style strings
-//! or bytes.
+//! A scenario is one row of a run, as data. A preset file (`bench/scenarios/*.toml`, built in)
+//! holds `about`, `[defaults]`, `[sweep]` (fields whose values multiply the rows) and `[[row]]`
+//! tables, each with a `name`. Fields are flat, so `--set` and `--sweep` reach any of them.
+//! Durations are `600ms`-style strings or milliseconds; sizes `594KiB`-style strings or bytes.
 
 use anyhow::{bail, Context};
 use serde::de::Error as _;
@@ -242,54 +240,20 @@ impl Default for Scenario {
     }
 }
 
-/// The network of a row, typed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Network {
-    /// Loopback.
-    Loopback,
-    /// Emulated, with this shape.
-    Emulated(Shape),
-    /// A relay elsewhere.
-    Remote {
-        /// Its QUIC address.
-        relay: String,
-        /// Its TCP yardstick's address.
-        tcp: Option<String>,
-    },
-}
-
 impl Scenario {
-    /// The typed network.
-    pub fn network(&self) -> Network {
-        let flow_bps = (self.flow_mbit * 1e6) as u64;
-        match self.network {
-            NetKind::Loopback => Network::Loopback,
-            NetKind::Emulated => Network::Emulated(Shape {
-                flow_bps,
-                aggregate_bps: self
-                    .aggregate_mbit
-                    .map_or(flow_bps * 8, |a| (a * 1e6) as u64),
-                link_mtu: self.link_mtu,
-            }),
-            NetKind::Remote => Network::Remote {
-                relay: self.relay.clone().unwrap_or_default(),
-                tcp: self.tcp.clone(),
-            },
-        }
-    }
-
     /// The emulated network's shape, on an emulated row.
     pub fn shape(&self) -> Option<Shape> {
-        match self.network() {
-            Network::Emulated(shape) => Some(shape),
-            _ => None,
-        }
+        let flow_bps = (self.flow_mbit * 1e6) as u64;
+        (self.network == NetKind::Emulated).then_some(Shape {
+            flow_bps,
+            aggregate_bps: (self.aggregate_mbit).map_or(flow_bps * 8, |a| (a * 1e6) as u64),
+            link_mtu: self.link_mtu,
+        })
     }
 
     /// Time between ledgers with this many subscribers, ms.
     pub fn cadence_ms(&self) -> f64 {
-        self.cadence
-            .max(f64::from(self.subscribers) * self.cadence_per_subscriber)
+        (self.cadence).max(f64::from(self.subscribers) * self.cadence_per_subscriber)
     }
 
     /// `ledger-subscribe` processes of the row.
@@ -359,9 +323,8 @@ fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
 
 /// A duration in the grammar of every command (`600ms`, `1.5s`), in milliseconds.
 pub fn ms(text: &str) -> Result<f64, String> {
-    ledger_relay_transport::parse_duration(text)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .map_err(|e| e.to_string())
+    let d = ledger_relay_transport::parse_duration(text).map_err(|e| e.to_string())?;
+    Ok(d.as_secs_f64() * 1e3)
 }
 
 /// A preset: rows of scenarios and the fields they share.
@@ -384,10 +347,8 @@ pub struct Preset {
 
 /// A value as a flag gives it: a TOML value (`4`, `true`, `1.5`) or else a string (`600ms`).
 pub fn value(text: &str) -> toml::Value {
-    toml::from_str::<toml::Table>(&format!("v = {text}"))
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(text.to_owned()))
+    let v = toml::from_str::<toml::Table>(&format!("v = {text}")).ok();
+    (v.and_then(|mut t| t.remove("v"))).unwrap_or_else(|| toml::Value::String(text.to_owned()))
 }
 
 /// `KEY=VALUE` (`--set`).
@@ -444,11 +405,8 @@ impl Preset {
         for row in &self.row {
             let mut base = self.defaults.clone();
             base.extend(row.clone());
-            let name = base
-                .get("name")
-                .and_then(toml::Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            let name = base.get("name").and_then(toml::Value::as_str);
+            let name = name.unwrap_or_default().to_owned();
             let selects = |o: &String| match assignment(o) {
                 Ok((k, v)) if o != &name => base.get(&k) == Some(&v),
                 _ => o == &name,

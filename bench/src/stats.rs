@@ -22,8 +22,7 @@ pub struct Record {
     pub received_unix_ms: f64,
 }
 
-/// Parses a stats CSV (`seq,raw_bytes,wire_bytes,delivery_ms,inter_arrival_ms,received_unix_ms`;
-/// the first ledger's inter-arrival is empty).
+/// Parses a stats CSV (the first ledger's inter-arrival is empty).
 pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -35,8 +34,7 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
             bail!("line {}: expected 6 fields, got {line:?}", i + 1);
         }
         let n = |k: usize| -> anyhow::Result<f64> {
-            f[k].parse::<f64>()
-                .with_context(|| format!("line {}: field {}", i + 1, k + 1))
+            (f[k].parse::<f64>()).with_context(|| format!("line {}: field {}", i + 1, k + 1))
         };
         out.push(Record {
             seq: n(0)? as u32,
@@ -110,8 +108,7 @@ pub struct Summary {
     pub transfer_mib_s: f64,
 }
 
-/// Summarizes each subscriber's records (in arrival order), leaving out the first `warmup`
-/// of each; `emit_ms` is the source's emit window.
+/// Summarizes each subscriber's records (in arrival order) after the first `warmup` of each.
 pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
     let kept: Vec<&Record> = subs.iter().flat_map(|v| v.iter().skip(warmup)).collect();
     if kept.is_empty() {
@@ -120,16 +117,13 @@ pub fn summarize(subs: &[Vec<Record>], warmup: usize, emit_ms: f64) -> Summary {
     let mib = f64::from(1 << 20);
     let mut d: Vec<f64> = kept.iter().map(|r| r.delivery_ms).collect();
     d.sort_by(f64::total_cmp);
-    let mut ia: Vec<f64> = (subs.iter().flat_map(|v| v.iter().skip(warmup + 1)))
-        .filter_map(|r| r.inter_arrival_ms)
-        .collect();
+    let after_first = subs.iter().flat_map(|v| v.iter().skip(warmup + 1));
+    let mut ia: Vec<f64> = after_first.filter_map(|r| r.inter_arrival_ms).collect();
     ia.sort_by(f64::total_cmp);
     let raw = kept.iter().map(|r| r.raw_bytes as f64).sum::<f64>() / kept.len() as f64;
     let wire = kept.iter().map(|r| r.wire_bytes as f64).sum::<f64>() / kept.len() as f64;
-    let mut gp: Vec<f64> = kept
-        .iter()
-        .map(|r| r.raw_bytes as f64 / mib / ((r.delivery_ms + emit_ms) / 1e3))
-        .collect();
+    let goodput = |r: &&Record| r.raw_bytes as f64 / mib / ((r.delivery_ms + emit_ms) / 1e3);
+    let mut gp: Vec<f64> = kept.iter().map(goodput).collect();
     gp.sort_by(f64::total_cmp);
     // Per subscriber, over the ledgers after its first counted one.
     let (mut tput, mut xfer) = (Vec::new(), Vec::new());
@@ -187,19 +181,14 @@ pub fn spread(subs: &[Vec<Record>]) -> Spread {
     let (mut firsts, mut lasts) = (Vec::new(), Vec::new());
     let mut last_count = vec![0usize; subs.len()];
     for seq in first_sub.iter().map(|r| r.seq) {
-        let d: Vec<f64> = (subs.iter())
-            .filter_map(|v| v.iter().find(|r| r.seq == seq).map(|r| r.delivery_ms))
-            .collect();
+        let of = |v: &Vec<Record>| v.iter().find(|r| r.seq == seq).map(|r| r.delivery_ms);
+        let d: Vec<f64> = subs.iter().filter_map(of).collect();
         if d.len() != subs.len() {
             continue;
         }
-        let (i, last) = (d.iter().copied().enumerate()).fold((0, f64::NEG_INFINITY), |m, x| {
-            if x.1 > m.1 {
-                x
-            } else {
-                m
-            }
-        });
+        // The first to finish last, as `max_by` takes the last of equals.
+        let latest = (d.iter().copied().enumerate().rev()).max_by(|a, b| a.1.total_cmp(&b.1));
+        let (i, last) = latest.unwrap_or((0, f64::NAN));
         last_count[i] += 1;
         firsts.push(d.iter().copied().fold(f64::INFINITY, f64::min));
         lasts.push(last);

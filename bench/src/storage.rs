@@ -1,12 +1,8 @@
-//! `ledger-bench storage`: what the relay's storage costs and gives.
-//!
-//! - **paced** and **burst** (the ring's disk): `ledger-relay run` with a synthetic source and no
-//!   subscriber, at the network's pace and then as fast as it takes them. Sampled: `du -sb` of
-//!   the data directory against the ring's live bytes (`ledger_relay_ring_bytes`) while running
-//!   and after `--idle`; bytes written (`/proc/PID/io` `wchar`) per byte stored; CPU per
-//!   ledger, the process's and the ring's (the process less every other thread).
-//! - **backfill** and **sessions** (a SEP-54 data lake, [`lake`]): writing a lake, then reading
-//!   it back against catch-up from the ring, in this process and through a relay and subscriber.
+//! `ledger-bench storage`: what the relay's storage costs and gives. **paced** and **burst**:
+//! `ledger-relay run` on a synthetic source with no subscriber, at the network's pace and
+//! unpaced, its data directory's `du -sb` against the ring's live bytes, its bytes written per
+//! byte stored and its CPU per ledger. **backfill** and **sessions**: a SEP-54 data lake
+//! ([`lake`]) written, then read back against catch-up from the ring.
 
 pub mod lake;
 
@@ -164,27 +160,18 @@ pub struct StorageReport {
 }
 
 /// Whether a relay thread (by name) works for the ring: the ring writer and sled's threads.
-/// Only used to name threads: the ring's CPU is the process's less every other thread's.
 pub fn is_ring_thread(name: &str) -> bool {
-    ["ring-", "sled", "log flusher", "flusher"]
-        .iter()
-        .any(|p| name.starts_with(p))
+    (["ring-", "sled", "log flusher", "flusher"].iter()).any(|p| name.starts_with(p))
 }
 
 /// `du -sb PATH`: apparent bytes of everything under it.
 pub fn du_sb(path: &Path) -> anyhow::Result<u64> {
-    let out = Command::new("du")
-        .arg("-sb")
-        .arg(path)
-        .output()
-        .context("running du -sb")?;
+    let out = (Command::new("du").arg("-sb").arg(path).output()).context("running du -sb")?;
     // du exits 1 when a file vanishes under it (sled and the ring delete files as they go);
     // its total is still the one to take.
     let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("du -sb {}: {text:?}", path.display()))
+    let total = text.split_whitespace().next().and_then(|v| v.parse().ok());
+    total.with_context(|| format!("du -sb {}: {text:?}", path.display()))
 }
 
 /// Samples `relay`'s disk until ledger `last` is in its ring and `a.idle` has passed; the samples and the seconds until the ring held `last`.
@@ -224,8 +211,7 @@ fn sample(
     }
 }
 
-/// One ring run: the relay, sampled until its last ledger is in the ring and `a.idle` has
-/// passed.
+/// One ring run: the relay, sampled until its ring holds the last ledger and `a.idle` passed.
 fn ring_run(
     a: &StorageArgs,
     c: &Cluster,
@@ -254,21 +240,12 @@ fn ring_run(
     let wchar = crate::procs::proc_value(pid, "io", "wchar").unwrap_or(0);
     relay.stop();
     let full = |s: &&Sample| s.ledgers >= u64::from(a.retention);
-    let steady: Vec<f64> = samples
-        .iter()
-        .filter(|s| !s.idle)
-        .filter(full)
-        .filter_map(Sample::ratio)
-        .collect();
-    let first_full = samples
-        .iter()
-        .position(|s| full(&s))
-        .unwrap_or(samples.len());
+    let steady = samples.iter().filter(|s| !s.idle).filter(full);
+    let steady: Vec<f64> = steady.filter_map(Sample::ratio).collect();
+    let first_full = (samples.iter().position(|s| full(&s))).unwrap_or(samples.len());
     let last_sample = samples.last().copied();
-    let not_ring: f64 = (threads.iter())
-        .filter(|(n, _)| !is_ring_thread(n))
-        .map(|(_, c)| c)
-        .sum();
+    let not_ring = threads.iter().filter(|(n, _)| !is_ring_thread(n));
+    let not_ring: f64 = not_ring.map(|(_, c)| c).sum();
     let (live, disk) = last_sample.map_or((0, 0), |s| (s.live_bytes, s.disk_bytes));
     let stored_per_ledger = live as f64 / last_sample.map_or(1, |s| s.ledgers.max(1)) as f64;
     Ok(RingRun {
@@ -288,6 +265,10 @@ fn ring_run(
     })
 }
 
+fn mb(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / 1e6)
+}
+
 /// The ring runs' table.
 pub fn ring_table(runs: &[RingRun]) -> String {
     let cols: [Col<RingRun>; 12] = [
@@ -299,12 +280,8 @@ pub fn ring_table(runs: &[RingRun]) -> String {
         Col::r("steady", 7, |r| opt(r.steady_peak, 2)),
         Col::r("peak", 7, |r| opt(r.peak, 2)),
         Col::r("after", 7, |r| opt(r.after, 2)),
-        Col::r("live_MB", 9, |r| {
-            format!("{:.1}", r.end_bytes.0 as f64 / 1e6)
-        }),
-        Col::r("disk_MB", 9, |r| {
-            format!("{:.1}", r.end_bytes.1 as f64 / 1e6)
-        }),
+        Col::r("live_MB", 9, |r| mb(r.end_bytes.0)),
+        Col::r("disk_MB", 9, |r| mb(r.end_bytes.1)),
         Col::r("wrote/st", 9, |r| format!("{:.2}", r.written_per_stored)),
         Col::r("cpu_ms ring_ms", 15, |r| {
             format!("{:.1} {:>6.1}", r.process_cpu_ms, r.ring_cpu_ms)
@@ -316,22 +293,17 @@ pub fn ring_table(runs: &[RingRun]) -> String {
 
 /// The whole command: runs the parts, prints the tables, writes `--json`.
 pub fn main(a: &StorageArgs) -> anyhow::Result<()> {
-    let tmp = tempfile::Builder::new()
-        .prefix("ledger-bench-storage")
-        .tempdir()?;
+    let tmp = (tempfile::Builder::new().prefix("ledger-bench-storage")).tempdir()?;
     let certs = tmp.path().join("certs");
     make_certs(&certs, 1)?;
     let mut c = Cluster {
         certs,
         ..Cluster::default()
     };
-    let tuning: Vec<String> = [
-        ("segment_mib", a.segment_mib.map(u64::from)),
-        ("flush_ms", a.flush_ms),
-    ]
-    .iter()
-    .filter_map(|(k, v)| Some(format!("{k}={}", (*v)?)))
-    .collect();
+    let segment = a.segment_mib.map(u64::from);
+    let tuning = [("segment_mib", segment), ("flush_ms", a.flush_ms)];
+    let tuning = tuning.map(|(k, v)| v.map(|v| format!("{k}={v}")));
+    let tuning: Vec<String> = tuning.into_iter().flatten().collect();
     if !tuning.is_empty() {
         c.relay_env.push((SLED_TUNING_ENV, tuning.join(",")));
     }

@@ -3,9 +3,7 @@
 //! the row and the reason.
 
 use clap::Parser;
-use ledger_relay_bench::scenario::{
-    Carrier, Mode, NetKind, Network, Preset, Scenario, TopoKind, PRESETS,
-};
+use ledger_relay_bench::scenario::{Carrier, Mode, NetKind, Preset, Scenario, TopoKind, PRESETS};
 use ledger_relay_bench::{Cli, Command};
 
 /// The rows of `ledger-bench run ARGS`.
@@ -49,9 +47,7 @@ fn every_built_in_preset_expands_into_rows_that_can_run() {
         (bulk.mode, bulk.lanes, bulk.cadence, bulk.codec.as_str()),
         (Mode::CatchUp, 4, 20.0, "none")
     );
-    let Network::Emulated(shape) = bulk.network() else {
-        panic!("{bulk:?}")
-    };
+    let shape = bulk.shape().unwrap_or_else(|| panic!("{bulk:?}"));
     assert_eq!(
         (shape.flow_bps, shape.aggregate_bps),
         (200_000_000, 1_600_000_000)

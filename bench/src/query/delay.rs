@@ -1,14 +1,7 @@
-//! A UDP forwarder that holds every datagram for a fixed time in each direction: the emulated
-//! network's round trip where the kernel has no `netem` qdisc (this one has HTB and TBF only,
-//! see [`crate::netem`]). `ledger-bench query` puts it in the relay's namespace, in front of the
-//! relay's port: everything the RPC side sends the relay, and every answer, waits `delay`
-//! there, so a round trip across the link gains twice `delay`.
-//!
-//! Each client address gets its own upstream socket (as a NAT would), so a client's lanes and
-//! its request connection stay separate flows. One thread holds the datagrams of both
-//! directions in arrival order and sends each when due (a constant delay keeps that order).
-//! What it costs beyond `delay` (thread wake-ups, copies) shows in the round trip QUIC measures
-//! across it, which `ledger-bench query` reports. Its threads run until the process ends.
+//! A UDP forwarder that holds every datagram `delay` in each direction: the emulated network's
+//! round trip where the kernel has no `netem` qdisc (only HTB and TBF, see [`crate::netem`]).
+//! Each client address gets its own upstream socket (as a NAT would), so its flows stay apart;
+//! one thread sends every held datagram when due. Its threads run until the process ends.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -21,13 +14,9 @@ use crate::netem::in_ns;
 /// Largest datagram forwarded (QUIC's own limit).
 const MAX_DATAGRAM: usize = 65_535;
 
-/// One datagram waiting for its time.
-struct Held {
-    due: Instant,
-    data: Vec<u8>,
-    socket: Arc<UdpSocket>,
-    to: SocketAddr,
-}
+/// One datagram waiting for its time: when it is due, its bytes, the socket it leaves by and
+/// where to.
+struct Held(Instant, Vec<u8>, Arc<UdpSocket>, SocketAddr);
 
 /// Binds `listen` in namespace `ns` (this host's network when `None`) and forwards datagrams
 /// between its clients and `to`, each held `delay`; returns the address bound.
@@ -43,14 +32,7 @@ pub fn start(
         move |addr: SocketAddr| in_ns(ns.as_deref(), move || Ok(Arc::new(UdpSocket::bind(addr)?)));
     let front = bind(listen)?;
     let bound = front.local_addr()?;
-    let any = SocketAddr::new(
-        if to.is_ipv4() {
-            [0u8; 4].into()
-        } else {
-            [0u16; 8].into()
-        },
-        0,
-    );
+    let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse()?;
     let (line, held) = channel::<Held>();
     std::thread::spawn(move || send_when_due(held));
     std::thread::spawn(move || {
@@ -66,17 +48,7 @@ pub fn start(
                     upstream.entry(from).or_insert(s).clone()
                 }
             };
-            let data = buf[..n].to_vec();
-            let due = Instant::now() + delay;
-            if line
-                .send(Held {
-                    due,
-                    data,
-                    socket,
-                    to,
-                })
-                .is_err()
-            {
+            if !hold(&line, &buf[..n], socket, to, delay) {
                 return;
             }
         }
@@ -94,31 +66,32 @@ fn answers(
 ) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     while let Ok((n, _)) = up.recv_from(&mut buf) {
-        let (data, socket) = (buf[..n].to_vec(), front.clone());
-        let due = Instant::now() + delay;
-        if line
-            .send(Held {
-                due,
-                data,
-                socket,
-                to: client,
-            })
-            .is_err()
-        {
+        if !hold(&line, &buf[..n], front.clone(), client, delay) {
             return;
         }
     }
 }
 
+/// Queues `data` for `to` through `socket`, due in `delay`; false once the sender has ended.
+fn hold(
+    line: &Sender<Held>,
+    data: &[u8],
+    socket: Arc<UdpSocket>,
+    to: SocketAddr,
+    delay: Duration,
+) -> bool {
+    let held = Held(Instant::now() + delay, data.to_vec(), socket, to);
+    line.send(held).is_ok()
+}
+
 fn send_when_due(held: Receiver<Held>) {
-    // Sleeps may end up to the timer slack late (50 µs by default): 1 µs keeps the added delay
-    // what was asked.
+    // Sleeps may end up to the timer slack (50 µs) late: 1 µs keeps the delay what was asked.
     if let Err(e) = nix::sys::prctl::set_timerslack(1_000) {
         eprintln!("udp delay: cannot lower the timer slack ({e}); delays may run 50 µs long");
     }
     while let Ok(h) = held.recv() {
-        std::thread::sleep(h.due.saturating_duration_since(Instant::now()));
+        std::thread::sleep(h.0.saturating_duration_since(Instant::now()));
         // A datagram the kernel refuses is lost, as on a real link.
-        let _ = h.socket.send_to(&h.data, h.to);
+        let _ = h.2.send_to(&h.1, h.3);
     }
 }

@@ -1,12 +1,8 @@
-//! A SEP-54 data lake on a loopback S3-protocol server (`moto_server`, on the same cores: its
-//! CPU is part of what is measured), for synthetic ledgers and the 320 testnet ledgers.
-//!
-//! In this process: catch-up from a ring (`Ring::get`) against the backfill API (fetch,
-//! decompress, decode, check, chunk) at each prefetch depth, with the prefetch's peak against
-//! its bound, and the lake read without chunking. Through sessions: a relay with `--backfill`
-//! and a ring smaller than the history, and a `ledger-subscribe` from the lake's first ledger
-//! into the ring ([`TAIL`] more), against the same relay with a ring holding it all; the
-//! relay's memory sampled against a session's bound, `(depth + 1) x` the largest batch.
+//! A SEP-54 data lake on a loopback S3 server (`moto_server`, on the same cores) for synthetic
+//! and the 320 testnet ledgers. In this process: catch-up from a ring against backfill at each
+//! prefetch depth (its peak against its bound), and the lake read unchunked. Through sessions: a
+//! relay with `--backfill` and a small ring serving a subscriber from the lake's first ledger,
+//! against a ring holding it all; its memory against `(depth + 1) x` the largest batch.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -86,11 +82,8 @@ impl Set {
     }
 
     fn largest(&self) -> u64 {
-        self.ledgers
-            .iter()
-            .map(|l| 12 + l.raw.len() as u64)
-            .max()
-            .unwrap_or(0)
+        let objects = self.ledgers.iter().map(|l| 12 + l.raw.len() as u64);
+        objects.max().unwrap_or(0)
     }
 
     fn first(&self) -> u32 {
@@ -130,19 +123,14 @@ pub fn run(p: &StorageArgs, work: &Path) -> anyhow::Result<LakeReport> {
     let file = std::fs::File::open(p.testdata.join(TESTNET))
         .with_context(|| format!("{TESTNET} under {}", p.testdata.display()))?;
     let testnet = Records::new(file, DEFAULT_MAX_RECORD_LEN).map(|r| batch(r?));
+    let testnet: Vec<_> = testnet.collect::<anyhow::Result<_>>()?;
     let synthetic = synthetic_ledgers(&spec).map(batch);
-    let name = format!(
-        "synthetic {:.1} MiB x{}",
-        p.size as f64 / f64::from(1 << 20),
-        p.backfill_ledgers
-    );
+    let synthetic: Vec<_> = synthetic.collect::<anyhow::Result<_>>()?;
+    let (mib, n) = (p.size as f64 / f64::from(1 << 20), p.backfill_ledgers);
     let mut sets = Vec::new();
     for (name, ledgers) in [
-        (name, synthetic.collect::<anyhow::Result<_>>()?),
-        (
-            "testnet x320".into(),
-            testnet.collect::<anyhow::Result<_>>()?,
-        ),
+        (format!("synthetic {mib:.1} MiB x{n}"), synthetic),
+        ("testnet x320".into(), testnet),
     ] {
         let bucket = unique_bucket("backfill");
         server.create_bucket(&bucket)?;
@@ -157,15 +145,11 @@ pub fn run(p: &StorageArgs, work: &Path) -> anyhow::Result<LakeReport> {
         ..LakeOptions::default()
     };
     let mut report = LakeReport::default();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = (tokio::runtime::Builder::new_multi_thread().enable_all()).build()?;
     for set in &sets {
         report.writes.push(rt.block_on(write(set, &opts))?);
         if p.parts.contains(&Part::Backfill) {
-            report
-                .reads
-                .extend(rt.block_on(reads(p, set, &opts, work))?);
+            (report.reads).extend(rt.block_on(reads(p, set, &opts, work))?);
         }
     }
     drop(rt);
@@ -221,8 +205,7 @@ async fn write(set: &Set, opts: &LakeOptions) -> anyhow::Result<ReadRun> {
     Ok(w)
 }
 
-/// Catch-up from a ring holding `set`, then backfill from its lake at each depth, then the
-/// lake alone.
+/// Catch-up from a ring holding `set`, then backfill at each depth, then the lake alone.
 async fn reads(
     p: &StorageArgs,
     set: &Set,
@@ -319,8 +302,7 @@ async fn reads(
     Ok(out)
 }
 
-/// One relay and one subscriber through `set`: `depth` `None` is catch-up from a ring holding
-/// everything; `file` the set's dump when it is not synthetic.
+/// One relay and subscriber through `set`: `depth` `None` is catch-up from a ring holding it all.
 fn session(
     c: &Cluster,
     work: &Path,
@@ -386,10 +368,8 @@ fn session(
         secs,
     );
     r.object_mb_s = Some(rest.iter().map(|r| r.wire_bytes).sum::<u64>() as f64 / 1e6 / secs);
-    let peak = m
-        .labelled("lake_prefetch_peak_bytes")
-        .find(|(l, _)| l.contains("backfill"))
-        .map(|(_, v)| v as u64);
+    let mut peak = m.labelled("lake_prefetch_peak_bytes");
+    let peak = (peak.find(|(l, _)| l.contains("backfill"))).map(|(_, v)| v as u64);
     r.peak_held_bytes = depth.and(peak);
     r.bound_bytes = depth.map(|d| (d as u64 + 1) * set.largest());
     let (before, top) = (
@@ -405,9 +385,7 @@ fn session(
 }
 
 fn m(b: Option<u64>) -> String {
-    b.map_or("-".into(), |b| {
-        format!("{:.1}", b as f64 / f64::from(1 << 20))
-    })
+    f(b.map(|b| b as f64 / f64::from(1 << 20)))
 }
 
 fn f(v: Option<f64>) -> String {

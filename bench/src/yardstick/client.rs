@@ -38,24 +38,21 @@ pub struct Yardstick {
 }
 
 /// A connection.
-struct Conn {
-    tls: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
-}
+struct Conn(rustls::StreamOwned<rustls::ClientConnection, TcpStream>);
 
 impl Conn {
     fn send(&mut self, r: Request) -> anyhow::Result<()> {
-        self.tls.write_all(&r.encode())?;
-        Ok(self.tls.flush()?)
+        self.0.write_all(&r.encode())?;
+        Ok(self.0.flush()?)
     }
 
     fn next_reply(&mut self) -> anyhow::Result<Reply> {
-        Ok(read_reply(&mut self.tls, DEFAULT_MAX_RECORD_LEN)?)
+        Ok(read_reply(&mut self.0, DEFAULT_MAX_RECORD_LEN)?)
     }
 }
 
 impl Yardstick {
-    /// The server at `addr` (HOST:PORT), reached with client certificate `name` of `certs`,
-    /// its certificate checked against `server_name`.
+    /// The server at `addr`, reached as `name` of `certs`, its certificate valid for `server_name`.
     pub fn new(
         addr: &str,
         certs: &Path,
@@ -83,15 +80,12 @@ impl Yardstick {
         let conn = rustls::ClientConnection::new(self.config.clone(), self.server_name.clone())?;
         let mut tls = rustls::StreamOwned::new(conn, sock);
         while tls.conn.is_handshaking() {
-            tls.conn
-                .complete_io(&mut tls.sock)
-                .context("TLS handshake")?;
+            (tls.conn.complete_io(&mut tls.sock)).context("TLS handshake")?;
         }
-        Ok(Conn { tls })
+        Ok(Conn(tls))
     }
 
-    /// Sends `probes` clock probes one after another and keeps the one with the shortest round
-    /// trip.
+    /// Sends `probes` clock probes; keeps the one with the shortest round trip.
     pub fn clock(&self, probes: u32) -> anyhow::Result<ClockEstimate> {
         let at = || format!("clock probes to the yardstick at {}", self.addr);
         let mut conn = self.connect().with_context(at)?;
@@ -104,11 +98,7 @@ impl Yardstick {
                     t3_ns: now_ns(),
                     ..s
                 }),
-                other => bail!(
-                    "{}: expected a clock answer, got {}",
-                    self.addr,
-                    what(&other)
-                ),
+                other => bail!("{}: expected a clock answer, got {}", at(), what(&other)),
             }
         }
         let best = best_sample(&samples).context("no clock sample")?;
@@ -120,8 +110,7 @@ impl Yardstick {
         })
     }
 
-    /// Takes `count` ledgers from `from` (0: the newest); one record per ledger, its delivery
-    /// by the two hosts' clocks as they are.
+    /// Takes `count` ledgers from `from` (0: the newest), delivery by each host's clock as it is.
     pub fn stream(&self, from: u32, count: u32, within: Duration) -> anyhow::Result<Vec<Record>> {
         let at = || format!("the yardstick at {}", self.addr);
         let deadline = Instant::now() + within;
@@ -129,12 +118,9 @@ impl Yardstick {
         conn.send(Request::Stream { from, count })?;
         let mut records: Vec<Record> = Vec::new();
         while records.len() < count as usize {
+            let got = records.len();
             if Instant::now() > deadline {
-                bail!(
-                    "{}: {} of {count} ledgers within {within:?}",
-                    at(),
-                    records.len()
-                );
+                bail!("{}: {got} of {count} ledgers within {within:?}", at());
             }
             let (seq, last_byte_ns, body) = match conn.next_reply().with_context(at)? {
                 Reply::Ledger {
@@ -181,13 +167,8 @@ pub fn client_config(certs: &Path, name: &str) -> anyhow::Result<rustls::ClientC
     let ca = ledger_relay_certs::load_certs(&certs.join("ca.pem"))?;
     let chain = ledger_relay_certs::load_certs(&certs.join(format!("{name}.pem")))?;
     let key = ledger_relay_certs::load_key(&certs.join(format!("{name}.key")))?;
-    Ok(ledger_relay_transport::tls::client_tls(
-        &ca,
-        &[],
-        chain,
-        key,
-        ALPN,
-    )?)
+    let tls = ledger_relay_transport::tls::client_tls(&ca, &[], chain, key, ALPN)?;
+    Ok(tls)
 }
 
 fn what(r: &Reply) -> String {

@@ -208,9 +208,8 @@ pub fn best_sample(samples: &[ClockSample]) -> Option<ClockSample> {
     samples.iter().copied().min_by_key(ClockSample::rtt_ns)
 }
 
-/// Reads the server's next message from `r`. A ledger's length is checked against `max_len`
-/// before its body is read, and the body grows with the bytes that arrive, never by the
-/// declared length alone.
+/// Reads the server's next message from `r`; a ledger's length is checked against `max_len`
+/// first, and its body grows with the bytes that arrive, never by the declared length alone.
 pub fn read_reply(r: &mut impl Read, max_len: u32) -> Result<Reply, MessageError> {
     fn read_n(r: &mut impl Read, n: usize) -> Result<Vec<u8>, MessageError> {
         let mut b = Vec::new();
@@ -238,9 +237,8 @@ pub fn read_reply(r: &mut impl Read, max_len: u32) -> Result<Reply, MessageError
             if len > MAX_ERROR_LEN {
                 return Err(MessageError::ErrorTooLong { len });
             }
-            Ok(Reply::Error(
-                String::from_utf8_lossy(&read_n(r, len)?).into_owned(),
-            ))
+            let text = String::from_utf8_lossy(&read_n(r, len)?).into_owned();
+            Ok(Reply::Error(text))
         }
         LEDGER => {
             let h = read_n(r, LEDGER_HEAD_LEN - 1)?;

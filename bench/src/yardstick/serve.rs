@@ -1,8 +1,6 @@
-//! `ledger-bench yardstick`: the TCP yardstick's server, run on a relay's host beside
-//! `ledger-relay run --source synthetic:...`. It generates the same ledgers as that source
-//! (synthetic ledgers are a function of their settings), paced alike, and serves them over
-//! mutual TLS 1.3 over TCP with the relay's certificate: each ledger once it is whole, in
-//! order, to at most [`MAX_CONNECTIONS`] clients at once.
+//! `ledger-bench yardstick`: the TCP yardstick's server, on a relay's host beside `ledger-relay
+//! run --source synthetic:...`: the same ledgers, paced alike, each sent once whole, in order,
+//! over mutual TLS 1.3 over TCP with the relay's certificate to at most [`MAX_CONNECTIONS`].
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -83,10 +81,8 @@ pub fn main(a: &ServeArgs) -> anyhow::Result<()> {
     };
     let config = Arc::new(server_config(&a.certs, &a.name)?);
     let listener = TcpListener::bind(a.listen).with_context(|| format!("binding {}", a.listen))?;
-    eprintln!(
-        "ledger-bench yardstick: listening on {}",
-        listener.local_addr()?
-    );
+    let addr = listener.local_addr()?;
+    eprintln!("ledger-bench yardstick: listening on {addr}");
     let shared = Shared::default();
     let source = shared.clone();
     let (cadence, emit, keep) = (a.cadence, spec.emit.unwrap_or(a.emit), a.keep as usize);
@@ -111,8 +107,7 @@ pub fn main(a: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Client certificates of the CA in `certs` (`ca.pem`), verified as the relay does (without
-/// its allow-list and CRL).
+/// Client certificates of the CA in `certs`, verified as the relay does (without its allow-list).
 pub fn verifier(
     certs: &Path,
 ) -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
@@ -121,10 +116,8 @@ pub fn verifier(
         roots.add(ca)?;
     }
     let provider = tls::crypto_provider();
-    Ok(
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()?,
-    )
+    let builder = rustls::server::WebPkiClientVerifier::builder_with_provider;
+    Ok(builder(Arc::new(roots), provider).build()?)
 }
 
 /// The yardstick's server TLS: certificate `name` of `certs`, clients of its CA.
@@ -134,8 +127,7 @@ pub fn server_config(certs: &Path, name: &str) -> anyhow::Result<rustls::ServerC
     Ok(tls::server_tls(chain, key, verifier(certs)?, ALPN)?)
 }
 
-/// Builds each ledger ahead of its time, then holds it from its start plus the emit window on
-/// (when the relay would have read its last byte), keeping the newest `keep`.
+/// Builds each ledger ahead of its time, holds it from its start + emit window, keeps `keep`.
 fn generate(spec: &SyntheticSpec, cadence: Duration, emit: Duration, keep: usize, shared: &Shared) {
     let t0 = Instant::now();
     for (k, body) in synthetic_ledgers(spec).enumerate() {
@@ -173,8 +165,7 @@ fn ledger(shared: &Shared, seq: u32) -> anyhow::Result<Arc<Ledger>> {
         let want = if seq == 0 {
             held.ledgers.back()
         } else {
-            seq.checked_sub(oldest)
-                .and_then(|i| held.ledgers.get(i as usize))
+            (seq.checked_sub(oldest)).and_then(|i| held.ledgers.get(i as usize))
         };
         match want {
             Some(l) => return Ok(l.clone()),
@@ -188,8 +179,7 @@ fn ledger(shared: &Shared, seq: u32) -> anyhow::Result<Arc<Ledger>> {
         if left.is_zero() {
             bail!("no ledger {seq} within {TIMEOUT:?}");
         }
-        held = ready
-            .wait_timeout(held, left)
+        held = (ready.wait_timeout(held, left))
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }
