@@ -407,7 +407,10 @@ impl Scrape {
             let key = key.strip_prefix("ledger_relay_")?;
             Some((key.into(), value.trim().parse().ok()?))
         };
-        let values = (text.lines().filter(|l| !l.starts_with('#'))).filter_map(sample);
+        let values = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(sample);
         Scrape {
             values: values.collect(),
         }

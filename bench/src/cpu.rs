@@ -84,7 +84,8 @@ pub enum CpuRow {
 impl CpuRow {
     fn name(self) -> String {
         use clap::ValueEnum;
-        (self.to_possible_value()).map_or_else(String::new, |v| v.get_name().to_owned())
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
     }
 }
 
@@ -245,7 +246,9 @@ impl Run {
                 stuck.push(side);
                 continue;
             }
-            let joined = (handle.join()).map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
+            let joined = handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("{name} {side} panicked"));
             joined?.with_context(|| format!("{name} {side}"))?;
         }
         let (true, Some((Some(c0), t0)), Some((Some(c1), t1))) = (stuck.is_empty(), start, end)
@@ -256,7 +259,9 @@ impl Run {
             );
         };
         let per = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(self.ledgers);
-        let split = (cputime::since(&t0, t1).into_iter()).map(|(g, d)| (g.to_string(), per(d)));
+        let split = cputime::since(&t0, t1)
+            .into_iter()
+            .map(|(g, d)| (g.to_string(), per(d)));
         Ok(Measured {
             row,
             ledgers: self.ledgers,
@@ -447,7 +452,9 @@ fn path_line(s: &quinn::ConnectionStats) -> String {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok((tokio::runtime::Builder::new_current_thread().enable_all()).build()?)
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }
 
 /// `f` on a thread named `name` that ends only once `gate` opens.

@@ -195,5 +195,7 @@ pub fn in_ns<T: Send + 'static>(
         }
         f()
     });
-    (thread.join()).map_err(|_| anyhow::anyhow!("a thread in a namespace panicked"))?
+    thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("a thread in a namespace panicked"))?
 }

@@ -55,7 +55,9 @@ pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Re
         buf.resize((u32::from_be_bytes(h) & 0x7fff_ffff) as usize, 0);
         reader.read_exact(&mut buf)?;
         let received = now_ns() as f64 / 1e6;
-        let stamp = (stamped.recv_timeout(Duration::from_secs(5))).context("the writer's stamp")?;
+        let stamp = stamped
+            .recv_timeout(Duration::from_secs(5))
+            .context("the writer's stamp")?;
         let last = stamp as f64 / 1e6;
         out.push(Record {
             seq,
@@ -67,6 +69,8 @@ pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Re
         });
         prev = Some(received);
     }
-    (write.join()).map_err(|_| anyhow::anyhow!("the pipe's writer panicked"))??;
+    write
+        .join()
+        .map_err(|_| anyhow::anyhow!("the pipe's writer panicked"))??;
     Ok(out)
 }

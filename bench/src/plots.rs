@@ -73,7 +73,9 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
             }
         }
         series.retain(|s| s.1.len() > 1 && s.1.iter().any(|p| p.0 != s.1[0].0));
-        (series.iter_mut()).for_each(|s| s.1.sort_by(|a, b| a.0.total_cmp(&b.0)));
+        series
+            .iter_mut()
+            .for_each(|s| s.1.sort_by(|a, b| a.0.total_cmp(&b.0)));
         series
     };
     type Axis = fn(&Row) -> f64;

@@ -217,7 +217,9 @@ fn live_keys(testnet: &Path) -> anyhow::Result<Vec<String>> {
     anyhow::ensure!(n >= 100, "only {n} live accounts at the last ledger");
     let b64 = |k: &&LedgerKey| -> anyhow::Result<String> {
         let s = base64::engine::general_purpose::STANDARD.encode(k.to_xdr(Limits::none())?);
-        Ok((s.replace('+', "%2B").replace('/', "%2F")).replace('=', "%3D"))
+        Ok(s.replace('+', "%2B")
+            .replace('/', "%2F")
+            .replace('=', "%3D"))
     };
     keys.iter().take(100).map(b64).collect()
 }
@@ -383,7 +385,9 @@ fn delivery(
         let t0 = Instant::now();
         let samples = reached.and_then(|()| requests(net.relayed(), &load, count, a.rate));
         let secs = t0.elapsed().as_secs_f64();
-        let records = (sub.join()).map_err(|_| anyhow::anyhow!("the subscriber panicked"));
+        let records = sub
+            .join()
+            .map_err(|_| anyhow::anyhow!("the subscriber panicked"));
         anyhow::Ok((records??.0, samples?, secs))
     })?;
     let achieved_qps = samples.len() as f64 / secs.max(1e-9);
@@ -450,7 +454,8 @@ fn network(
         }
     };
     let row = delivery(a, c, net, &stack, dir, keys);
-    (out.delivery).push(row.unwrap_or_else(|e| DeliveryRow::failed(net.name, &e)));
+    out.delivery
+        .push(row.unwrap_or_else(|e| DeliveryRow::failed(net.name, &e)));
     // Every answer of the latency rows is for the last ledger: wait until the relay has it.
     let last = stack.relay.wait_newest(LAST, Duration::from_secs(60));
     let last = last.map_err(|e| format!("{e:#}"));
@@ -458,14 +463,17 @@ fn network(
         eprintln!("query: {} latency, {n} keys", net.name);
         let row = last.clone().map_err(anyhow::Error::msg);
         let row = row.and_then(|_| latency(a, net, keys, n));
-        (out.latency).push(row.unwrap_or_else(|e| LatencyRow::failed(net.name, n, &e)));
+        out.latency
+            .push(row.unwrap_or_else(|e| LatencyRow::failed(net.name, n, &e)));
     }
 }
 
 /// Runs the networks asked for.
 pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
     anyhow::ensure!(a.rate > 0.0, "--rate must be positive");
-    let tmp = (tempfile::Builder::new().prefix("ledger-bench-query")).tempdir()?;
+    let tmp = tempfile::Builder::new()
+        .prefix("ledger-bench-query")
+        .tempdir()?;
     let certs = tmp.path().join("certs");
     make_certs(&certs, 2)?;
     let c = Cluster {

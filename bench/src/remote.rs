@@ -124,7 +124,10 @@ pub fn scenarios(a: &RemoteArgs) -> Vec<Scenario> {
         ..Scenario::default()
     };
     let tcp = |_| row("remote-tcp".into(), Carrier::Tcp, 1);
-    let lanes = (a.lanes.iter()).map(|&n| row(format!("remote-l{n}"), Carrier::Relay, n));
+    let lanes = a
+        .lanes
+        .iter()
+        .map(|&n| row(format!("remote-l{n}"), Carrier::Relay, n));
     a.tcp.iter().map(tcp).chain(lanes).collect()
 }
 

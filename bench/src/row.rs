@@ -169,7 +169,10 @@ impl Row {
                 return row;
             }
         };
-        (t.records.iter_mut().flatten()).for_each(|r| r.delivery_ms += offset_ms);
+        t.records
+            .iter_mut()
+            .flatten()
+            .for_each(|r| r.delivery_ms += offset_ms);
         let warm = sc.warmup as usize;
         let kept = t
             .records

@@ -142,8 +142,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<Report> {
 pub fn main(a: &RunArgs) -> anyhow::Result<()> {
     if a.list {
         for (name, text) in PRESETS {
-            let about =
-                (toml::from_str::<Preset>(text)).map_or_else(|_| String::new(), |p| p.about);
+            let about = toml::from_str::<Preset>(text).map_or_else(|_| String::new(), |p| p.about);
             println!("{name:<14} {about}");
         }
         return Ok(());

@@ -192,7 +192,9 @@ fn tcp(env: &Env, sc: &Scenario, dir: &Path, sp: Span, limit: Duration) -> anyho
     }
     let mut netem = sc.shape().map(|s| Netem::create("t", s)).transpose()?;
     let ip = netem.as_ref().map_or("127.0.0.1", |_| RELAY_ADDR);
-    let port = (std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?).port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     if let (Some(n), Some(shape)) = (&mut netem, sc.shape()) {
         n.cap_source_port(port, shape.flow_bps)?;
     }
@@ -379,7 +381,8 @@ fn start_relays(
     let shape = sc.shape();
     match sc.topology {
         TopoKind::Direct => {
-            (p.relays).push(c.relay_in(ns, &dir.join("relay"), s, source, &[])?);
+            p.relays
+                .push(c.relay_in(ns, &dir.join("relay"), s, source, &[])?);
             if let (Some(n), Some(shape)) = (&mut p.netem, shape) {
                 for k in 0..sc.processes() * u16::from(sc.lanes) {
                     let half = sc.half_cap && k % u16::from(sc.lanes) == 0;
@@ -596,7 +599,9 @@ fn window(
     let mem = t.memory.get_or_insert_with(Memory::default);
     let peak = rss.iter().map(|s| crate::procs::mib(s.rss_kib));
     mem.peak_mib = peak.fold(0.0, f64::max);
-    mem.per_session_mib = (mem.alone_mib).map(|a| (mem.peak_mib - a) / f64::from(sc.subscribers));
+    mem.per_session_mib = mem
+        .alone_mib
+        .map(|a| (mem.peak_mib - a) / f64::from(sc.subscribers));
     Ok(())
 }
 
@@ -657,7 +662,10 @@ fn idle(
 /// The relay's per-lane counters, with each lane's cap on a direct emulated row.
 fn lanes(sc: &Scenario, m: &Scrape) -> Vec<Lane> {
     let direct = sc.topology == TopoKind::Direct;
-    let cap = (sc.shape().filter(|_| direct)).map(|s| s.flow_bps as f64 / 1e6);
+    let cap = sc
+        .shape()
+        .filter(|_| direct)
+        .map(|s| s.flow_bps as f64 / 1e6);
     (0..sc.lanes)
         .map(|lane| {
             let v = |name: &str| m.get(&format!("lane_{name}{{lane=\"{lane}\"}}"));

@@ -246,14 +246,17 @@ impl Scenario {
         let flow_bps = (self.flow_mbit * 1e6) as u64;
         (self.network == NetKind::Emulated).then_some(Shape {
             flow_bps,
-            aggregate_bps: (self.aggregate_mbit).map_or(flow_bps * 8, |a| (a * 1e6) as u64),
+            aggregate_bps: self
+                .aggregate_mbit
+                .map_or(flow_bps * 8, |a| (a * 1e6) as u64),
             link_mtu: self.link_mtu,
         })
     }
 
     /// Time between ledgers with this many subscribers, ms.
     pub fn cadence_ms(&self) -> f64 {
-        (self.cadence).max(f64::from(self.subscribers) * self.cadence_per_subscriber)
+        self.cadence
+            .max(f64::from(self.subscribers) * self.cadence_per_subscriber)
     }
 
     /// `ledger-subscribe` processes of the row.
@@ -348,7 +351,8 @@ pub struct Preset {
 /// A value as a flag gives it: a TOML value (`4`, `true`, `1.5`) or else a string (`600ms`).
 pub fn value(text: &str) -> toml::Value {
     let v = toml::from_str::<toml::Table>(&format!("v = {text}")).ok();
-    (v.and_then(|mut t| t.remove("v"))).unwrap_or_else(|| toml::Value::String(text.to_owned()))
+    v.and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(text.to_owned()))
 }
 
 /// `KEY=VALUE` (`--set`).

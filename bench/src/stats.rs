@@ -34,7 +34,8 @@ pub fn parse_csv(text: &str) -> anyhow::Result<Vec<Record>> {
             bail!("line {}: expected 6 fields, got {line:?}", i + 1);
         }
         let n = |k: usize| -> anyhow::Result<f64> {
-            (f[k].parse::<f64>()).with_context(|| format!("line {}: field {}", i + 1, k + 1))
+            f[k].parse::<f64>()
+                .with_context(|| format!("line {}: field {}", i + 1, k + 1))
         };
         out.push(Record {
             seq: n(0)? as u32,
@@ -187,7 +188,12 @@ pub fn spread(subs: &[Vec<Record>]) -> Spread {
             continue;
         }
         // The first to finish last, as `max_by` takes the last of equals.
-        let latest = (d.iter().copied().enumerate().rev()).max_by(|a, b| a.1.total_cmp(&b.1));
+        let latest = d
+            .iter()
+            .copied()
+            .enumerate()
+            .rev()
+            .max_by(|a, b| a.1.total_cmp(&b.1));
         let (i, last) = latest.unwrap_or((0, f64::NAN));
         last_count[i] += 1;
         firsts.push(d.iter().copied().fold(f64::INFINITY, f64::min));

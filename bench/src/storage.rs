@@ -161,12 +161,18 @@ pub struct StorageReport {
 
 /// Whether a relay thread (by name) works for the ring: the ring writer and sled's threads.
 pub fn is_ring_thread(name: &str) -> bool {
-    (["ring-", "sled", "log flusher", "flusher"].iter()).any(|p| name.starts_with(p))
+    ["ring-", "sled", "log flusher", "flusher"]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
 /// `du -sb PATH`: apparent bytes of everything under it.
 pub fn du_sb(path: &Path) -> anyhow::Result<u64> {
-    let out = (Command::new("du").arg("-sb").arg(path).output()).context("running du -sb")?;
+    let out = Command::new("du")
+        .arg("-sb")
+        .arg(path)
+        .output()
+        .context("running du -sb")?;
     // du exits 1 when a file vanishes under it (sled and the ring delete files as they go);
     // its total is still the one to take.
     let text = String::from_utf8_lossy(&out.stdout);
@@ -242,7 +248,10 @@ fn ring_run(
     let full = |s: &&Sample| s.ledgers >= u64::from(a.retention);
     let steady = samples.iter().filter(|s| !s.idle).filter(full);
     let steady: Vec<f64> = steady.filter_map(Sample::ratio).collect();
-    let first_full = (samples.iter().position(|s| full(&s))).unwrap_or(samples.len());
+    let first_full = samples
+        .iter()
+        .position(|s| full(&s))
+        .unwrap_or(samples.len());
     let last_sample = samples.last().copied();
     let not_ring = threads.iter().filter(|(n, _)| !is_ring_thread(n));
     let not_ring: f64 = not_ring.map(|(_, c)| c).sum();
@@ -293,7 +302,9 @@ pub fn ring_table(runs: &[RingRun]) -> String {
 
 /// The whole command: runs the parts, prints the tables, writes `--json`.
 pub fn main(a: &StorageArgs) -> anyhow::Result<()> {
-    let tmp = (tempfile::Builder::new().prefix("ledger-bench-storage")).tempdir()?;
+    let tmp = tempfile::Builder::new()
+        .prefix("ledger-bench-storage")
+        .tempdir()?;
     let certs = tmp.path().join("certs");
     make_certs(&certs, 1)?;
     let mut c = Cluster {

@@ -145,11 +145,15 @@ pub fn run(p: &StorageArgs, work: &Path) -> anyhow::Result<LakeReport> {
         ..LakeOptions::default()
     };
     let mut report = LakeReport::default();
-    let rt = (tokio::runtime::Builder::new_multi_thread().enable_all()).build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     for set in &sets {
         report.writes.push(rt.block_on(write(set, &opts))?);
         if p.parts.contains(&Part::Backfill) {
-            (report.reads).extend(rt.block_on(reads(p, set, &opts, work))?);
+            report
+                .reads
+                .extend(rt.block_on(reads(p, set, &opts, work))?);
         }
     }
     drop(rt);
@@ -369,7 +373,9 @@ fn session(
     );
     r.object_mb_s = Some(rest.iter().map(|r| r.wire_bytes).sum::<u64>() as f64 / 1e6 / secs);
     let mut peak = m.labelled("lake_prefetch_peak_bytes");
-    let peak = (peak.find(|(l, _)| l.contains("backfill"))).map(|(_, v)| v as u64);
+    let peak = peak
+        .find(|(l, _)| l.contains("backfill"))
+        .map(|(_, v)| v as u64);
     r.peak_held_bytes = depth.and(peak);
     r.bound_bytes = depth.map(|d| (d as u64 + 1) * set.largest());
     let (before, top) = (

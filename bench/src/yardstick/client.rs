@@ -80,7 +80,9 @@ impl Yardstick {
         let conn = rustls::ClientConnection::new(self.config.clone(), self.server_name.clone())?;
         let mut tls = rustls::StreamOwned::new(conn, sock);
         while tls.conn.is_handshaking() {
-            (tls.conn.complete_io(&mut tls.sock)).context("TLS handshake")?;
+            tls.conn
+                .complete_io(&mut tls.sock)
+                .context("TLS handshake")?;
         }
         Ok(Conn(tls))
     }

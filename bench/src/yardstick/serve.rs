@@ -165,7 +165,8 @@ fn ledger(shared: &Shared, seq: u32) -> anyhow::Result<Arc<Ledger>> {
         let want = if seq == 0 {
             held.ledgers.back()
         } else {
-            (seq.checked_sub(oldest)).and_then(|i| held.ledgers.get(i as usize))
+            seq.checked_sub(oldest)
+                .and_then(|i| held.ledgers.get(i as usize))
         };
         match want {
             Some(l) => return Ok(l.clone()),
