@@ -160,7 +160,7 @@ pub(crate) fn put_request(r: &CoreRequest, out: &mut Vec<u8>) {
     out.put_u8(r.method as u8);
     out.put_u32(r.timeout_ms);
     out.put_u32(r.target.len() as u32);
-    let content_type = crate::frame::truncate_utf8(&r.content_type, u8::MAX as usize);
+    let content_type = crate::text::truncate_utf8(&r.content_type, u8::MAX as usize);
     out.put_u8(content_type.len() as u8);
     out.put_slice(r.target.as_bytes());
     out.put_slice(content_type.as_bytes());
@@ -171,7 +171,7 @@ pub(crate) fn put_request(r: &CoreRequest, out: &mut Vec<u8>) {
 pub(crate) fn put_response(r: &CoreResponse, out: &mut Vec<u8>) {
     out.put_u16(r.status);
     out.put_u8(r.origin as u8);
-    let content_type = crate::frame::truncate_utf8(&r.content_type, u8::MAX as usize);
+    let content_type = crate::text::truncate_utf8(&r.content_type, u8::MAX as usize);
     out.put_u8(content_type.len() as u8);
     out.put_slice(content_type.as_bytes());
     out.put_slice(&r.body);
@@ -326,7 +326,7 @@ impl Endpoint {
             }),
             None => Err(NotForwarded::Path {
                 port,
-                path: crate::frame::truncate_utf8(path, 64).to_owned(),
+                path: crate::text::truncate_utf8(path, 64).to_owned(),
             }),
         }
     }

@@ -11,6 +11,7 @@ use crate::compress::Codec;
 use crate::core_http::{self, CoreRequest, CoreResponse};
 use crate::error::FrameError;
 use crate::limits::Limits;
+pub use crate::text::truncate_utf8;
 
 /// Length of every frame header: type (1) + body length (4).
 pub const FRAME_HEADER_LEN: usize = 5;
@@ -521,16 +522,24 @@ impl Frame {
     }
 }
 
-/// Cuts `s` to at most `max` bytes at a character boundary.
-pub fn truncate_utf8(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
+impl Limits {
+    /// Largest body of a `Chunk` frame: its fixed fields plus a payload no longer than
+    /// `max_chunk_raw` (a chunk that does not shrink is sent raw, so a payload never exceeds its
+    /// raw length).
+    pub fn max_chunk_body(&self) -> u32 {
+        self.max_chunk_raw.saturating_add(CHUNK_FIXED_LEN as u32)
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
+
+    /// Largest whole frame (header and body) on a control or data stream. A request stream's
+    /// frames are bounded apart: [`Limits::max_core_frame_len`].
+    pub fn max_frame_len(&self) -> usize {
+        FRAME_HEADER_LEN + self.max_chunk_body().max(self.max_control_body) as usize
     }
-    &s[..end]
+
+    /// Largest whole `CoreRequest` or `CoreResponse` frame, read whole from a request stream.
+    pub fn max_core_frame_len(&self) -> usize {
+        FRAME_HEADER_LEN + self.max_core_request.max(self.max_core_response) as usize
+    }
 }
 
 /// Checks a frame header against `limits`: the type is known and the body length is exactly the

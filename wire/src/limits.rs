@@ -63,24 +63,3 @@ impl Default for Limits {
         }
     }
 }
-
-impl Limits {
-    /// Largest body of a `Chunk` frame: its fixed fields plus a payload no longer than
-    /// `max_chunk_raw` (a chunk that does not shrink is sent raw, so a payload never exceeds its
-    /// raw length).
-    pub fn max_chunk_body(&self) -> u32 {
-        self.max_chunk_raw
-            .saturating_add(crate::frame::CHUNK_FIXED_LEN as u32)
-    }
-
-    /// Largest whole frame (header and body) on a control or data stream. A request stream's
-    /// frames are bounded apart: [`Limits::max_core_frame_len`].
-    pub fn max_frame_len(&self) -> usize {
-        crate::frame::FRAME_HEADER_LEN + self.max_chunk_body().max(self.max_control_body) as usize
-    }
-
-    /// Largest whole `CoreRequest` or `CoreResponse` frame, read whole from a request stream.
-    pub fn max_core_frame_len(&self) -> usize {
-        crate::frame::FRAME_HEADER_LEN + self.max_core_request.max(self.max_core_response) as usize
-    }
-}

@@ -72,6 +72,18 @@ pub fn needs_escape(c: char) -> bool {
         )
 }
 
+/// Cuts `s` to at most `max` bytes at a character boundary.
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
