@@ -617,6 +617,16 @@ pub fn data_head(head: &[u8], limits: &Limits) -> Result<Option<DataHead>, Frame
     };
     let (frame_type, len) = check_header(header, limits)?;
     let frame_len = FRAME_HEADER_LEN + len as usize;
+    // A request stream's frames may be longer (`max_core_frame_len`); on a data stream no frame
+    // is, whatever its type says.
+    let max = limits.max_frame_len();
+    if frame_len > max {
+        return Err(FrameError::TooLong {
+            frame: frame_type.name(),
+            len,
+            max: (max - FRAME_HEADER_LEN) as u32,
+        });
+    }
     let mut held = frame_len as u64;
     if frame_type == FrameType::Chunk {
         let Some(fixed) = head.get(FRAME_HEADER_LEN..DATA_HEAD_LEN) else {

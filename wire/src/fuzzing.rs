@@ -625,6 +625,11 @@ mod tests {
         super::surviving(&[1, 1, 0, 1, 3, 5, 1, 0, 0]);
         super::lake_batch(&seed);
         super::lake_names(&seed);
+        // Found by fuzzing: a data stream's head naming a core response longer than any frame
+        // a data stream may carry.
+        super::frames(&[
+            0x41, 0, 0, 0x17, 0x10, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        ]);
         super::lake_names(b"FFF0BDBF--1000000.xdr.zst");
         super::lake_names(br#"{"ledgersPerBatch":8,"batchesPerPartition":4}"#);
         // Found by fuzzing: the last partition of the sequence space is clamped to one ledger.

@@ -398,6 +398,15 @@ fn a_data_streams_head_is_checked_before_anything_is_held() {
         Err(FrameError::TooLong { .. })
     ));
     assert!(data_head(&[0xee, 0, 0, 0, 0], &limits).is_err());
+    // A core response is longer than any frame a data stream may carry: refused from its header,
+    // so a data stream never holds more than `max_frame_len`.
+    let mut core = vec![FrameType::CoreResponse as u8];
+    let body = (limits.max_frame_len() - FRAME_HEADER_LEN + 1) as u32;
+    core.extend_from_slice(&body.to_be_bytes());
+    assert!(matches!(
+        data_head(&core, &limits),
+        Err(FrameError::TooLong { .. })
+    ));
     // A compressed chunk claiming more than the largest raw chunk costs only its frame: it is
     // refused before it is decompressed.
     let big = chunk_frame(limits.max_chunk_raw + 1, Codec::Lz4, 100);
