@@ -1,4 +1,5 @@
 use super::*;
+use ledger_relay_wire::compress::Codec;
 
 fn base() -> RunArgs {
     RunArgs {
