@@ -330,8 +330,13 @@ pub(crate) async fn wait_written(s: &StandIn, seq: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let body = form(&[BUSY], None);
     loop {
-        let a = call(s.query, "/getledgerentry", Some(&body)).await;
-        if answered_seq(&a) == Some(u64::from(seq)) {
+        // The port may refuse for a moment (the stand-in is still subscribing): retried, and
+        // reported with the stand-in's log if it lasts.
+        let a = match tokio::net::TcpStream::connect(s.query).await {
+            Ok(_) => Some(call(s.query, "/getledgerentry", Some(&body)).await),
+            Err(_) => None,
+        };
+        if a.as_ref().and_then(answered_seq) == Some(u64::from(seq)) {
             return;
         }
         assert!(
