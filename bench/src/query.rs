@@ -199,29 +199,18 @@ fn answered(samples: &[Sample]) -> [f64; 3] {
     p50_p99_max(ok.map(|s| s.ms).collect())
 }
 
-/// 100 account keys live at the last ledger, in key order, as base64 escaped for a form.
+/// 100 account keys live at the last ledger, in key order, as form values.
 fn live_keys(testnet: &Path) -> anyhow::Result<Vec<String>> {
-    use base64::Engine;
-    use ledger_relay_core_double::state::Found;
-    use stellar_xdr::{LedgerKey, Limits, WriteXdr};
+    use ledger_relay_core_double::form::encode_xdr;
     let double = ledger_relay_core_double::CoreDouble::load(testnet, Default::default())?;
     double.close_through(LAST);
     let book = double.read_book();
-    let live = |k: &&LedgerKey| matches!(book.state.lookup(k, LAST), Found::Live { .. });
-    let mut keys: Vec<&LedgerKey> = (book.state.keys())
-        .filter(|k| matches!(k, LedgerKey::Account(_)))
-        .filter(live)
-        .collect();
+    let mut keys: Vec<_> = book.state.live_accounts(LAST).collect();
     keys.sort();
     let n = keys.len();
     anyhow::ensure!(n >= 100, "only {n} live accounts at the last ledger");
-    let b64 = |k: &&LedgerKey| -> anyhow::Result<String> {
-        let s = base64::engine::general_purpose::STANDARD.encode(k.to_xdr(Limits::none())?);
-        Ok(s.replace('+', "%2B")
-            .replace('/', "%2F")
-            .replace('=', "%3D"))
-    };
-    keys.iter().take(100).map(b64).collect()
+    let encoded = keys[..100].iter().map(|k| encode_xdr(*k));
+    Ok(encoded.collect::<Result<_, _>>()?)
 }
 
 /// `count` form bodies of `n` keys each (in turn from `keys`), with `ledgerSeq` if given.
@@ -490,14 +479,8 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
     };
     if a.network != "emulated" {
         eprintln!("query: loopback");
-        network(
-            a,
-            &c,
-            &Net::on("loopback", None),
-            tmp.path(),
-            &keys,
-            &mut out,
-        );
+        let lo = Net::on("loopback", None);
+        network(a, &c, &lo, tmp.path(), &keys, &mut out);
     }
     match crate::netem::unavailable_reason() {
         _ if a.network == "loopback" => {}
@@ -508,13 +491,15 @@ pub fn run(a: &QueryArgs) -> anyhow::Result<QueryReport> {
         None => {
             eprintln!("query: emulated network, {} ms round trip", a.rtt);
             // Uncapped: the link is only delayed.
-            let (flow_bps, aggregate_bps, link_mtu) = (10_000_000_000, 10_000_000_000, None);
-            let shape = Shape {
-                flow_bps,
-                aggregate_bps,
-                link_mtu,
-            };
-            let netem = Netem::create("q", shape)?;
+            let (flow_bps, aggregate_bps) = (10_000_000_000, 10_000_000_000);
+            let netem = Netem::create(
+                "q",
+                Shape {
+                    flow_bps,
+                    aggregate_bps,
+                    link_mtu: None,
+                },
+            )?;
             let net = Net::on("emulated", Some(&netem));
             network(a, &c, &net, tmp.path(), &keys, &mut out);
         }

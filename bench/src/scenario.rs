@@ -9,6 +9,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::netem::Shape;
 
+/// The fields every row starts from, as data.
+pub const DEFAULTS: &str = include_str!("../scenarios/defaults.toml");
+
 /// The built-in presets: name and text.
 pub const PRESETS: &[(&str, &str)] = &[
     ("table", include_str!("../scenarios/table.toml")),
@@ -24,11 +27,10 @@ pub const PRESETS: &[(&str, &str)] = &[
 ];
 
 /// Which network a row runs on.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetKind {
     /// This host's loopback.
-    #[default]
     Loopback,
     /// Two network namespaces with per-flow caps (root).
     Emulated,
@@ -37,11 +39,10 @@ pub enum NetKind {
 }
 
 /// How the relays of a row are arranged.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TopoKind {
     /// One relay, every subscriber on it.
-    #[default]
     Direct,
     /// A root relay with the source and `edges` relays fed by it (`--source relay:ROOT`); the
     /// subscribers spread over the edges.
@@ -51,11 +52,10 @@ pub enum TopoKind {
 }
 
 /// What carries the ledgers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Carrier {
     /// `ledger-relay run` and `ledger-subscribe`.
-    #[default]
     Relay,
     /// The TCP yardstick: the same ledgers over one TLS-over-TCP flow, each sent once whole.
     Tcp,
@@ -64,11 +64,10 @@ pub enum Carrier {
 }
 
 /// How subscribers meet the source.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Connected before their first ledger is published; chunks streamed as the source writes.
-    #[default]
     Live,
     /// Started once the source finished: every ledger from the ring, back to back (the relay
     /// keeps one ledger in flight, `--window 1`), so the row measures sustained goodput.
@@ -78,11 +77,10 @@ pub enum Mode {
 }
 
 /// Where the relay exports its ledgers as a SEP-54 data lake, if anywhere.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Export {
     /// No export.
-    #[default]
     None,
     /// To a directory (`file://`).
     File,
@@ -91,11 +89,10 @@ pub enum Export {
 }
 
 /// Which relays a subscriber of a hedge row takes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HedgeTo {
     /// Both, hedged (`ledger-subscribe --hedge`).
-    #[default]
     Both,
     /// The healthy relay alone.
     A,
@@ -103,11 +100,13 @@ pub enum HedgeTo {
     B,
 }
 
-/// One row of a run; every field has a default, so a preset row says only what it changes.
+/// One row of a run. Every field has a default ([`DEFAULTS`]), so a preset row says only what
+/// it changes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct Scenario {
     /// The row's name.
+    #[serde(default)]
     pub name: String,
     /// `loopback`, `emulated` or `remote`.
     pub network: NetKind,
@@ -192,51 +191,13 @@ pub struct Scenario {
     #[serde(deserialize_with = "millis")]
     pub idle: f64,
     /// More flags for every relay of the row.
+    #[serde(default)]
     pub relay_args: Vec<String>,
 }
 
 impl Default for Scenario {
     fn default() -> Self {
-        Scenario {
-            name: String::new(),
-            network: NetKind::Loopback,
-            flow_mbit: 200.0,
-            aggregate_mbit: None,
-            link_mtu: None,
-            half_cap: false,
-            relay: None,
-            tcp: None,
-            topology: TopoKind::Direct,
-            edges: 1,
-            cut_through: false,
-            root_subscriber: false,
-            degrade: 10.0,
-            hedge_to: HedgeTo::Both,
-            carrier: Carrier::Relay,
-            source: "synthetic".into(),
-            size: 15_204_352,
-            ratio: 7.6,
-            codec: "zstd".into(),
-            chunk: 256 << 10,
-            lanes: 4,
-            subscribers: 1,
-            sessions_per_process: 1,
-            receive_only: false,
-            mode: Mode::Live,
-            streams_per_lane: None,
-            ledgers: 20,
-            warmup: 3,
-            cadence: 600.0,
-            cadence_per_subscriber: 0.0,
-            emit: 8.0,
-            max_mtu: None,
-            min_mtu: None,
-            export: Export::None,
-            export_level: 1,
-            baseline_ledgers: 0,
-            idle: 0.0,
-            relay_args: Vec::new(),
-        }
+        toml::from_str(DEFAULTS).expect("bench/scenarios/defaults.toml holds every field")
     }
 }
 
@@ -407,7 +368,8 @@ impl Preset {
         }
         let mut out = Vec::new();
         for row in &self.row {
-            let mut base = self.defaults.clone();
+            let mut base: toml::Table = toml::from_str(DEFAULTS)?;
+            base.extend(self.defaults.clone());
             base.extend(row.clone());
             let name = base.get("name").and_then(toml::Value::as_str);
             let name = name.unwrap_or_default().to_owned();

@@ -4,7 +4,7 @@
 
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
-use stellar_xdr::{Limits, ReadXdr};
+use stellar_xdr::{Limits, ReadXdr, WriteXdr};
 
 use ledger_relay_wire::core_http::form_params;
 
@@ -27,6 +27,15 @@ pub fn values<'a>(params: &'a [(Vec<u8>, Vec<u8>)], name: &str) -> Vec<&'a [u8]>
         .filter(|(n, _)| n == name.as_bytes())
         .map(|(_, v)| v.as_slice())
         .collect()
+}
+
+/// `v` as a form value a client sends core: its XDR in base64, with `+`, `/` and `=` escaped.
+pub fn encode_xdr(v: &impl WriteXdr) -> Result<String, stellar_xdr::Error> {
+    let text = base64::engine::general_purpose::STANDARD.encode(v.to_xdr(Limits::none())?);
+    Ok(text
+        .replace('+', "%2B")
+        .replace('/', "%2F")
+        .replace('=', "%3D"))
 }
 
 /// Base64 as core decodes it: bytes outside the alphabet (spaces from a `+` that was not

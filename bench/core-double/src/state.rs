@@ -170,6 +170,13 @@ impl State {
         self.versions.keys()
     }
 
+    /// The accounts live at `seq`, in no particular order.
+    pub fn live_accounts(&self, seq: u32) -> impl Iterator<Item = &LedgerKey> {
+        let live = move |k: &&LedgerKey| matches!(self.lookup(k, seq), Found::Live { .. });
+        let accounts = self.keys().filter(|k| matches!(k, LedgerKey::Account(_)));
+        accounts.filter(live)
+    }
+
     /// Every version of `key`, oldest first.
     pub fn history(&self, key: &LedgerKey) -> &[(u32, Value)] {
         self.versions.get(key).map_or(&[], Vec::as_slice)

@@ -12,7 +12,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use ledger_relay_core_double::state::Found;
 use ledger_relay_core_double::{CoreDouble, Servers, Settings};
 use ledger_relay_wire::core_http::CorePort;
 use ledger_relay_wire::record::write_record_to;
@@ -80,17 +79,11 @@ pub(crate) fn account_key(hex: &str) -> String {
     let key = LedgerKey::Account(LedgerKeyAccount {
         account_id: AccountId(PublicKey::PublicKeyTypeEd25519(Uint256(k))),
     });
-    escape(&b64(&key))
+    escaped(&key)
 }
 
-fn b64(v: &impl WriteXdr) -> String {
-    base64::engine::general_purpose::STANDARD.encode(v.to_xdr(Limits::none()).unwrap())
-}
-
-fn escape(s: &str) -> String {
-    s.replace('+', "%2B")
-        .replace('/', "%2F")
-        .replace('=', "%3D")
+fn escaped(v: &impl WriteXdr) -> String {
+    ledger_relay_core_double::form::encode_xdr(v).unwrap()
 }
 
 /// `/tx?blob=` of a transaction of `ops` operations offering `fee`.
@@ -104,7 +97,7 @@ pub(crate) fn tx_target(fee: u32, ops: usize) -> String {
         tx,
         signatures: Default::default(),
     });
-    format!("/tx?blob={}", escape(&b64(&env)))
+    format!("/tx?blob={}", escaped(&env))
 }
 
 /// The double behind the relay, with the FIFO its ledgers go to.
@@ -351,20 +344,15 @@ pub(crate) async fn wait_written(s: &StandIn, seq: u32) {
 /// An account live at `seq` whose entry changed after it, by [`TIP`]: its key, escaped.
 fn changed_account(double: &CoreDouble, seq: u32) -> String {
     let book = double.read_book();
-    let key = book
-        .state
-        .keys()
-        .filter(|k| matches!(k, LedgerKey::Account(_)))
-        .find(|k| {
-            matches!(book.state.lookup(k, seq), Found::Live { .. })
-                && book
-                    .state
-                    .history(k)
-                    .iter()
-                    .any(|(from, _)| *from > seq && *from <= TIP)
-        })
+    let changed = |k: &&LedgerKey| {
+        let versions = book.state.history(k).iter();
+        versions.map(|v| v.0).any(|from| from > seq && from <= TIP)
+    };
+    let mut accounts = book.state.live_accounts(seq);
+    let key = accounts
+        .find(changed)
         .expect("an account changed within the window");
-    escape(&b64(key))
+    escaped(key)
 }
 
 /// The first entry of a 200 answer, base64.
