@@ -377,10 +377,11 @@ pub fn http(addr: SocketAddr, method_path: &str, form: &str) -> anyhow::Result<(
         0 => String::new(),
         n => format!("Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {n}\r\n"),
     };
-    write!(
-        s,
+    // One write: a server that answers after its first read must not find the rest unread.
+    let request = format!(
         "{method_path} HTTP/1.1\r\nHost: {addr}\r\n{length}Connection: close\r\n\r\n{form}"
-    )?;
+    );
+    s.write_all(request.as_bytes())?;
     let mut raw = Vec::new();
     s.take(64 << 20).read_to_end(&mut raw)?;
     let end =
@@ -407,13 +408,9 @@ impl Scrape {
             let key = key.strip_prefix("ledger_relay_")?;
             Some((key.into(), value.trim().parse().ok()?))
         };
-        let values = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(sample);
-        Scrape {
-            values: values.collect(),
-        }
+        let lines = text.lines().filter(|l| !l.starts_with('#'));
+        let values = lines.filter_map(sample).collect();
+        Scrape { values }
     }
 
     /// An unlabelled sample (0 when absent).

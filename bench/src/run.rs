@@ -8,7 +8,8 @@ use anyhow::bail;
 use crate::row::Row;
 use crate::scenario::{assignment, sweep, value, Preset, Scenario, PRESETS};
 
-/// Flags that set a field of every row: `(flag, field)`, each taking the field's value.
+/// Flags for the fields most often set (`--set` reaches every field): `(flag, field)`, each
+/// taking the field's value.
 macro_rules! field_flags {
     ($($(#[doc = $doc:literal])* $field:ident),* $(,)?) => {
         /// Fields of every row, set by name.
@@ -35,26 +36,16 @@ field_flags! {
     network,
     /// Per-flow cap of the emulated network, Mbit/s.
     flow_mbit,
-    /// Lanes per subscriber.
-    lanes,
-    /// Subscriptions.
-    subscribers,
     /// Ledgers measured per subscriber, after the warm-up.
     ledgers,
     /// Ledgers left out at the start of each subscriber.
     warmup,
     /// Synthetic ledger size (`594KiB`; a number is bytes).
     size,
-    /// zstd-1 ratio of the synthetic ledgers (1: incompressible).
-    ratio,
-    /// `zstd`, `lz4` or `none`.
-    codec,
     /// Time between ledgers (`600ms`; a number is milliseconds).
     cadence,
     /// Raw bytes per chunk.
     chunk,
-    /// `live`, `catch-up` or `store-and-forward`.
-    mode,
     /// Largest UDP payload of the lanes, both ends (8952 for jumbo frames).
     max_mtu,
     /// UDP payload the lanes take the path to carry, both ends.

@@ -325,10 +325,8 @@ pub fn assignment(text: &str) -> Result<(String, toml::Value), String> {
 /// `KEY=V1,V2,...` (`--sweep`).
 pub fn sweep(text: &str) -> Result<(String, Vec<toml::Value>), String> {
     let (k, v) = text.split_once('=').ok_or("expected KEY=V1,V2,...")?;
-    Ok((
-        k.trim().to_owned(),
-        v.split(',').map(|x| value(x.trim())).collect(),
-    ))
+    let values = v.split(',').map(|x| value(x.trim())).collect();
+    Ok((k.trim().to_owned(), values))
 }
 
 impl Preset {

@@ -133,7 +133,7 @@ fn flags_set_every_row_and_sweeps_multiply_them() {
 fn mistakes_are_refused_with_the_row_and_the_reason() {
     let err = |args: &[&str]| format!("{:#}", rows(args).unwrap_err());
     assert!(err(&["--set", "lanse=2"]).contains("lanse"));
-    assert!(err(&["--lanes", "0"]).contains("lanes 1 to 16"));
+    assert!(err(&["--set", "lanes=0"]).contains("lanes 1 to 16"));
     assert!(err(&["--preset", "no-such-preset"]).contains("neither a preset"));
     assert!(err(&["--only", "nothing"]).contains("no row selected"));
     assert!(err(&["--cadence", "soon"]).contains("soon"));
