@@ -97,20 +97,16 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
 /// The number of field `field` in `/proc/PID/FILE` (`io`'s `wchar`).
 pub fn proc_value(pid: u32, file: &str, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
-    let value = text
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'));
-    value?.split_whitespace().next()?.parse().ok()
+    let mut lines = text.lines();
+    let value = lines.find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    value.split_whitespace().next()?.parse().ok()
 }
 
 /// The machine's load averages (1, 5, 15 min).
 pub fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    let v: Vec<f64> = text
-        .split_whitespace()
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    Some([*v.first()?, *v.get(1)?, *v.get(2)?])
+    let mut v = text.split_whitespace().map(|f| f.parse::<f64>().ok());
+    Some([v.next()??, v.next()??, v.next()??])
 }
 
 /// Whether `child` has exited, without reaping it (its `/proc/PID/stat` stays readable): its

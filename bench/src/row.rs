@@ -77,6 +77,8 @@ pub struct Taken {
     pub lanes: Vec<Lane>,
     /// The export lake's newest ledger at the end, and whether the export was degraded.
     pub export: Option<(u64, bool)>,
+    /// A hedged subscriber's first look (`ledger-subscribe --stats FILE`'s FILE.first-look).
+    pub first_look: Option<String>,
 }
 
 impl Taken {
@@ -117,6 +119,8 @@ pub struct Row {
     pub span_s: f64,
     /// The export lake's newest ledger and whether the export was degraded.
     pub export: Option<(u64, bool)>,
+    /// A hedged subscriber's first look, as `ledger-subscribe` wrote it (CSV).
+    pub first_look: Option<String>,
     /// Every delivery sample after the warm-up, sorted, ms.
     pub delivery_ms: Vec<f64>,
 }
@@ -200,8 +204,14 @@ impl Row {
         if let Some((a, b)) = t.records.first().and_then(|v| v.first().zip(v.last())) {
             row.span_s = (b.received_unix_ms - (a.received_unix_ms - a.delivery_ms)) / 1e3;
         }
-        (row.delivery, row.cpu, row.memory, row.lanes, row.export) =
-            (Some(s), t.cpu, t.memory, t.lanes, t.export);
+        (
+            row.delivery,
+            row.cpu,
+            row.memory,
+            row.lanes,
+            row.export,
+            row.first_look,
+        ) = (Some(s), t.cpu, t.memory, t.lanes, t.export, t.first_look);
         row
     }
 
@@ -343,6 +353,9 @@ pub fn table(rows: &[Row]) -> String {
         group("per lane, from the relay's counters (MB, busy % of the span, lost packets, round trip ms, window KiB, MTU)", lanes_table(rows));
     }
     for r in rows {
+        if let Some(look) = &r.first_look {
+            let _ = write!(out, "{}: first look\n{look}", r.scenario.name);
+        }
         if let Some((newest, degraded)) = r.export {
             let last = r.delivery.as_ref().map_or(0, |_| r.scenario.ledgers);
             let (name, d) = (&r.scenario.name, if degraded { ", degraded" } else { "" });

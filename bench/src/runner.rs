@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use ledger_relay_lake::testing::{unique_bucket, S3Server};
+use ledger_relay_wire::record::{Records, DEFAULT_MAX_RECORD_LEN};
 
 use crate::cluster::{make_certs, Cluster, RelayProc, RelaySettings, Scrape, SubSpec};
 use crate::netem::{in_ns, Netem, RELAY_ADDR};
@@ -202,11 +203,9 @@ fn tcp(env: &Env, sc: &Scenario, dir: &Path, sp: Span, limit: Duration) -> anyho
     let bench = crate::procs::sibling_binary("ledger-bench")
         .or_else(|_| std::env::current_exe().context("locating ledger-bench"))?;
     let log = dir.join("yardstick.log");
+    let (source, cadence, emit) = (s.synthetic_source(), s.cadence_ms, s.emit_ms);
     let words = format!(
-        "yardstick --listen {ip}:{port} --source {} --cadence {}ms --emit {}ms",
-        s.synthetic_source(),
-        s.cadence_ms,
-        s.emit_ms
+        "yardstick --listen {ip}:{port} --source {source} --cadence {cadence}ms --emit {emit}ms"
     );
     let mut server = Netem::exec_in(netem.as_ref().map(|n| n.relay_ns.as_str()), &bench)
         .args(words.split_whitespace())
@@ -246,10 +245,7 @@ fn settings(sc: &Scenario, start: u32, count: u32) -> RelaySettings {
 /// The first sequence and the number of ledgers of a record-marked dump.
 fn file_span(path: &Path) -> anyhow::Result<(u32, u32)> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut records = ledger_relay_wire::record::Records::new(
-        file,
-        ledger_relay_wire::record::DEFAULT_MAX_RECORD_LEN,
-    );
+    let mut records = Records::new(file, DEFAULT_MAX_RECORD_LEN);
     let first = records.next().context("an empty dump")??;
     let header = ledger_relay_wire::header::peek_header(&first)?.context("no ledger header")?;
     Ok((header.ledger_seq, 1 + records.count() as u32))
@@ -262,24 +258,19 @@ fn relay_flags(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Vec<Strin
     let (n, lanes) = (usize::from(sc.subscribers) + 2, usize::from(sc.lanes));
     let connections = (n * lanes + 16).max(256);
     let per_identity = usize::from(sc.sessions_per_process);
+    let identity_connections = (per_identity * lanes + 16).max(256);
     let mut f: Vec<String> = [
         ("--handshake-pool", connections),
         ("--handshake-pool-per-source", connections),
         ("--max-sessions", n.max(256)),
         ("--max-connections-per-address", connections),
-        (
-            "--max-connections-per-identity",
-            (per_identity * lanes + 16).max(256),
-        ),
+        ("--max-connections-per-identity", identity_connections),
         ("--max-sessions-per-identity", per_identity.max(64)),
     ]
     .iter()
     .flat_map(|(flag, v)| [flag.to_string(), v.to_string()])
     .collect();
     f.extend(["--handshake-timeout", "10s", "--start-wait", "300s"].map(String::from));
-    if let Some(k) = sc.streams_per_lane {
-        f.extend(["--streams-per-lane".into(), k.to_string()]);
-    }
     match sc.mode {
         Mode::StoreAndForward => f.push("--store-and-forward".into()),
         // One ledger in flight: several interleave on QUIC and complete in bursts, which
@@ -361,6 +352,8 @@ fn relays(env: &Env, sc: &Scenario, dir: &Path) -> anyhow::Result<Taken> {
         idle(sc, &c, dir, sp.last, &mut p, &mut t)?;
     }
     t.records = read_exact(&stats, sp.first..=sp.last)?;
+    let look = |p: &PathBuf| std::fs::read_to_string(format!("{}.first-look", p.display()));
+    t.first_look = stats.first().and_then(|p| look(p).ok());
     if let Some(r) = reference {
         t.reference = read_exact(&[r], sp.first..=sp.last)?.pop();
     }

@@ -160,8 +160,6 @@ pub struct Scenario {
     pub receive_only: bool,
     /// `live`, `catch-up` or `store-and-forward`.
     pub mode: Mode,
-    /// Chunk streams the relay writes at once on a lane (`--streams-per-lane`).
-    pub streams_per_lane: Option<u16>,
     /// Ledgers measured per subscriber, after the warm-up.
     pub ledgers: u32,
     /// Ledgers left out at the start of each subscriber.

@@ -355,3 +355,44 @@ async fn a_damaged_ledger_is_reported_and_the_subscriber_gets_it_from_the_next_r
     a.stop().await;
     b.stop().await;
 }
+
+/// Hedged across two relays fed the same file: every ledger once, in order, as the file; the
+/// first look counts each ledger handed on once, for the relay whose copy it was, and times
+/// the other relay's copies against it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_subscription_counts_which_relay_delivered_each_ledger_first() {
+    let dir = TestDir::new();
+    let want = testnet_ledgers();
+    let a = Running::start(testnet_relay(dir.certs.path(), &dir.path().join("a"))).await;
+    let b = Running::start(testnet_relay(dir.certs.path(), &dir.path().join("b"))).await;
+    let mut config = from_first(&dir, vec![a.addr(), b.addr()]);
+    config.hedge = true;
+    let out = Collector::start(config, LAST).finish(60).await;
+    out.assert_complete(&want);
+    let look = out.sub.first_look();
+    assert_eq!(look.len(), 2, "{look:?}");
+    let handed_on: u64 = look.iter().map(|f| f.first).sum();
+    assert_eq!(
+        handed_on, COUNT as u64,
+        "each ledger counted once: {look:?}"
+    );
+    let shares: f64 = look.iter().map(|f| f.first_share).sum();
+    assert!((shares - 1.0).abs() < 1e-9, "{look:?}");
+    for (f, addr) in look.iter().zip([a.relay.addr, b.relay.addr]) {
+        let written = out.got.iter().filter(|l| l.relay == addr).count();
+        assert_eq!(f.first, written as u64, "the copies written: {look:?}");
+        assert!(f.first + f.later <= COUNT as u64, "{look:?}");
+        if f.later > 0 {
+            let (mean, p99) = (f.gain_mean_ms.unwrap(), f.gain_p99_ms.unwrap());
+            // The p99 may be 0 below the mean: a relay first on more than 99% of the ledgers.
+            assert!(mean > 0.0 && (0.0..60e3).contains(&p99), "{look:?}");
+        }
+    }
+    // Both relays stream the whole file: the losing copies are timed too (the last few may
+    // still be on their way when the subscription ends).
+    let later: u64 = look.iter().map(|f| f.later).sum();
+    assert!(later >= COUNT as u64 / 2, "{look:?}");
+    out.sub.close().await;
+    a.stop().await;
+    b.stop().await;
+}

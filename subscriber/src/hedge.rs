@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Anchor, RelayAddr, SubscribeConfig};
 use crate::error::{ErrorChain, SubscribeError, VerifyError};
+use crate::first_look::Tally;
 use crate::ledger::{Item, Ledger, Shared};
 use crate::subscription::{spawn, Subscription};
 
@@ -42,7 +43,8 @@ pub const BEHIND_FOR: Duration = Duration::from_secs(30);
 /// How often the relays' states are looked at (status, the behind check, the first-connect
 /// deadline).
 const TICK: Duration = Duration::from_millis(200);
-/// Hashes of the last ledgers handed on, to check the copies that lose against them.
+/// The last ledgers handed on (hash and when), to check the copies that lose against them and
+/// time them for the first look ([`crate::first_look`]).
 const RECENT: usize = 256;
 
 /// One relay of a hedged subscription.
@@ -145,11 +147,11 @@ fn poll_sources(
 }
 
 /// The state of a hedged subscription's merge: the one chain it follows, the relays, and the
-/// hashes of the last ledgers handed on.
+/// last ledgers handed on: sequence, header hash, when.
 struct Merge {
     shared: Arc<Shared>,
     chain: ChainVerifier,
-    recent: VecDeque<(u32, [u8; 32])>,
+    recent: VecDeque<(u32, [u8; 32], Instant)>,
     sources: Vec<Source>,
     last_error: Option<SubscribeError>,
     /// When the merge gives up if no relay was reached.
@@ -167,6 +169,7 @@ impl Merge {
             (_, Start::Seq(start)) => ChainVerifier::starting_at(start),
             (_, Start::Tip) => ChainVerifier::new(),
         };
+        *shared.first_look() = Tally::new(config.relays.iter().map(ToString::to_string));
         let mut sources = Vec::new();
         for relay in &config.relays {
             sources.push(Source {
@@ -236,12 +239,11 @@ impl Merge {
         if let Some((last, _)) = self.chain.last() {
             if ledger.seq <= last {
                 // A losing copy: it must be the ledger that was handed on.
-                let same = self
-                    .recent
-                    .iter()
-                    .find(|(seq, _)| *seq == ledger.seq)
-                    .is_none_or(|(_, hash)| *hash == ledger.header_hash);
-                if !same {
+                let winner = self.recent.iter().find(|r| r.0 == ledger.seq);
+                if let Some(&(_, _, at)) = winner.filter(|w| w.1 == ledger.header_hash) {
+                    self.shared.first_look().later(i, at.elapsed());
+                }
+                if winner.is_some_and(|w| w.1 != ledger.header_hash) {
                     let e = fork(&ledger, &self.recent);
                     self.end(i, e, "hedged relay serves another chain; dropped");
                 }
@@ -274,17 +276,17 @@ impl Merge {
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }
-        self.recent.push_back((ledger.seq, ledger.header_hash));
+        self.recent
+            .push_back((ledger.seq, ledger.header_hash, Instant::now()));
+        self.shared.first_look().first(i);
         Some(ledger)
     }
 }
 
 /// The error for a copy of a delivered sequence with another hash.
-fn fork(ledger: &Ledger, recent: &VecDeque<(u32, [u8; 32])>) -> SubscribeError {
-    let expected = recent
-        .iter()
-        .find(|(seq, _)| *seq == ledger.seq)
-        .map_or([0; 32], |(_, h)| *h);
+fn fork(ledger: &Ledger, recent: &VecDeque<(u32, [u8; 32], Instant)>) -> SubscribeError {
+    let handed_on = recent.iter().find(|r| r.0 == ledger.seq);
+    let expected = handed_on.map_or([0; 32], |r| r.1);
     SubscribeError::Verify {
         relay: ledger.relay,
         source: VerifyError::HashMismatch {

@@ -85,6 +85,8 @@ pub(crate) struct Shared {
     /// Where the next ledger's bytes go as they arrive, for cut-through (see
     /// [`crate::connect_cut_through`]); `None` for a plain subscription.
     pub(crate) prefixes: Option<tokio::sync::mpsc::Sender<ledger_relay_wire::Prefix>>,
+    /// A hedged subscription's first-look counts (empty for a plain one).
+    pub(crate) first_look: Mutex<crate::first_look::Tally>,
 }
 
 impl Shared {
@@ -100,6 +102,7 @@ impl Shared {
             status: Mutex::new(Status::default()),
             warned: Mutex::new(HashSet::new()),
             prefixes: None,
+            first_look: Mutex::default(),
         }
     }
 
@@ -142,6 +145,11 @@ impl Shared {
     /// way that matters (it is only counters), so a poisoned lock is used as is.
     pub(crate) fn status(&self) -> MutexGuard<'_, Status> {
         self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The first-look counts, for updating (counters only, so a poisoned lock is used as is).
+    pub(crate) fn first_look(&self) -> MutexGuard<'_, crate::first_look::Tally> {
+        self.first_look.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -93,6 +93,7 @@ mod client;
 pub mod config;
 pub mod core_http;
 pub mod error;
+pub mod first_look;
 pub mod hedge;
 pub mod lanestats;
 mod ledger;
@@ -104,6 +105,7 @@ pub mod verify;
 pub use client::{connect, connect_cut_through, PREFIX_QUEUE};
 pub use config::{Anchor, Credentials, ParseError, RelayAddr, SubscribeConfig};
 pub use error::{AuthReason, SubscribeError, Transient, VerifyError};
+pub use first_look::FirstLook;
 pub use lanestats::{LaneMonitor, LaneStats};
 pub use ledger::{Item, Ledger, Status};
 /// The frame types (for [`frame::Start`]), re-exported from `ledger-relay-wire`.

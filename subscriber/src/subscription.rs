@@ -45,6 +45,12 @@ impl Subscription {
         self.shared.status().clone()
     }
 
+    /// A hedged subscription's first look: per relay, the share of ledgers it delivered first
+    /// and what the hedge gained over it ([`crate::FirstLook`]); empty for a plain one.
+    pub fn first_look(&self) -> Vec<crate::FirstLook> {
+        self.shared.first_look().summary()
+    }
+
     /// Every lane's figures now (bytes and packets received, round trip, congestion window,
     /// path MTU...), by relay and lane number: see [`crate::LaneStats`].
     pub fn lane_stats(&self) -> Vec<crate::LaneStats> {

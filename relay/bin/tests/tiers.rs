@@ -156,6 +156,12 @@ async fn a_hedged_subscriber_loses_nothing_when_one_of_two_relays_is_killed() {
         gap_ms < 2.0 * CADENCE_MS as f64,
         "gap at the kill {gap_ms:.1} ms: more than a cadence ({CADENCE_MS} ms) over the normal"
     );
+    // The first look: both relays won ledgers (the killed one before the kill, the survivor
+    // after it), every ledger written counted once.
+    let look = out.sub.first_look();
+    let firsts: Vec<u64> = look.iter().map(|f| f.first).collect();
+    assert_eq!(firsts.iter().sum::<u64>(), u64::from(N), "{look:?}");
+    assert!(firsts.iter().all(|&n| n > 0), "{look:?}");
     out.sub.close().await;
     drop(survivor);
 }

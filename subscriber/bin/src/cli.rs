@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::future::Future;
 use std::io::{BufWriter, IsTerminal as _, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,7 +18,7 @@ use ledger_relay_subscriber::config::{
 };
 use ledger_relay_subscriber::connect;
 use ledger_relay_subscriber::error::SubscribeError;
-use ledger_relay_subscriber::{Ledger, Status};
+use ledger_relay_subscriber::{FirstLook, Ledger, Status};
 use ledger_relay_transport::parse_duration;
 
 mod lane_stats;
@@ -107,6 +107,8 @@ pub struct Args {
     pub server_name: Option<String>,
     /// Write a CSV row per ledger: seq, raw_bytes, wire_bytes, delivery_ms, inter_arrival_ms,
     /// received_unix_ms (when the verified ledger was complete here, by this host's clock).
+    /// With --hedge, also FILE.first-look at the end: per relay, the ledgers it delivered first
+    /// and later, its share, and the mean and p99 of how much sooner the hedge had them (ms).
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
     /// Write per-lane CSV rows: every --lane-stats-interval, one row per lane with unix_ms,
@@ -517,6 +519,7 @@ async fn run_one(
     }
     drop(write_tx);
     let status = sub.status();
+    let first_look = sub.first_look();
     // The last lane rows while the lanes are still up.
     let lanes_written = match lane_writer {
         Some(w) => w.finish().await,
@@ -534,6 +537,7 @@ async fn run_one(
         }),
     };
     // After the writer is done: the last summary counts ledgers written.
+    let written = written.and_then(|()| report_first_look(&first_look, config.stats.as_deref()));
     let failed = failure.is_some() || written.is_err();
     progress.finish(&mut meter, &status, &summary, failed);
     match (failure, written) {
@@ -541,6 +545,28 @@ async fn run_one(
         (None, Err(e)) => Err(e),
         (None, Ok(())) => Ok(summary),
     }
+}
+
+/// A hedged run's first look: logged, one line per relay, and with `--stats FILE` written to
+/// `FILE.first-look` (CSV: relay, first, later, first_share, gain_mean_ms, gain_p99_ms).
+fn report_first_look(first_look: &[FirstLook], stats: Option<&Path>) -> Result<(), RunError> {
+    let ms = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    let mut csv = String::from("relay,first,later,first_share,gain_mean_ms,gain_p99_ms\n");
+    for f in first_look {
+        let (mean, p99) = (ms(f.gain_mean_ms), ms(f.gain_p99_ms));
+        tracing::info!(relay = %f.relay, first = f.first, later = f.later, share = format!("{:.3}", f.first_share), gain_mean_ms = %mean, gain_p99_ms = %p99, "first look");
+        let (relay, first, later, share) = (&f.relay, f.first, f.later, f.first_share);
+        csv += &format!("{relay},{first},{later},{share:.4},{mean},{p99}\n");
+    }
+    let (Some(stats), false) = (stats, first_look.is_empty()) else {
+        return Ok(());
+    };
+    let mut path = stats.as_os_str().to_owned();
+    path.push(".first-look");
+    std::fs::write(&path, csv).map_err(|source| RunError::Stats {
+        path: path.into(),
+        source,
+    })
 }
 
 /// The writer thread: record-marked ledgers to `out` (none: nowhere), flushed after each, and

@@ -168,3 +168,33 @@ fn lane_stats_arguments() {
     assert!(parse(&["--lane-stats-interval", "1s"]).is_err());
     assert!(parse(&["--lane-stats", "x", "--lane-stats-interval", "soon"]).is_err());
 }
+
+#[test]
+fn a_hedged_runs_first_look_goes_beside_its_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = dir.path().join("s.csv");
+    let look = |relay: &str, first, later, share, gain: Option<(f64, f64)>| FirstLook {
+        relay: relay.into(),
+        first,
+        later,
+        first_share: share,
+        gain_mean_ms: gain.map(|g| g.0),
+        gain_p99_ms: gain.map(|g| g.1),
+    };
+    let both = [
+        look("a:7400", 3, 1, 0.75, Some((1.0, 4.0))),
+        look("b:7400", 1, 0, 0.25, None),
+    ];
+    report_first_look(&both, Some(&stats)).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("s.csv.first-look")).unwrap();
+    assert_eq!(
+        text,
+        "relay,first,later,first_share,gain_mean_ms,gain_p99_ms\n\
+         a:7400,3,1,0.7500,1.000,4.000\n\
+         b:7400,1,0,0.2500,,\n"
+    );
+    // A plain run (no relays compared) writes no file.
+    let plain = dir.path().join("plain.csv");
+    report_first_look(&[], Some(&plain)).unwrap();
+    assert!(!dir.path().join("plain.csv.first-look").exists());
+}
