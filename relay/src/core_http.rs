@@ -55,11 +55,6 @@ pub trait CoreBackend: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, CoreResponse>;
 }
 
-/// How long the relay waits for core's answer without `--core-timeout`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Requests of one client in flight at once without `--core-concurrency`.
-pub const DEFAULT_CONCURRENCY: u32 = 16;
-
 /// The relay's settings for requests to stellar-core (`--core-*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoreSettings {
@@ -87,9 +82,9 @@ impl Default for CoreSettings {
             query: None,
             http_allow: None,
             query_allow: None,
-            timeout: DEFAULT_TIMEOUT,
-            max_request: ledger_relay_wire::Limits::default().max_core_request,
-            concurrency: DEFAULT_CONCURRENCY,
+            timeout: crate::config::DEFAULTS.core_timeout,
+            max_request: crate::config::DEFAULTS.core_max_request,
+            concurrency: crate::config::DEFAULTS.core_concurrency,
         }
     }
 }

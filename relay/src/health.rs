@@ -29,25 +29,6 @@ pub const RING: &str = "ring";
 /// Condition key of stored ledgers that failed verification.
 pub const RING_CORRUPT: &str = "ring_corrupt";
 
-/// The default limit for sources that follow core (pipe, FIFO, stdin): 30 s, about five
-/// pubnet ledgers (one every 5-6 s).
-pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
-
-/// For sources paced by `--cadence` (file, synthetic): this many cadences without a ledger.
-pub const STALE_CADENCES: u32 = 5;
-
-/// The least default limit of a paced source: scheduling noise on a loaded machine can delay a
-/// fast cadence's ledger by tens of milliseconds without anything being wrong.
-pub const MIN_PACED_STALE_AFTER: Duration = Duration::from_secs(1);
-
-/// The default `--stale-after` for a source paced at `cadence`: [`STALE_CADENCES`] of them, at
-/// least [`MIN_PACED_STALE_AFTER`].
-pub fn paced_stale_after(cadence: Duration) -> Duration {
-    cadence
-        .saturating_mul(STALE_CADENCES)
-        .max(MIN_PACED_STALE_AFTER)
-}
-
 /// What kind of trouble a [`Reason`] is: a stable code for alerts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
@@ -281,7 +262,7 @@ pub struct Health {
 
 impl Default for Health {
     fn default() -> Self {
-        Health::new(DEFAULT_STALE_AFTER)
+        Health::new(crate::config::DEFAULTS.stale_after)
     }
 }
 
@@ -715,15 +696,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_and_durations() {
-        assert_eq!(
-            paced_stale_after(Duration::from_millis(600)),
-            Duration::from_secs(3)
-        );
-        assert_eq!(
-            paced_stale_after(Duration::from_millis(2)),
-            Duration::from_secs(1)
-        );
+    fn durations_in_reasons() {
         assert_eq!(secs(Duration::from_millis(42_700)), "42 s");
         assert_eq!(secs(Duration::from_millis(1_250)), "1.2 s");
         assert_eq!(secs(Duration::from_secs(1)), "1 s");

@@ -78,9 +78,9 @@ pub struct PipelineConfig {
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
-            chunk_size: ledger_relay_wire::chunker::DEFAULT_CHUNK_SIZE,
-            codec: Codec::Zstd,
-            zstd_level: 1,
+            chunk_size: crate::config::DEFAULTS.chunk_size as usize,
+            codec: crate::config::DEFAULTS.codec,
+            zstd_level: crate::config::DEFAULTS.zstd_level,
             compress_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             // 64 chunks of 256 KiB: a whole 14.5 MiB ledger may queue.
             compress_queue: 64,

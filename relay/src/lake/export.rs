@@ -74,7 +74,7 @@ impl ExportConfig {
             url,
             layout: Layout::default(),
             network,
-            zstd_level: 1,
+            zstd_level: crate::config::DEFAULTS.export_zstd_level,
             // Writing a Phase 3 ledger takes ~50 ms against a 600 ms cadence, so a healthy lake
             // keeps this near empty; a failing one fills it, and then it holds 4 ledgers' chunks
             // (shared with the hub and ring writer) while the rest wait in the ring.

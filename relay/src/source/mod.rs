@@ -281,8 +281,8 @@ impl Eq for LakeStatsHandle {}
 impl Default for SourceOptions {
     fn default() -> Self {
         Self {
-            cadence: Duration::from_millis(600),
-            emit: Duration::from_millis(8),
+            cadence: crate::config::DEFAULTS.cadence,
+            emit: crate::config::DEFAULTS.emit,
             max_record_len: DEFAULT_MAX_RECORD_LEN,
             pipe_restart_backoff: (Duration::from_millis(100), Duration::from_secs(10)),
             network_passphrase: None,
