@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::exposition::family;
+
 /// Condition key of the ledger source.
 pub const SOURCE: &str = "source";
 /// Condition key of the retention ring.
@@ -467,8 +469,7 @@ impl HealthReport {
     /// The health series of `/metrics`.
     pub fn render_prometheus(&self, out: &mut String) {
         let mut gauge = |name: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
-            let _ = writeln!(out, "# TYPE ledger_relay_{name} gauge");
+            family(out, name, help);
             let _ = writeln!(out, "ledger_relay_{name} {value}");
         };
         gauge(
@@ -496,11 +497,7 @@ impl HealthReport {
             "1 when new ledgers reach subscribers (/healthz answers 200), 0 when not (503).",
             u8::from(self.delivering()).to_string(),
         );
-        let _ = writeln!(
-            out,
-            "# HELP ledger_relay_health_reason 1 while a reason of this kind holds."
-        );
-        let _ = writeln!(out, "# TYPE ledger_relay_health_reason gauge");
+        family(out, "health_reason", "1 while a reason of this kind holds.");
         for kind in ReasonKind::ALL {
             let holds = self.reasons.iter().any(|r| r.kind() == kind);
             let _ = writeln!(
@@ -616,6 +613,53 @@ mod tests {
         h.ledger();
         assert_eq!(h.report().source(), SourceState::Finished);
     }
+
+    /// The exposition of a fixed report, line for line: its text is what scrapers and alert
+    /// rules read.
+    #[test]
+    fn prometheus_exposition_of_a_fixed_report() {
+        let report = HealthReport {
+            reasons: vec![Reason::RingCorrupt {
+                seq: 7,
+                count: 2,
+                detail: "hash mismatch".into(),
+            }],
+            last_ledger_age: Some(Duration::from_millis(1_250)),
+            last_byte_age: None,
+            stale_after: Duration::from_secs(30),
+            uptime: Duration::from_secs(42),
+        };
+        let mut out = String::new();
+        report.render_prometheus(&mut out);
+        assert_eq!(out, PROMETHEUS_FIXED, "{out}");
+    }
+
+    const PROMETHEUS_FIXED: &str = "\
+# HELP ledger_relay_source_last_ledger_age_seconds Seconds since the source last completed a new ledger (since the start before the first).
+# TYPE ledger_relay_source_last_ledger_age_seconds gauge
+ledger_relay_source_last_ledger_age_seconds 1.25
+# HELP ledger_relay_source_last_byte_age_seconds Seconds since the source last produced bytes (since the start before the first).
+# TYPE ledger_relay_source_last_byte_age_seconds gauge
+ledger_relay_source_last_byte_age_seconds 42
+# HELP ledger_relay_stale_after_seconds Seconds without a new ledger after which the relay reports degraded.
+# TYPE ledger_relay_stale_after_seconds gauge
+ledger_relay_stale_after_seconds 30
+# HELP ledger_relay_healthy 1 when /healthz reports ok, 0 when it reports degraded.
+# TYPE ledger_relay_healthy gauge
+ledger_relay_healthy 0
+# HELP ledger_relay_delivering 1 when new ledgers reach subscribers (/healthz answers 200), 0 when not (503).
+# TYPE ledger_relay_delivering gauge
+ledger_relay_delivering 1
+# HELP ledger_relay_health_reason 1 while a reason of this kind holds.
+# TYPE ledger_relay_health_reason gauge
+ledger_relay_health_reason{reason=\"no_ledger\"} 0
+ledger_relay_health_reason{reason=\"source_restarting\"} 0
+ledger_relay_health_reason{reason=\"source_finished\"} 0
+ledger_relay_health_reason{reason=\"source_failed\"} 0
+ledger_relay_health_reason{reason=\"ring_degraded\"} 0
+ledger_relay_health_reason{reason=\"ring_corrupt\"} 1
+ledger_relay_health_reason{reason=\"lake_export\"} 0
+";
 
     #[test]
     fn prometheus_lists_every_kind() {

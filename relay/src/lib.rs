@@ -24,6 +24,7 @@ mod certinfo;
 mod closing;
 pub mod config;
 pub mod core_http;
+mod exposition;
 mod health;
 pub mod hub;
 pub mod lake;

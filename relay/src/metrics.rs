@@ -16,19 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::exposition::family;
 use crate::health::Health;
-
-/// Writes the `# HELP` and `# TYPE` lines of metric `ledger_relay_{name}`: a counter when its
-/// name ends in `_total`, else a gauge.
-pub(crate) fn family(out: &mut String, name: &str, help: &str) {
-    let kind = if name.ends_with("_total") {
-        "counter"
-    } else {
-        "gauge"
-    };
-    let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
-    let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
-}
 
 macro_rules! counters {
     ($($name:ident: $help:literal),* $(,)?) => {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use ledger_relay_lake::{ErrorKind, LakeStats};
 
-use crate::metrics::family;
+use crate::exposition::family;
 
 pub mod backfill;
 pub mod export;
