@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::defaults::DEFAULTS;
 use crate::exposition::family;
 
 /// Condition key of the ledger source.
@@ -264,7 +265,7 @@ pub struct Health {
 
 impl Default for Health {
     fn default() -> Self {
-        Health::new(crate::config::DEFAULTS.stale_after)
+        Health::new(DEFAULTS.stale_after)
     }
 }
 

@@ -16,6 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod core;
+pub mod lake;
+
 use crate::exposition::family;
 use crate::health::Health;
 
@@ -28,9 +31,9 @@ macro_rules! counters {
             /// The ring failed to write and is not keeping ledgers (disk read-only or full).
             pub ring_degraded: AtomicBool,
             /// Data lakes: export, backfill and a `datalake:` source.
-            pub lake: crate::lake::LakeMetrics,
+            pub lake: lake::LakeMetrics,
             /// Requests for stellar-core's HTTP ports.
-            pub core: crate::core_http::CoreMetrics,
+            pub core: core::CoreMetrics,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
             /// Per lane number, over every session: what the lanes carried and their paths.

@@ -40,6 +40,7 @@ use ledger_relay_wire::frame::LedgerEnd;
 use ledger_relay_wire::header::ChainVerifier;
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
+use crate::defaults::DEFAULTS;
 use crate::hub::CompleteLedger;
 use crate::pipeline::{complete_ledger, PipelineConfig};
 use crate::source::now_ns;
@@ -78,12 +79,12 @@ impl BackfillConfig {
             url,
             network,
             prefetch: PrefetchOptions {
-                depth: crate::config::DEFAULTS.backfill_prefetch,
+                depth: DEFAULTS.backfill_prefetch,
                 ..PrefetchOptions::default()
             },
             options: LakeOptions::default(),
-            sessions: crate::config::DEFAULTS.backfill_sessions,
-            sessions_per_identity: default_per_identity(crate::config::DEFAULTS.backfill_sessions),
+            sessions: DEFAULTS.backfill_sessions,
+            sessions_per_identity: default_per_identity(DEFAULTS.backfill_sessions),
         }
     }
 }

@@ -1,12 +1,16 @@
 //! The one table of `ledger-relay run`'s defaults: what a setting is when neither its flag nor
 //! its key in the config file gives it.
 //!
-//! The settings code takes its values from [`DEFAULTS`]; `--help` shows them
-//! ([`show_in_help`], applied to every flag of [`super::RunArgs`]); and a test checks the
-//! "All flags" table of `docs/operations.md` against [`Defaults::shown`], so code, help and
-//! docs cannot disagree. Defaults that are worked out from other settings (`--compress-threads`:
+//! The settings code ([`crate::config`]) and the parts' own `Default`s take their values from
+//! [`DEFAULTS`]; `--help` shows them ([`show_in_help`], applied to every flag of
+//! [`crate::config::RunArgs`]); and a test checks the "All flags" table of
+//! `docs/operations.md` against [`Defaults::shown`], so code, help and docs cannot disagree.
+//! Defaults that are worked out from other settings (`--compress-threads`:
 //! the number of cores; `--backfill-sessions-per-identity`: half of `--backfill-sessions`) are
 //! the settings code's, and their help says so in words.
+//!
+//! The module uses nothing of the relay, so every part reads its defaults here without
+//! importing the configuration code (which imports them).
 
 use std::time::Duration;
 
