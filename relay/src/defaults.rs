@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use ledger_relay_transport::{format_duration, format_size};
 use ledger_relay_wire::compress::Codec;
 
 /// Every default of `ledger-relay run` that is one value.
@@ -203,24 +204,24 @@ impl Defaults {
         let lake_own = || Some("an existing lake's own".to_owned());
         let paced = format!(
             "file and synthetic sources: {stale_cadences} cadences, at least {}",
-            show_duration(min_paced_stale_after)
+            format_duration(min_paced_stale_after)
         );
         vec![
             shown("name", name),
-            shown("cadence", show_duration(cadence)),
-            shown("emit", show_duration(emit)),
+            shown("cadence", format_duration(cadence)),
+            shown("emit", format_duration(emit)),
             shown("retention", retention),
-            shown("retention-bytes", show_size(retention_bytes)),
-            shown("scrub-rate", show_size(scrub_rate)),
+            shown("retention-bytes", format_size(retention_bytes)),
+            shown("scrub-rate", format_size(scrub_rate)),
             Shown {
                 note: Some(paced),
-                ..shown("stale-after", show_duration(stale_after))
+                ..shown("stale-after", format_duration(stale_after))
             },
             shown("codec", codec.name()),
             shown("zstd-level", zstd_level),
-            shown("chunk-size", show_size(u64::from(chunk_size))),
+            shown("chunk-size", format_size(u64::from(chunk_size))),
             shown("window", window),
-            shown("heartbeat", show_duration(heartbeat)),
+            shown("heartbeat", format_duration(heartbeat)),
             shown("max-connections", max_connections),
             shown("max-sessions", max_sessions),
             shown("max-lanes", max_lanes),
@@ -230,8 +231,8 @@ impl Defaults {
             shown("retry-threshold", retry_threshold),
             shown("handshake-pool", handshake_pool),
             shown("handshake-pool-per-source", handshake_pool_per_source),
-            shown("handshake-timeout", show_duration(handshake_timeout)),
-            shown("start-wait", show_duration(start_wait)),
+            shown("handshake-timeout", format_duration(handshake_timeout)),
+            shown("start-wait", format_duration(start_wait)),
             Shown {
                 note: lake_own(),
                 ..shown("export-ledgers-per-file", export_ledgers_per_file)
@@ -244,8 +245,8 @@ impl Defaults {
             shown("backfill-sessions", backfill_sessions),
             shown("backfill-prefetch", backfill_prefetch),
             shown("upstream-lanes", upstream_lanes),
-            shown("core-timeout", show_duration(core_timeout)),
-            shown("core-max-request", show_size(u64::from(core_max_request))),
+            shown("core-timeout", format_duration(core_timeout)),
+            shown("core-max-request", format_size(u64::from(core_max_request))),
             shown("core-concurrency", core_concurrency),
         ]
     }
@@ -280,32 +281,6 @@ pub fn show_in_help(arg: clap::Arg) -> clap::Arg {
         Some(long_help) => arg.long_help(long_help),
         None => arg,
     }
-}
-
-/// A duration in the grammar of `--cadence` and the other duration flags: whole hours,
-/// minutes or seconds when it is one, else milliseconds or microseconds (`600ms`, `2s`).
-pub fn show_duration(d: Duration) -> String {
-    let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
-    match (secs, nanos) {
-        (0, 0) => "0s".to_owned(),
-        (s, 0) if s % 3600 == 0 => format!("{}h", s / 3600),
-        (s, 0) if s % 60 == 0 => format!("{}m", s / 60),
-        (s, 0) => format!("{s}s"),
-        _ if nanos % 1_000_000 == 0 => format!("{}ms", d.as_millis()),
-        _ if nanos % 1_000 == 0 => format!("{}us", d.as_micros()),
-        _ => format!("{}ns", d.as_nanos()),
-    }
-}
-
-/// A byte size in the grammar of `--chunk-size` and the other size flags: the largest binary
-/// unit it is a whole number of (`256KiB`, `64GiB`), else bytes.
-pub fn show_size(bytes: u64) -> String {
-    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes != 0 && bytes % (1 << shift) == 0 {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
 }
 
 #[cfg(test)]

@@ -177,41 +177,6 @@ fn the_docs_flag_table_states_the_defaults_of_the_table() {
 }
 
 #[test]
-fn durations_and_sizes_are_shown_in_the_flags_grammar() {
-    for d in [
-        Duration::ZERO,
-        Duration::from_micros(250),
-        Duration::from_millis(8),
-        Duration::from_millis(600),
-        Duration::from_millis(1500),
-        Duration::from_secs(2),
-        Duration::from_secs(90),
-        Duration::from_secs(120),
-        Duration::from_secs(7200),
-    ] {
-        let shown = show_duration(d);
-        assert_eq!(crate::config::parse_duration(&shown).unwrap(), d, "{shown}");
-    }
-    assert_eq!(show_duration(Duration::from_millis(600)), "600ms");
-    assert_eq!(show_duration(Duration::from_secs(30)), "30s");
-    for b in [
-        0,
-        1000,
-        4096,
-        256 << 10,
-        1 << 20,
-        32 << 20,
-        64 << 30,
-        (14 << 20) + 1,
-    ] {
-        let shown = show_size(b);
-        assert_eq!(crate::config::parse_size(&shown).unwrap(), b, "{shown}");
-    }
-    assert_eq!(show_size(64 << 30), "64GiB");
-    assert_eq!(show_size(256 << 10), "256KiB");
-}
-
-#[test]
 fn paced_sources_go_stale_after_five_cadences_and_at_least_a_second() {
     assert_eq!(
         DEFAULTS.paced_stale_after(Duration::from_millis(600)),
