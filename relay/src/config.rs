@@ -23,7 +23,7 @@ use crate::server::{ServerConfig, FIRST_FRAME_TIMEOUT};
 use crate::session::SessionConfig;
 use crate::source::{SourceOptions, SourceSpec};
 
-pub use crate::defaults::{Defaults, DEFAULTS};
+pub use crate::defaults::{Defaults, Shown, DEFAULTS};
 
 mod settings;
 use settings::{

@@ -24,7 +24,7 @@ mod certinfo;
 mod closing;
 pub mod config;
 pub mod core_http;
-pub mod defaults;
+mod defaults;
 mod exposition;
 mod health;
 pub mod hub;
