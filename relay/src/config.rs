@@ -2,7 +2,9 @@
 //!
 //! Every flag of `ledger-relay run` has a key of the same name (dashes as underscores) in the
 //! file given by `--config`; a flag given on the command line wins. Transport settings live in a
-//! `[transport]` table. See `docs/operations.md` for an annotated example.
+//! `[transport]` table. See `docs/operations.md` for an annotated example. What a setting is
+//! when neither gives it is in one table, [`DEFAULTS`], which the settings code, `--help` and
+//! a test of `docs/operations.md`'s flag table read.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,16 +16,14 @@ use ledger_relay_wire::Limits;
 use serde::Deserialize;
 
 use crate::core_http::{CoreBackend, CoreSettings, CoreUrl};
-use crate::health;
 use crate::lake::backfill::{default_per_identity, BackfillConfig};
 use crate::lake::export::ExportConfig;
 use crate::pipeline::PipelineConfig;
-use crate::server::{
-    ServerConfig, DEFAULT_HANDSHAKE_POOL, DEFAULT_HANDSHAKE_POOL_PER_SOURCE,
-    DEFAULT_HANDSHAKE_TIMEOUT, FIRST_FRAME_TIMEOUT,
-};
+use crate::server::{ServerConfig, FIRST_FRAME_TIMEOUT};
 use crate::session::SessionConfig;
 use crate::source::{SourceOptions, SourceSpec};
+
+pub use crate::defaults::{Defaults, Shown, DEFAULTS};
 
 mod settings;
 use settings::{
@@ -32,8 +32,9 @@ use settings::{
 };
 
 /// Flags of `ledger-relay run` (`docs/operations.md`, "The command contract"), all optional
-/// here so a config file can supply them.
+/// here so a config file can supply them; `--help` shows each default of [`DEFAULTS`].
 #[derive(Debug, Default, Clone, clap::Args)]
+#[command(mut_args = crate::defaults::show_in_help)]
 pub struct RunArgs {
     /// UDP address to listen on, e.g. 0.0.0.0:7400.
     #[arg(long)]
@@ -41,7 +42,7 @@ pub struct RunArgs {
     /// Certificate directory (ca.pem, NAME.pem, NAME.key, crl.pem).
     #[arg(long)]
     pub certs: Option<PathBuf>,
-    /// Name of this relay's certificate in the certificate directory [default: relay].
+    /// Name of this relay's certificate in the certificate directory.
     #[arg(long)]
     pub name: Option<String>,
     /// Directory for the retention ring.
@@ -52,21 +53,20 @@ pub struct RunArgs {
     /// a tier of a fan-out tree; needs --upstream-name).
     #[arg(long)]
     pub source: Option<String>,
-    /// Time between ledgers for file and synthetic sources [default: 600ms].
+    /// Time between ledgers for file and synthetic sources.
     #[arg(long)]
     pub cadence: Option<String>,
-    /// Window over which file and synthetic sources emit each ledger [default: 8ms].
+    /// Window over which file and synthetic sources emit each ledger.
     #[arg(long)]
     pub emit: Option<String>,
-    /// Ledgers kept in the retention ring [default: 10000].
+    /// Ledgers kept in the retention ring.
     #[arg(long)]
     pub retention: Option<u32>,
-    /// Bytes the retention ring may hold, e.g. 64GiB [default: 64GiB].
+    /// Bytes the retention ring may hold, e.g. 64GiB.
     #[arg(long = "retention-bytes")]
     pub retention_bytes: Option<String>,
-    /// Read rate of the ring's scrub, which verifies every stored ledger in the background
-    /// after the relay starts and then every hour, e.g. 32MiB (per second); 0 turns it off
-    /// [default: 32MiB].
+    /// Read rate of the ring's scrub, which verifies every stored ledger in the background after
+    /// the relay starts and then every hour, e.g. 32MiB (per second); 0 turns it off.
     #[arg(long = "scrub-rate", value_name = "BYTES")]
     pub scrub_rate: Option<String>,
     /// Client identity allowed to connect (repeatable); without it any certificate from the CA.
@@ -75,8 +75,7 @@ pub struct RunArgs {
     /// Address for Prometheus /metrics and /healthz, e.g. 127.0.0.1:9100.
     #[arg(long)]
     pub metrics: Option<SocketAddr>,
-    /// /healthz reports degraded (HTTP 503) after this long without a new ledger [default: 30s;
-    /// file and synthetic sources: 5 cadences, at least 1s].
+    /// /healthz reports degraded (HTTP 503) after this long without a new ledger.
     #[arg(long = "stale-after", value_name = "DURATION")]
     pub stale_after: Option<String>,
     /// TOML file with the same settings; flags override it.
@@ -85,62 +84,61 @@ pub struct RunArgs {
     /// Network name recorded in the ring; a ring of another network is refused.
     #[arg(long)]
     pub network: Option<String>,
-    /// Chunk codec: zstd, lz4 or none [default: zstd].
+    /// Chunk codec: zstd, lz4 or none.
     #[arg(long)]
     pub codec: Option<String>,
-    /// zstd level [default: 1].
+    /// zstd level.
     #[arg(long = "zstd-level")]
     pub zstd_level: Option<i32>,
-    /// Raw bytes per chunk, e.g. 256KiB [default: 256KiB].
+    /// Raw bytes per chunk, e.g. 256KiB.
     #[arg(long = "chunk-size")]
     pub chunk_size: Option<String>,
     /// Compression threads [default: the number of cores].
     #[arg(long = "compress-threads")]
     pub compress_threads: Option<usize>,
-    /// Ledgers in flight per subscriber [default: 8].
+    /// Ledgers in flight per subscriber.
     #[arg(long)]
     pub window: Option<u16>,
-    /// Heartbeat interval [default: 250ms].
+    /// Heartbeat interval.
     #[arg(long)]
     pub heartbeat: Option<String>,
-    /// Most QUIC connections at once [default: 1024].
+    /// Most QUIC connections at once.
     #[arg(long = "max-connections")]
     pub max_connections: Option<usize>,
-    /// Most sessions at once [default: 256].
+    /// Most sessions at once.
     #[arg(long = "max-sessions")]
     pub max_sessions: Option<usize>,
-    /// Most lanes per session [default: 16].
+    /// Most lanes per session.
     #[arg(long = "max-lanes")]
     pub max_lanes: Option<u8>,
-    /// Most QUIC connections from one IP address at once, counted once the address is
-    /// validated [default: 256].
+    /// Most QUIC connections from one IP address at once, counted once the address is validated.
     #[arg(long = "max-connections-per-address", value_name = "N")]
     pub max_connections_per_address: Option<usize>,
-    /// Most QUIC connections of one client identity at once [default: 256].
+    /// Most QUIC connections of one client identity at once.
     #[arg(long = "max-connections-per-identity", value_name = "N")]
     pub max_connections_per_identity: Option<usize>,
-    /// Most sessions of one client identity at once [default: 64].
+    /// Most sessions of one client identity at once.
     #[arg(long = "max-sessions-per-identity", value_name = "N")]
     pub max_sessions_per_identity: Option<usize>,
-    /// Handshakes from addresses not validated yet beyond which a new connection attempt must
-    /// first prove its address with a QUIC Retry (one round trip more), as every attempt must
-    /// once the pending pool is half full; 0: always [default: 64].
+    /// Handshakes from addresses not validated yet beyond which a new connection attempt must first
+    /// prove its address with a QUIC Retry (one round trip more), as every attempt must once the
+    /// pending pool is half full; 0: always.
     #[arg(long = "retry-threshold", value_name = "N")]
     pub retry_threshold: Option<usize>,
     /// Handshakes without a verified client certificate yet that the relay holds at once (the
     /// pending pool); when it is full, an attempt from an address holding fewer displaces the
-    /// heaviest address's oldest [default: 128].
+    /// heaviest address's oldest.
     #[arg(long = "handshake-pool", value_name = "N")]
     pub handshake_pool: Option<usize>,
-    /// Of the pending pool, most handshakes from one address (an IPv6 /64) [default: 32].
+    /// Of the pending pool, most handshakes from one address (an IPv6 /64).
     #[arg(long = "handshake-pool-per-source", value_name = "N")]
     pub handshake_pool_per_source: Option<usize>,
     /// Time a QUIC/TLS handshake may take, client certificate included, before it leaves the
-    /// pending pool, 100ms..=60s [default: 2s].
+    /// pending pool, 100ms..=60s.
     #[arg(long = "handshake-timeout", value_name = "DURATION")]
     pub handshake_timeout: Option<String>,
-    /// How long a session whose start is ahead of the relay (or, for the tip, a relay that holds
-    /// no ledger yet) waits for it before it is refused with Overloaded [default: 20s].
+    /// How long a session whose start is ahead of the relay (or, for the tip, a relay that holds no
+    /// ledger yet) waits for it before it is refused with Overloaded.
     #[arg(long = "start-wait", value_name = "DURATION")]
     pub start_wait: Option<String>,
     /// Send a ledger to subscribers only once the source has written all of it, instead of
@@ -156,27 +154,26 @@ pub struct RunArgs {
     /// gs://BUCKET/PREFIX or az://CONTAINER/PREFIX (credentials from the environment).
     #[arg(long, value_name = "URL")]
     pub export: Option<String>,
-    /// Ledgers per object of a new export lake [default: 1; an existing lake's own].
+    /// Ledgers per object of a new export lake.
     #[arg(long = "export-ledgers-per-file", value_name = "N")]
     pub export_ledgers_per_file: Option<u32>,
-    /// Objects per partition of a new export lake [default: 64000; an existing lake's own].
+    /// Objects per partition of a new export lake.
     #[arg(long = "export-files-per-partition", value_name = "N")]
     pub export_files_per_partition: Option<u32>,
-    /// zstd level of exported objects, 1..=22 [default: 1].
+    /// zstd level of exported objects, 1..=22.
     #[arg(long = "export-zstd-level", value_name = "L")]
     pub export_zstd_level: Option<i32>,
     /// Serve history below the ring from this SEP-54 data lake (same URL forms as --export).
     #[arg(long, value_name = "URL")]
     pub backfill: Option<String>,
-    /// Sessions that may read the backfill lake at once, 1..=1024; more wait for a slot
-    /// [default: 4].
+    /// Sessions that may read the backfill lake at once, 1..=1024; more wait for a slot.
     #[arg(long = "backfill-sessions", value_name = "N")]
     pub backfill_sessions: Option<usize>,
     /// Of those, sessions of one client identity at once, 1..=--backfill-sessions [default:
     /// half of --backfill-sessions, rounded up].
     #[arg(long = "backfill-sessions-per-identity", value_name = "N")]
     pub backfill_sessions_per_identity: Option<usize>,
-    /// Objects each backfilling session reads ahead, in parallel, 1..=256 [default: 8].
+    /// Objects each backfilling session reads ahead, in parallel, 1..=256.
     #[arg(long = "backfill-prefetch", value_name = "N")]
     pub backfill_prefetch: Option<usize>,
     /// The network's passphrase, written into and checked against lake manifests [default:
@@ -187,7 +184,7 @@ pub struct RunArgs {
     /// this relay subscribes to its upstreams with.
     #[arg(long = "upstream-name", value_name = "NAME")]
     pub upstream_name: Option<String>,
-    /// With --source relay:...: lanes of the subscription to the upstream, 1..=64 [default: 4].
+    /// With --source relay:...: lanes of the subscription to the upstream, 1..=64.
     #[arg(long = "upstream-lanes", value_name = "N")]
     pub upstream_lanes: Option<u8>,
     /// With --source relay:...: pass each ledger on chunk by chunk as it arrives from the
@@ -213,16 +210,13 @@ pub struct RunArgs {
     /// every client --allow admits].
     #[arg(long = "core-query-allow", value_name = "NAME")]
     pub core_query_allow: Vec<String>,
-    /// Longest a forwarded request is given, or the request's own timeout when shorter;
-    /// 1ms..=60s [default: 5s].
+    /// Longest a forwarded request is given, or the request's own timeout when shorter; 1ms..=60s.
     #[arg(long = "core-timeout", value_name = "DURATION")]
     pub core_timeout: Option<String>,
-    /// Largest request forwarded (target, content type and body), at most 1MiB [default:
-    /// 1MiB].
+    /// Largest request forwarded (target, content type and body), at most 1MiB.
     #[arg(long = "core-max-request", value_name = "SIZE")]
     pub core_max_request: Option<String>,
-    /// Requests of one client identity in flight at once, 1..=1024; more are answered 429
-    /// at once [default: 16].
+    /// Requests of one client identity in flight at once, 1..=1024; more are answered 429 at once.
     #[arg(long = "core-concurrency", value_name = "N")]
     pub core_concurrency: Option<u32>,
     /// With --source relay:...: a trusted ledger, SEQ:HASH (its header hash, 64 hex digits),
@@ -359,7 +353,7 @@ pub struct RelayConfig {
 pub struct UpstreamConfig {
     /// Its client certificate's name in `--certs` (`--upstream-name`).
     pub name: String,
-    /// Lanes (`--upstream-lanes`, default 4).
+    /// Lanes (`--upstream-lanes`).
     pub lanes: u8,
     /// Pass ledgers on as their chunks arrive (`--cut-through`).
     pub cut_through: bool,
@@ -368,20 +362,12 @@ pub struct UpstreamConfig {
     pub anchor: Option<(u32, [u8; 32])>,
 }
 
-/// Lanes of the subscription to an upstream relay without `--upstream-lanes`.
-pub const DEFAULT_UPSTREAM_LANES: u8 = 4;
-
-/// Ledgers in flight per subscriber without `--window`.
-pub const DEFAULT_WINDOW: u16 = 8;
+/// Ledgers in flight per subscriber without `--window` ([`DEFAULTS`]'s `window`).
+pub const DEFAULT_WINDOW: u16 = DEFAULTS.window;
 
 /// Items (chunks and end records) the live broadcast channel holds before a subscriber that
 /// has not read them is moved to ring reading.
 pub const LIVE_CAPACITY: usize = 512;
-
-/// How long a session whose start the relay has not reached waits for it without
-/// `--start-wait`: less than a subscriber's default wait for `SessionAccept` (30 s), so that it
-/// hears why rather than timing out.
-pub const DEFAULT_START_WAIT: Duration = Duration::from_secs(20);
 
 /// The most `--streams-per-lane` accepts: far above what helps (quinn's default is 100
 /// concurrent streams per connection), low enough to catch a typo.
@@ -486,7 +472,7 @@ impl RelayConfig {
             .parse()
             .map_err(|e| anyhow::anyhow!("--source: {e}"))?;
         let (mut source_options, stale_after) = source_settings(&f, &source)?;
-        let retention = f.retention.unwrap_or(10_000);
+        let retention = f.retention.unwrap_or(DEFAULTS.retention);
         if retention == 0 {
             bail!("--retention must be at least 1");
         }
@@ -519,18 +505,18 @@ impl RelayConfig {
         Ok(RelayConfig {
             listen,
             certs,
-            name: f.name.clone().unwrap_or_else(|| "relay".into()),
+            name: f.name.clone().unwrap_or_else(|| DEFAULTS.name.into()),
             data_dir,
             source,
             source_options,
             retention,
             retention_bytes: match &f.retention_bytes {
                 Some(s) => parse_size(s).context("--retention-bytes")?,
-                None => 64 << 30,
+                None => DEFAULTS.retention_bytes,
             },
             scrub_rate: match &f.scrub_rate {
                 Some(s) => parse_size(s).context("--scrub-rate")?,
-                None => crate::scrub::DEFAULT_RATE,
+                None => DEFAULTS.scrub_rate,
             },
             allow: f.allow.clone(),
             metrics: f.metrics,

@@ -23,7 +23,6 @@
 pub(crate) mod conn;
 pub(crate) mod forward;
 pub mod http;
-mod metrics;
 #[cfg(test)]
 mod tests;
 
@@ -37,8 +36,10 @@ pub use ledger_relay_wire::core_http::{
 };
 use tokio::time::Instant;
 
+use crate::defaults::DEFAULTS;
+
+pub use crate::metrics::core::{CoreMetrics, Outcome};
 pub use http::CoreUrl;
-pub use metrics::CoreMetrics;
 
 /// Where the relay sends the requests it forwards: stellar-core's HTTP port, or another relay.
 pub trait CoreBackend: Send + Sync + fmt::Debug {
@@ -54,11 +55,6 @@ pub trait CoreBackend: Send + Sync + fmt::Debug {
         deadline: Instant,
     ) -> BoxFuture<'a, CoreResponse>;
 }
-
-/// How long the relay waits for core's answer without `--core-timeout`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Requests of one client in flight at once without `--core-concurrency`.
-pub const DEFAULT_CONCURRENCY: u32 = 16;
 
 /// The relay's settings for requests to stellar-core (`--core-*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,9 +83,9 @@ impl Default for CoreSettings {
             query: None,
             http_allow: None,
             query_allow: None,
-            timeout: DEFAULT_TIMEOUT,
-            max_request: ledger_relay_wire::Limits::default().max_core_request,
-            concurrency: DEFAULT_CONCURRENCY,
+            timeout: DEFAULTS.core_timeout,
+            max_request: DEFAULTS.core_max_request,
+            concurrency: DEFAULTS.core_concurrency,
         }
     }
 }
@@ -254,54 +250,5 @@ pub fn budget(timeout: Duration, timeout_ms: u32) -> Duration {
     match timeout_ms {
         0 => timeout,
         ms => timeout.min(Duration::from_millis(u64::from(ms))),
-    }
-}
-
-/// How a request ended, as the metrics count it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// stellar-core answered (any status: its own errors are answers too).
-    Answered,
-    /// A relay refused it (403, 413, 429): this one, or one upstream.
-    Refused,
-    /// No answer in time (504).
-    TimedOut,
-    /// Core, or the upstream relay, could not be reached (503).
-    Unavailable,
-    /// Core's answer could not be carried, or the forwarding failed otherwise (502, 500).
-    Failed,
-}
-
-impl Outcome {
-    /// Every outcome, in the order the metrics list them.
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Answered,
-        Outcome::Refused,
-        Outcome::TimedOut,
-        Outcome::Unavailable,
-        Outcome::Failed,
-    ];
-
-    /// The `outcome` label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Answered => "answered",
-            Outcome::Refused => "refused",
-            Outcome::TimedOut => "timed_out",
-            Outcome::Unavailable => "unavailable",
-            Outcome::Failed => "failed",
-        }
-    }
-
-    /// The outcome an answer stands for: core's answers are answered, whatever their status;
-    /// a relay's own (this relay's, or an upstream's passed through) by their status.
-    pub fn of(response: &CoreResponse) -> Outcome {
-        match (response.origin, response.status) {
-            (Origin::Core, _) => Outcome::Answered,
-            (Origin::Relay, 403 | 413 | 429) => Outcome::Refused,
-            (Origin::Relay, 504) => Outcome::TimedOut,
-            (Origin::Relay, 503) => Outcome::Unavailable,
-            (Origin::Relay, _) => Outcome::Failed,
-        }
     }
 }

@@ -22,31 +22,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::defaults::DEFAULTS;
+use crate::exposition::family;
+
 /// Condition key of the ledger source.
 pub const SOURCE: &str = "source";
 /// Condition key of the retention ring.
 pub const RING: &str = "ring";
 /// Condition key of stored ledgers that failed verification.
 pub const RING_CORRUPT: &str = "ring_corrupt";
-
-/// The default limit for sources that follow core (pipe, FIFO, stdin): 30 s, about five
-/// pubnet ledgers (one every 5-6 s).
-pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
-
-/// For sources paced by `--cadence` (file, synthetic): this many cadences without a ledger.
-pub const STALE_CADENCES: u32 = 5;
-
-/// The least default limit of a paced source: scheduling noise on a loaded machine can delay a
-/// fast cadence's ledger by tens of milliseconds without anything being wrong.
-pub const MIN_PACED_STALE_AFTER: Duration = Duration::from_secs(1);
-
-/// The default `--stale-after` for a source paced at `cadence`: [`STALE_CADENCES`] of them, at
-/// least [`MIN_PACED_STALE_AFTER`].
-pub fn paced_stale_after(cadence: Duration) -> Duration {
-    cadence
-        .saturating_mul(STALE_CADENCES)
-        .max(MIN_PACED_STALE_AFTER)
-}
 
 /// What kind of trouble a [`Reason`] is: a stable code for alerts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -281,7 +265,7 @@ pub struct Health {
 
 impl Default for Health {
     fn default() -> Self {
-        Health::new(DEFAULT_STALE_AFTER)
+        Health::new(DEFAULTS.stale_after)
     }
 }
 
@@ -486,8 +470,7 @@ impl HealthReport {
     /// The health series of `/metrics`.
     pub fn render_prometheus(&self, out: &mut String) {
         let mut gauge = |name: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
-            let _ = writeln!(out, "# TYPE ledger_relay_{name} gauge");
+            family(out, name, help);
             let _ = writeln!(out, "ledger_relay_{name} {value}");
         };
         gauge(
@@ -515,11 +498,7 @@ impl HealthReport {
             "1 when new ledgers reach subscribers (/healthz answers 200), 0 when not (503).",
             u8::from(self.delivering()).to_string(),
         );
-        let _ = writeln!(
-            out,
-            "# HELP ledger_relay_health_reason 1 while a reason of this kind holds."
-        );
-        let _ = writeln!(out, "# TYPE ledger_relay_health_reason gauge");
+        family(out, "health_reason", "1 while a reason of this kind holds.");
         for kind in ReasonKind::ALL {
             let holds = self.reasons.iter().any(|r| r.kind() == kind);
             let _ = writeln!(
@@ -636,6 +615,53 @@ mod tests {
         assert_eq!(h.report().source(), SourceState::Finished);
     }
 
+    /// The exposition of a fixed report, line for line: its text is what scrapers and alert
+    /// rules read.
+    #[test]
+    fn prometheus_exposition_of_a_fixed_report() {
+        let report = HealthReport {
+            reasons: vec![Reason::RingCorrupt {
+                seq: 7,
+                count: 2,
+                detail: "hash mismatch".into(),
+            }],
+            last_ledger_age: Some(Duration::from_millis(1_250)),
+            last_byte_age: None,
+            stale_after: Duration::from_secs(30),
+            uptime: Duration::from_secs(42),
+        };
+        let mut out = String::new();
+        report.render_prometheus(&mut out);
+        assert_eq!(out, PROMETHEUS_FIXED, "{out}");
+    }
+
+    const PROMETHEUS_FIXED: &str = "\
+# HELP ledger_relay_source_last_ledger_age_seconds Seconds since the source last completed a new ledger (since the start before the first).
+# TYPE ledger_relay_source_last_ledger_age_seconds gauge
+ledger_relay_source_last_ledger_age_seconds 1.25
+# HELP ledger_relay_source_last_byte_age_seconds Seconds since the source last produced bytes (since the start before the first).
+# TYPE ledger_relay_source_last_byte_age_seconds gauge
+ledger_relay_source_last_byte_age_seconds 42
+# HELP ledger_relay_stale_after_seconds Seconds without a new ledger after which the relay reports degraded.
+# TYPE ledger_relay_stale_after_seconds gauge
+ledger_relay_stale_after_seconds 30
+# HELP ledger_relay_healthy 1 when /healthz reports ok, 0 when it reports degraded.
+# TYPE ledger_relay_healthy gauge
+ledger_relay_healthy 0
+# HELP ledger_relay_delivering 1 when new ledgers reach subscribers (/healthz answers 200), 0 when not (503).
+# TYPE ledger_relay_delivering gauge
+ledger_relay_delivering 1
+# HELP ledger_relay_health_reason 1 while a reason of this kind holds.
+# TYPE ledger_relay_health_reason gauge
+ledger_relay_health_reason{reason=\"no_ledger\"} 0
+ledger_relay_health_reason{reason=\"source_restarting\"} 0
+ledger_relay_health_reason{reason=\"source_finished\"} 0
+ledger_relay_health_reason{reason=\"source_failed\"} 0
+ledger_relay_health_reason{reason=\"ring_degraded\"} 0
+ledger_relay_health_reason{reason=\"ring_corrupt\"} 1
+ledger_relay_health_reason{reason=\"lake_export\"} 0
+";
+
     #[test]
     fn prometheus_lists_every_kind() {
         let h = Health::new(Duration::from_secs(5));
@@ -715,15 +741,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_and_durations() {
-        assert_eq!(
-            paced_stale_after(Duration::from_millis(600)),
-            Duration::from_secs(3)
-        );
-        assert_eq!(
-            paced_stale_after(Duration::from_millis(2)),
-            Duration::from_secs(1)
-        );
+    fn durations_in_reasons() {
         assert_eq!(secs(Duration::from_millis(42_700)), "42 s");
         assert_eq!(secs(Duration::from_millis(1_250)), "1.2 s");
         assert_eq!(secs(Duration::from_secs(1)), "1 s");

@@ -24,6 +24,8 @@ mod certinfo;
 mod closing;
 pub mod config;
 pub mod core_http;
+mod defaults;
+mod exposition;
 mod health;
 pub mod hub;
 pub mod lake;
@@ -233,7 +235,7 @@ fn start_lakes(
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<(
-    Option<(lake::export::ExportTap, lake::export::Exporter)>,
+    Option<(pipeline::ExportTap, lake::export::Exporter)>,
     Option<Arc<lake::backfill::Backfill>>,
 )> {
     let exporter = match &config.export {

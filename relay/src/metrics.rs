@@ -16,19 +16,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::health::Health;
+pub mod core;
+pub mod lake;
 
-/// Writes the `# HELP` and `# TYPE` lines of metric `ledger_relay_{name}`: a counter when its
-/// name ends in `_total`, else a gauge.
-pub(crate) fn family(out: &mut String, name: &str, help: &str) {
-    let kind = if name.ends_with("_total") {
-        "counter"
-    } else {
-        "gauge"
-    };
-    let _ = writeln!(out, "# HELP ledger_relay_{name} {help}");
-    let _ = writeln!(out, "# TYPE ledger_relay_{name} {kind}");
-}
+use crate::exposition::family;
+use crate::health::Health;
 
 macro_rules! counters {
     ($($name:ident: $help:literal),* $(,)?) => {
@@ -39,9 +31,9 @@ macro_rules! counters {
             /// The ring failed to write and is not keeping ledgers (disk read-only or full).
             pub ring_degraded: AtomicBool,
             /// Data lakes: export, backfill and a `datalake:` source.
-            pub lake: crate::lake::LakeMetrics,
+            pub lake: lake::LakeMetrics,
             /// Requests for stellar-core's HTTP ports.
-            pub core: crate::core_http::CoreMetrics,
+            pub core: core::CoreMetrics,
             /// Per-session state, by session id.
             pub sessions: Mutex<BTreeMap<u64, SessionInfo>>,
             /// Per lane number, over every session: what the lanes carried and their paths.

@@ -35,6 +35,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::defaults::DEFAULTS;
 use crate::health::{self, Reason};
 use crate::hub::{CompleteLedger, Hub};
 use crate::metrics::Metrics;
@@ -67,7 +68,7 @@ pub struct PipelineConfig {
     pub store_and_forward: bool,
     /// Where the publisher also offers each complete ledger for export to a data lake
     /// (`--export`; set by `Relay::start`). Offering never waits.
-    pub export: Option<crate::lake::export::ExportTap>,
+    pub export: Option<ExportTap>,
     /// Most payload bytes of complete ledgers waiting for the ring writer (a slow disk, or one
     /// that failed and waits to be writable again). They stay in the hub's memory until
     /// written, so this also bounds it; beyond it the oldest is given up for the ring, which
@@ -78,15 +79,43 @@ pub struct PipelineConfig {
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
-            chunk_size: ledger_relay_wire::chunker::DEFAULT_CHUNK_SIZE,
-            codec: Codec::Zstd,
-            zstd_level: 1,
+            chunk_size: DEFAULTS.chunk_size as usize,
+            codec: DEFAULTS.codec,
+            zstd_level: DEFAULTS.zstd_level,
             compress_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             // 64 chunks of 256 KiB: a whole 14.5 MiB ledger may queue.
             compress_queue: 64,
             store_and_forward: false,
             export: None,
             ring_queue_bytes: ring_queue::DEFAULT_RING_QUEUE_BYTES,
+        }
+    }
+}
+
+/// The publisher's side of the export queue to a data lake (`--export`, whose exporter is
+/// `lake::export`): offering a ledger never waits.
+#[derive(Debug, Clone)]
+pub struct ExportTap {
+    tx: SyncSender<Arc<CompleteLedger>>,
+    metrics: Arc<Metrics>,
+}
+
+impl ExportTap {
+    /// The tap of the queue `tx` feeds; a full queue counts into `metrics`.
+    pub(crate) fn new(tx: SyncSender<Arc<CompleteLedger>>, metrics: Arc<Metrics>) -> ExportTap {
+        ExportTap { tx, metrics }
+    }
+
+    /// Queues a complete ledger for export, or counts it as left for the ring when the queue
+    /// is full.
+    pub fn offer(&self, ledger: &Arc<CompleteLedger>) {
+        match self.tx.try_send(ledger.clone()) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                Metrics::add(&self.metrics.lake.export_queue_full_total, 1);
+            }
+            // The exporter stopped for good (it says why in the log).
+            Err(TrySendError::Disconnected(_)) => {}
         }
     }
 }
@@ -341,7 +370,7 @@ fn publisher(
     hub: Arc<Hub>,
     ring: Option<Arc<RingQueue>>,
     live: Publish,
-    export: Option<crate::lake::export::ExportTap>,
+    export: Option<ExportTap>,
 ) {
     let mut queue: std::collections::VecDeque<Pending> = std::collections::VecDeque::new();
     while let Ok(msg) = rx.recv() {

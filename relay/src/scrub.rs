@@ -25,10 +25,6 @@ use crate::metrics::Metrics;
 use crate::ring::{Ring, RingError};
 use crate::session::Shared;
 
-/// Default read rate, bytes per second: a full ring of 10,000 compressed Phase 3 ledgers
-/// (about 20 GB) in about ten minutes, a small share of a disk's bandwidth.
-pub const DEFAULT_RATE: u64 = 32 << 20;
-
 /// Time between the start of one pass and the next.
 pub const EVERY: Duration = Duration::from_secs(3600);
 

@@ -65,14 +65,6 @@ pub struct ServerConfig {
     pub codec: Codec,
 }
 
-/// Handshakes held at once without `--handshake-pool`.
-pub const DEFAULT_HANDSHAKE_POOL: usize = 128;
-/// Pending handshakes of one source without `--handshake-pool-per-source`: two subscribers
-/// opening 16 lanes each at once from one address.
-pub const DEFAULT_HANDSHAKE_POOL_PER_SOURCE: usize = 32;
-/// Time a handshake may take without `--handshake-timeout`: a few round trips and a lost
-/// packet's retransmission (quinn's first probe timeout is about 1 s) over the longest path.
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time an authenticated connection has for its first frame.
 pub const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 

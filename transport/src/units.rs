@@ -35,6 +35,29 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     })
 }
 
+/// A duration as [`parse_duration`] reads it back: in seconds when it is a whole number of
+/// them (`2s`, `60s`), else in milliseconds, microseconds or nanoseconds (`600ms`).
+pub fn format_duration(d: Duration) -> String {
+    let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+    match (secs, nanos) {
+        (s, 0) => format!("{s}s"),
+        _ if nanos % 1_000_000 == 0 => format!("{}ms", d.as_millis()),
+        _ if nanos % 1_000 == 0 => format!("{}us", d.as_micros()),
+        _ => format!("{}ns", d.as_nanos()),
+    }
+}
+
+/// A byte size as [`parse_size`] reads it back: in the largest binary unit it is a whole
+/// number of (`256KiB`, `64GiB`), else in bytes.
+pub fn format_size(bytes: u64) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes != 0 && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Serde support for durations written as a string ([`parse_duration`]) or a number of
 /// milliseconds.
 pub mod serde_duration {
@@ -97,5 +120,44 @@ mod tests {
         for bad in ["12 parsecs", "MiB", "1.2.3MiB", ""] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn formatted_durations_and_sizes_read_back() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(1500),
+            Duration::from_micros(250),
+            Duration::from_millis(8),
+            Duration::from_millis(600),
+            Duration::from_millis(1500),
+            Duration::from_secs(2),
+            Duration::from_secs(90),
+            Duration::from_secs(120),
+            Duration::from_secs(7200),
+        ] {
+            let text = format_duration(d);
+            assert_eq!(parse_duration(&text), Ok(d), "{text}");
+        }
+        assert_eq!(format_duration(Duration::from_millis(600)), "600ms");
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_secs(60)), "60s");
+        assert_eq!(format_duration(Duration::ZERO), "0s");
+        for b in [
+            0,
+            1000,
+            4096,
+            256 << 10,
+            1 << 20,
+            32 << 20,
+            64 << 30,
+            (14 << 20) + 1,
+        ] {
+            let text = format_size(b);
+            assert_eq!(parse_size(&text), Ok(b), "{text}");
+        }
+        assert_eq!(format_size(64 << 30), "64GiB");
+        assert_eq!(format_size(256 << 10), "256KiB");
+        assert_eq!(format_size(1452), "1452");
     }
 }

@@ -66,6 +66,40 @@ impl CompleteLedger {
     pub fn wire_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.payload.len() as u64).sum()
     }
+
+    /// A ledger for the sender's tests and its fuzz harness: `chunks` uncompressed chunks of
+    /// `chunk_len` bytes (chunk `i` filled with the byte `i`), hashes that are functions of
+    /// `seq` (ledger `seq`'s previous hash is ledger `seq - 1`'s hash), no checksum.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn filled(seq: u32, chunks: u32, chunk_len: u32) -> Arc<CompleteLedger> {
+        use crate::compress::Codec;
+        use crate::frame::ChunkHeader;
+        let chunks: Vec<Chunk> = (0..chunks)
+            .map(|i| Chunk {
+                header: ChunkHeader {
+                    seq,
+                    index: i,
+                    raw_offset: u64::from(i) * u64::from(chunk_len),
+                    raw_len: chunk_len,
+                    codec: Codec::None,
+                },
+                payload: bytes::Bytes::from(vec![i as u8; chunk_len as usize]),
+            })
+            .collect();
+        Arc::new(CompleteLedger {
+            end: LedgerEnd {
+                seq,
+                chunk_count: chunks.len() as u32,
+                raw_len: u64::from(chunk_len) * chunks.len() as u64,
+                checksum: 0,
+                header_hash: [seq as u8; 32],
+                previous_hash: [seq.wrapping_sub(1) as u8; 32],
+                first_byte_ns: 0,
+                last_byte_ns: 0,
+            },
+            chunks,
+        })
+    }
 }
 
 /// What one data stream carries: one chunk, or one end record.

@@ -1,12 +1,7 @@
 //! Each part of the relay's configuration built from the merged flags ([`RunArgs::over`]):
 //! checked, with its defaults, in a function of its own.
 
-use std::time::Duration;
-
-use anyhow::{bail, Context};
-use ledger_relay_transport::TransportSettings;
 use ledger_relay_wire::compress::Codec;
-use ledger_relay_wire::Limits;
 
 use super::*;
 
@@ -46,14 +41,14 @@ pub(super) fn source_settings(
         }
         None => match source {
             SourceSpec::File { .. } | SourceSpec::Synthetic(_) => {
-                health::paced_stale_after(options.cadence)
+                DEFAULTS.paced_stale_after(options.cadence)
             }
             // A lake that is followed gets new ledgers only as its writer adds them.
             SourceSpec::Pipe { .. }
             | SourceSpec::Fifo { .. }
             | SourceSpec::Stdin
             | SourceSpec::Datalake(_)
-            | SourceSpec::Relay { .. } => health::DEFAULT_STALE_AFTER,
+            | SourceSpec::Relay { .. } => DEFAULTS.stale_after,
         },
     };
     Ok((options, stale_after))
@@ -135,8 +130,12 @@ pub(super) fn export_settings(
     cfg.layout.ledgers_per_batch = f.export_ledgers_per_file;
     cfg.layout.batches_per_partition = f.export_files_per_partition;
     ledger_relay_wire::lake::Schema::new(
-        cfg.layout.ledgers_per_batch.unwrap_or(1),
-        cfg.layout.batches_per_partition.unwrap_or(64000),
+        cfg.layout
+            .ledgers_per_batch
+            .unwrap_or(DEFAULTS.export_ledgers_per_file),
+        cfg.layout
+            .batches_per_partition
+            .unwrap_or(DEFAULTS.export_files_per_partition),
     )
     .map_err(|e| anyhow::anyhow!("--export-ledgers-per-file/--export-files-per-partition: {e}"))?;
     if let Some(l) = f.export_zstd_level {
@@ -155,7 +154,7 @@ pub(super) fn server_settings(
     transport: &TransportSettings,
     limits: Limits,
 ) -> anyhow::Result<ServerConfig> {
-    let window = f.window.unwrap_or(DEFAULT_WINDOW);
+    let window = f.window.unwrap_or(DEFAULTS.window);
     if window == 0 || u32::from(window) > limits.max_ledgers_in_flight {
         bail!(
             "--window {window}: expected 1..={}",
@@ -164,7 +163,7 @@ pub(super) fn server_settings(
     }
     let heartbeat = match &f.heartbeat {
         Some(h) => parse_duration(h).context("--heartbeat")?,
-        None => Duration::from_millis(250),
+        None => DEFAULTS.heartbeat,
     };
     if heartbeat < Duration::from_millis(10) {
         bail!("--heartbeat must be at least 10ms");
@@ -176,7 +175,7 @@ pub(super) fn server_settings(
     };
     let start_wait = match &f.start_wait {
         Some(w) => parse_duration(w).context("--start-wait")?,
-        None => DEFAULT_START_WAIT,
+        None => DEFAULTS.start_wait,
     };
     let at_least_one = |flag: &str, v: Option<usize>, default: usize| match v {
         Some(0) => bail!("--{flag} must be at least 1"),
@@ -198,25 +197,25 @@ pub(super) fn server_settings(
             streams_per_lane,
             start_wait: Some(start_wait),
         },
-        max_connections: f.max_connections.unwrap_or(1024),
-        max_sessions: f.max_sessions.unwrap_or(256),
-        max_lanes: f.max_lanes.unwrap_or(16).clamp(1, 64),
+        max_connections: f.max_connections.unwrap_or(DEFAULTS.max_connections),
+        max_sessions: f.max_sessions.unwrap_or(DEFAULTS.max_sessions),
+        max_lanes: f.max_lanes.unwrap_or(DEFAULTS.max_lanes).clamp(1, 64),
         max_connections_per_address: at_least_one(
             "max-connections-per-address",
             f.max_connections_per_address,
-            256,
+            DEFAULTS.max_connections_per_address,
         )?,
         max_connections_per_identity: at_least_one(
             "max-connections-per-identity",
             f.max_connections_per_identity,
-            256,
+            DEFAULTS.max_connections_per_identity,
         )?,
         max_sessions_per_identity: at_least_one(
             "max-sessions-per-identity",
             f.max_sessions_per_identity,
-            64,
+            DEFAULTS.max_sessions_per_identity,
         )?,
-        retry_threshold: f.retry_threshold.unwrap_or(64),
+        retry_threshold: f.retry_threshold.unwrap_or(DEFAULTS.retry_threshold),
         handshake_pool: handshakes.pool,
         handshake_pool_per_source: handshakes.per_source,
         handshake_timeout: handshakes.timeout,
@@ -244,7 +243,7 @@ pub(super) fn upstream_config(
         "--source relay:... needs --upstream-name NAME (a client certificate in --certs)",
     )?;
     ledger_relay_certs::validate_name(&name).with_context(|| format!("--upstream-name {name}"))?;
-    let lanes = lanes.unwrap_or(DEFAULT_UPSTREAM_LANES);
+    let lanes = lanes.unwrap_or(DEFAULTS.upstream_lanes);
     if !(1..=64).contains(&lanes) {
         bail!("--upstream-lanes {lanes}: expected 1..=64");
     }
@@ -353,17 +352,17 @@ pub(super) fn handshake_flags(
     per_source: Option<usize>,
     timeout: Option<String>,
 ) -> anyhow::Result<HandshakeFlags> {
-    let pool = pool.unwrap_or(DEFAULT_HANDSHAKE_POOL);
+    let pool = pool.unwrap_or(DEFAULTS.handshake_pool);
     if !(1..=65536).contains(&pool) {
         bail!("--handshake-pool {pool}: expected 1..=65536");
     }
-    let per_source = per_source.unwrap_or(DEFAULT_HANDSHAKE_POOL_PER_SOURCE.min(pool));
+    let per_source = per_source.unwrap_or(DEFAULTS.handshake_pool_per_source.min(pool));
     if !(1..=pool).contains(&per_source) {
         bail!("--handshake-pool-per-source {per_source}: expected 1..=--handshake-pool ({pool})");
     }
     let timeout = match timeout {
         Some(t) => parse_duration(&t).context("--handshake-timeout")?,
-        None => DEFAULT_HANDSHAKE_TIMEOUT,
+        None => DEFAULTS.handshake_timeout,
     };
     if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&timeout) {
         bail!("--handshake-timeout {timeout:?}: expected 100ms..=60s");

@@ -121,7 +121,7 @@ fn admission_flags_default_and_parse() {
         ),
         (256, 256, 64, 64)
     );
-    assert_eq!(s.session.start_wait, Some(DEFAULT_START_WAIT));
+    assert_eq!(s.session.start_wait, Some(DEFAULTS.start_wait));
     let mut a = base();
     a.max_connections_per_address = Some(8);
     a.max_connections_per_identity = Some(16);
@@ -393,7 +393,7 @@ fn a_relay_source_needs_an_upstream_name_and_only_it_takes_one() {
         c.upstream,
         Some(UpstreamConfig {
             name: "edge-1".into(),
-            lanes: DEFAULT_UPSTREAM_LANES,
+            lanes: DEFAULTS.upstream_lanes,
             cut_through: false,
             anchor: None,
         })
@@ -544,4 +544,67 @@ fn an_upstream_anchor_is_a_trusted_ledger_for_a_relay_source() {
     b.upstream_anchor = Some(format!("7:{hex}"));
     let e = RelayConfig::from_args(b).unwrap_err().to_string();
     assert!(e.contains("go with --source relay:"), "{e}");
+}
+
+/// For a duration, a size, a count and a switch: a flag given wins over the file's key, the
+/// file's key over the default, and without either the setting is [`DEFAULTS`]'.
+#[test]
+fn a_flag_wins_over_the_file_and_the_file_over_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(
+        &path,
+        "heartbeat = \"400ms\"\nretention_bytes = \"2GiB\"\nmax_sessions = 9\n\
+         store_and_forward = true\n",
+    )
+    .unwrap();
+    let settings = |c: &RelayConfig| {
+        (
+            c.server.session.heartbeat,
+            c.retention_bytes,
+            c.server.max_sessions,
+            c.pipeline.store_and_forward,
+        )
+    };
+    let c = RelayConfig::from_args(base()).unwrap();
+    assert_eq!(
+        settings(&c),
+        (
+            DEFAULTS.heartbeat,
+            DEFAULTS.retention_bytes,
+            DEFAULTS.max_sessions,
+            false
+        ),
+        "neither: the defaults"
+    );
+    let file = RunArgs {
+        config: Some(path.clone()),
+        ..base()
+    };
+    let c = RelayConfig::from_args(file.clone()).unwrap();
+    assert_eq!(
+        settings(&c),
+        (Duration::from_millis(400), 2 << 30, 9, true),
+        "the file over the defaults"
+    );
+    let flags = RunArgs {
+        heartbeat: Some("1s".into()),
+        retention_bytes: Some("3GiB".into()),
+        max_sessions: Some(5),
+        ..file
+    };
+    let c = RelayConfig::from_args(flags).unwrap();
+    assert_eq!(
+        settings(&c),
+        (Duration::from_secs(1), 3 << 30, 5, true),
+        "flags over the file (a switch is on when either turns it on)"
+    );
+    std::fs::write(&path, "store_and_forward = false\n").unwrap();
+    let c = RelayConfig::from_args(RunArgs {
+        config: Some(path),
+        store_and_forward: true,
+        ..base()
+    })
+    .unwrap();
+    assert!(c.pipeline.store_and_forward, "the flag over the file");
 }

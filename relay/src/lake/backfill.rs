@@ -40,6 +40,7 @@ use ledger_relay_wire::frame::LedgerEnd;
 use ledger_relay_wire::header::ChainVerifier;
 use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
 
+use crate::defaults::DEFAULTS;
 use crate::hub::CompleteLedger;
 use crate::pipeline::{complete_ledger, PipelineConfig};
 use crate::source::now_ns;
@@ -63,9 +64,6 @@ pub struct BackfillConfig {
     pub sessions_per_identity: usize,
 }
 
-/// Sessions reading the backfill lake at once without `--backfill-sessions`.
-pub const DEFAULT_BACKFILL_SESSIONS: usize = 4;
-
 /// Sessions of one identity reading the lake at once without
 /// `--backfill-sessions-per-identity`, of `sessions` reader slots: half of them, rounded up,
 /// so that one identity's slow sessions leave the other half to the rest (all of them when
@@ -80,10 +78,13 @@ impl BackfillConfig {
         BackfillConfig {
             url,
             network,
-            prefetch: PrefetchOptions::default(),
+            prefetch: PrefetchOptions {
+                depth: DEFAULTS.backfill_prefetch,
+                ..PrefetchOptions::default()
+            },
             options: LakeOptions::default(),
-            sessions: DEFAULT_BACKFILL_SESSIONS,
-            sessions_per_identity: default_per_identity(DEFAULT_BACKFILL_SESSIONS),
+            sessions: DEFAULTS.backfill_sessions,
+            sessions_per_identity: default_per_identity(DEFAULTS.backfill_sessions),
         }
     }
 }

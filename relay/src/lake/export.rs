@@ -23,7 +23,7 @@
 //! object) stops the export for good, with the reason in the log.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -39,8 +39,10 @@ use ledger_relay_wire::Limits;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::defaults::DEFAULTS;
 use crate::hub::CompleteLedger;
 use crate::metrics::Metrics;
+use crate::pipeline::ExportTap;
 use crate::ring::Ring;
 
 /// What `--export` was told.
@@ -74,7 +76,7 @@ impl ExportConfig {
             url,
             layout: Layout::default(),
             network,
-            zstd_level: 1,
+            zstd_level: DEFAULTS.export_zstd_level,
             // Writing a Phase 3 ledger takes ~50 ms against a 600 ms cadence, so a healthy lake
             // keeps this near empty; a failing one fills it, and then it holds 4 ledgers' chunks
             // (shared with the hub and ring writer) while the rest wait in the ring.
@@ -82,28 +84,6 @@ impl ExportConfig {
             backoff: (Duration::from_millis(200), Duration::from_secs(30)),
             shutdown_grace: Duration::from_secs(10),
             options: LakeOptions::default(),
-        }
-    }
-}
-
-/// The publisher's side of the export queue: offering a ledger never waits.
-#[derive(Debug, Clone)]
-pub struct ExportTap {
-    tx: SyncSender<Arc<CompleteLedger>>,
-    metrics: Arc<Metrics>,
-}
-
-impl ExportTap {
-    /// Queues a complete ledger for export, or counts it as left for the ring when the queue
-    /// is full.
-    pub fn offer(&self, ledger: &Arc<CompleteLedger>) {
-        match self.tx.try_send(ledger.clone()) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                Metrics::add(&self.metrics.lake.export_queue_full_total, 1);
-            }
-            // The exporter stopped for good (it says why in the log).
-            Err(TrySendError::Disconnected(_)) => {}
         }
     }
 }
@@ -132,10 +112,7 @@ pub fn spawn(
 ) -> std::io::Result<(ExportTap, Exporter)> {
     let (tx, rx) = mpsc::sync_channel(cfg.queue.max(1));
     metrics.lake.export_enabled.store(true, Ordering::Relaxed);
-    let tap = ExportTap {
-        tx,
-        metrics: metrics.clone(),
-    };
+    let tap = ExportTap::new(tx, metrics.clone());
     let thread = std::thread::Builder::new()
         .name("lake-export".into())
         .spawn(move || {

@@ -38,6 +38,8 @@ use ledger_relay_wire::record::DEFAULT_MAX_RECORD_LEN;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::defaults::DEFAULTS;
+
 mod datalake;
 mod external;
 mod file;
@@ -281,8 +283,8 @@ impl Eq for LakeStatsHandle {}
 impl Default for SourceOptions {
     fn default() -> Self {
         Self {
-            cadence: Duration::from_millis(600),
-            emit: Duration::from_millis(8),
+            cadence: DEFAULTS.cadence,
+            emit: DEFAULTS.emit,
             max_record_len: DEFAULT_MAX_RECORD_LEN,
             pipe_restart_backoff: (Duration::from_millis(100), Duration::from_secs(10)),
             network_passphrase: None,

@@ -331,9 +331,9 @@ pub struct Settings {
     /// The protocol `version` reports; unset: the last streamed ledger's (at least 23).
     pub protocol_version: Option<u32>,
     /// How long a query for a ledger newer than the last one written waits for it (default
-    /// 1 s).
+    /// [`DEFAULT_QUERY_WAIT`]).
     pub query_wait: Option<String>,
-    /// How long a request to core's ports may take in all (default 2 s).
+    /// How long a request to core's ports may take in all (default [`DEFAULT_CORE_TIMEOUT`]).
     pub core_timeout: Option<String>,
     /// A trusted ledger, `SEQ:HASH` (`ledger-subscribe --anchor`'s grammar), that a stream
     /// with no hash of its own to start from (after `new-db` or `catchup TO/0`, or `run
@@ -347,6 +347,22 @@ pub const DEFAULT_QUERY_WAIT: std::time::Duration = std::time::Duration::from_se
 /// Default of [`Settings::core_timeout`]: stellar-rpc's own client timeout
 /// (`STELLAR_CORE_TIMEOUT`).
 pub const DEFAULT_CORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long the stand-in's answers may take ([`Settings::waits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waits {
+    /// Any request in all (`core_timeout`).
+    pub core_timeout: std::time::Duration,
+    /// A query for a ledger not written yet (`query_wait`).
+    pub query_wait: std::time::Duration,
+}
+
+/// The settings with a default of their own, by key: what `docs/operations.md`'s table of the
+/// stand-in's settings states (a test compares them).
+pub const DEFAULTS: [(&str, std::time::Duration); 2] = [
+    ("query_wait", DEFAULT_QUERY_WAIT),
+    ("core_timeout", DEFAULT_CORE_TIMEOUT),
+];
 
 impl Settings {
     /// Reads the settings: the file, then the environment `env` over it.
@@ -437,12 +453,21 @@ impl Settings {
         Ok(d)
     }
 
+    /// `core_timeout` and `query_wait`, checked, or their defaults.
+    pub fn waits(&self) -> Result<Waits, CaptiveError> {
+        Ok(Waits {
+            core_timeout: Self::duration(&self.core_timeout, "core_timeout", DEFAULT_CORE_TIMEOUT)?,
+            query_wait: Self::duration(&self.query_wait, "query_wait", DEFAULT_QUERY_WAIT)?,
+        })
+    }
+
     /// How core's ports are answered: requests go to the relays of `config` (the
     /// subscription's), bounded by `core_timeout`, queries wait up to `query_wait`.
     pub fn http_options(&self, config: &SubscribeConfig) -> Result<HttpOptions, CaptiveError> {
-        let core_timeout =
-            Self::duration(&self.core_timeout, "core_timeout", DEFAULT_CORE_TIMEOUT)?;
-        let query_wait = Self::duration(&self.query_wait, "query_wait", DEFAULT_QUERY_WAIT)?;
+        let Waits {
+            core_timeout,
+            query_wait,
+        } = self.waits()?;
         let mut client = CoreClientConfig::from_subscription(config);
         client.timeout = core_timeout;
         Ok(HttpOptions {

@@ -19,7 +19,7 @@ use ledger_relay_subscriber::config::{
 use ledger_relay_subscriber::connect;
 use ledger_relay_subscriber::error::SubscribeError;
 use ledger_relay_subscriber::{FirstLook, Ledger, Status};
-use ledger_relay_transport::parse_duration;
+use ledger_relay_transport::{format_duration, parse_duration};
 
 mod lane_stats;
 mod progress;
@@ -43,7 +43,8 @@ from --anchor), and its transaction set and results against the header's txSetHa
 txSetResultHash. A ledger that fails any check stops the run (exit 2).\n\nExit codes: 0 after --count ledgers \
 (or on SIGINT/SIGTERM), 2 on bad arguments or any other error, 3 when the relay refuses our \
 certificate (or we refuse its), 4 when the start is below the retention of every relay of \
---relay (one relay saying so makes the subscriber try the next)."
+--relay (one relay saying so makes the subscriber try the next).",
+    mut_args = shown_in_help
 )]
 pub struct Args {
     /// Relay addresses in order of preference, HOST:PORT, comma-separated; on a failure the
@@ -118,20 +119,20 @@ pub struct Args {
     /// are this end's sending side, the acknowledgement path), and a last set at the end.
     #[arg(long, value_name = "FILE")]
     pub lane_stats: Option<PathBuf>,
-    /// How often --lane-stats writes its rows, e.g. `1s` or `200ms` [default: 1s].
+    /// How often --lane-stats writes its rows, e.g. `1s` or `200ms`.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "lane_stats")]
     pub lane_stats_interval: Option<Duration>,
     /// Bind lane k to local UDP port BASE+k (default: ephemeral ports).
     #[arg(long, value_name = "BASE")]
     pub lane_ports: Option<u16>,
-    /// Largest UDP payload this end's path MTU discovery may reach and accept [default: 1452];
-    /// 8952 finds jumbo frames inside an EC2 VPC (the relay's `[transport] max_mtu` is the
-    /// data direction's ceiling: set both).
+    /// Largest UDP payload this end's path MTU discovery may reach and accept; 8952 finds
+    /// jumbo frames inside an EC2 VPC (the relay's `[transport] max_mtu` is the data
+    /// direction's ceiling: set both).
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(1200..))]
     pub max_mtu: Option<u16>,
-    /// UDP payload the path is known to carry [default: 1200]: where a lane falls back after a
-    /// burst of lost large packets. Equal to --max-mtu, packets stay large whatever is lost; set
-    /// it only where the path's MTU is known.
+    /// UDP payload the path is known to carry: where a lane falls back after a burst of lost
+    /// large packets. Equal to --max-mtu, packets stay large whatever is lost; set it only
+    /// where the path's MTU is known.
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(1200..))]
     pub min_mtu: Option<u16>,
     /// Wait this long after writing each ledger before taking the next, e.g. `2.5s` or
@@ -141,7 +142,7 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub consume_delay: Option<Duration>,
     /// Give up with exit 2 when no relay can be reached for this long at the start, e.g. a
-    /// mistyped address [default: 60s]. A relay reached once is retried forever.
+    /// mistyped address. A relay reached once is retried forever.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub connect_timeout: Option<Duration>,
     /// Give a relay up (and reconnect or fail over) after this long without hearing from it,
@@ -151,14 +152,14 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub heartbeat_timeout: Option<Duration>,
     /// Give a relay up after it has announced ledgers newer than the last one delivered and
-    /// none has completed for this long [default: 4s].
+    /// none has completed for this long.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub progress_timeout: Option<Duration>,
     /// Retry unreachable relays forever at the start too (no --connect-timeout).
     #[arg(long, conflicts_with = "connect_timeout")]
     pub retry_forever: bool,
-    /// How often progress is shown on stderr: the live status line when stderr is a terminal
-    /// [default: 2s], else a summary line in the log [default: 60s].
+    /// How often progress is shown on stderr: the live status line when stderr is a terminal,
+    /// else a summary line in the log.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub status_interval: Option<Duration>,
     /// No status line and no summaries (warnings and errors are still logged).
@@ -189,6 +190,73 @@ pub struct Args {
     /// Write the man page ledger-subscribe.1 into DIR and exit.
     #[arg(long, value_name = "DIR", exclusive = true)]
     pub man: Option<PathBuf>,
+}
+
+/// The defaults of `ledger-subscribe`'s flags that are one value, read from where the code
+/// takes them, as `--help` shows them and docs/operations.md states them (a test compares):
+/// (flag without dashes, value, what qualifies it).
+pub fn shown_defaults() -> Vec<(&'static str, String, Option<String>)> {
+    let transport = ledger_relay_transport::TransportSettings::default();
+    vec![
+        (
+            "lane-stats-interval",
+            format_duration(DEFAULT_LANE_STATS_INTERVAL),
+            None,
+        ),
+        ("max-mtu", transport.max_mtu.to_string(), None),
+        (
+            "progress-timeout",
+            format_duration(default_progress_timeout()),
+            None,
+        ),
+        ("min-mtu", transport.min_mtu.to_string(), None),
+        (
+            "connect-timeout",
+            format_duration(DEFAULT_CONNECT_TIMEOUT),
+            None,
+        ),
+        (
+            "status-interval",
+            format_duration(LIVE_INTERVAL),
+            Some(format!(
+                "not a terminal: {}",
+                format_duration(SUMMARY_INTERVAL)
+            )),
+        ),
+    ]
+}
+
+/// The no-progress timeout the subscriber library takes without `--progress-timeout` (it
+/// follows from its stall timeout; no certificate is needed to work it out).
+fn default_progress_timeout() -> Duration {
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let none = Credentials {
+        ca: Vec::new(),
+        crls: Vec::new(),
+        cert_chain: Vec::new(),
+        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(Vec::new())),
+    };
+    SubscribeConfig::new(Vec::new(), none).effective_progress_timeout()
+}
+
+/// Appends `[default: VALUE]` (or `[default: VALUE; NOTE]`) of [`shown_defaults`] to the help
+/// of a flag that has one.
+fn shown_in_help(arg: clap::Arg) -> clap::Arg {
+    let Some(long) = arg.get_long() else {
+        return arg;
+    };
+    let Some((_, value, note)) = shown_defaults().into_iter().find(|(f, ..)| *f == long) else {
+        return arg;
+    };
+    let tag = match note {
+        Some(note) => format!("[default: {value}; {note}]"),
+        None => format!("[default: {value}]"),
+    };
+    let help = match arg.get_help() {
+        Some(help) => format!("{help} {tag}"),
+        None => tag,
+    };
+    arg.help(help)
 }
 
 /// Default of `--connect-timeout`.

@@ -5,10 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use crate::compress::Codec;
-use crate::frame::{Chunk, ChunkHeader, Frame, LedgerEnd, Resend};
+use crate::frame::{Frame, Resend};
 use crate::sender::{
     CompleteLedger, ControlError, Event, LaneReport, LiveItem, LoadResult, SenderConfig, StreamId,
     Unit,
@@ -39,32 +36,7 @@ pub fn sender(data: &[u8]) {
 
 /// A ledger of 1 to 4 chunks of 100 bytes, a function of its sequence.
 fn ledger(seq: u32) -> Arc<CompleteLedger> {
-    let n = 1 + seq % 4;
-    let chunks: Vec<Chunk> = (0..n)
-        .map(|i| Chunk {
-            header: ChunkHeader {
-                seq,
-                index: i,
-                raw_offset: u64::from(i) * 100,
-                raw_len: 100,
-                codec: Codec::None,
-            },
-            payload: Bytes::from(vec![seq as u8; 100]),
-        })
-        .collect();
-    Arc::new(CompleteLedger {
-        end: LedgerEnd {
-            seq,
-            chunk_count: n,
-            raw_len: u64::from(n) * 100,
-            checksum: 0,
-            header_hash: [seq as u8; 32],
-            previous_hash: [seq.wrapping_sub(1) as u8; 32],
-            first_byte_ns: 0,
-            last_byte_ns: 0,
-        },
-        chunks,
-    })
+    CompleteLedger::filled(seq, 1 + seq % 4, 100)
 }
 
 /// A ledger of the session's first 16, picked by `arg`.

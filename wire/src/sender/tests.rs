@@ -9,32 +9,9 @@ use crate::frame::{ChunkHeader, ErrorCode};
 
 const MS: Duration = Duration::from_millis(1);
 
+/// Ledger `seq` of `chunks` chunks of 1000 bytes.
 fn ledger(seq: u32, chunks: u32) -> Arc<CompleteLedger> {
-    let chunks: Vec<Chunk> = (0..chunks)
-        .map(|i| Chunk {
-            header: ChunkHeader {
-                seq,
-                index: i,
-                raw_offset: u64::from(i) * 1000,
-                raw_len: 1000,
-                codec: Codec::None,
-            },
-            payload: Bytes::from(vec![i as u8; 1000]),
-        })
-        .collect();
-    Arc::new(CompleteLedger {
-        end: LedgerEnd {
-            seq,
-            chunk_count: chunks.len() as u32,
-            raw_len: 1000 * chunks.len() as u64,
-            checksum: 0,
-            header_hash: [seq as u8; 32],
-            previous_hash: [seq.wrapping_sub(1) as u8; 32],
-            first_byte_ns: 0,
-            last_byte_ns: 0,
-        },
-        chunks,
-    })
+    CompleteLedger::filled(seq, chunks, 1000)
 }
 
 fn sender(first: u32, lanes: u8) -> Sender {

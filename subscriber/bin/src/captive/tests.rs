@@ -466,3 +466,53 @@ fn the_anchor_setting_takes_the_subscriber_s_grammar() {
     assert_eq!(s.anchor().unwrap().unwrap().seq, 7);
     assert_eq!(Settings::default().anchor().unwrap(), None);
 }
+
+/// `docs/operations.md`'s table of the stand-in's settings names each setting with a default,
+/// its environment variable, and the default the code uses.
+#[test]
+fn the_docs_state_the_stand_ins_defaults() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
+    let docs = std::fs::read_to_string(path).unwrap();
+    let header = "| setting (`captive-core.toml`) | environment | default | what it does |";
+    let table = docs
+        .split_once(header)
+        .expect("docs/operations.md has the table of the stand-in's settings")
+        .1;
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect();
+    let keys: Vec<&str> = rows.iter().map(|r| r[0].trim_matches('`')).collect();
+    let with_default: Vec<&str> = DEFAULTS.iter().map(|(k, _)| *k).collect();
+    assert_eq!(keys, with_default, "the settings the docs' table lists");
+    for (row, (key, default)) in rows.iter().zip(DEFAULTS) {
+        assert_eq!(
+            row[1],
+            format!("`{ENV_PREFIX}{}`", key.to_uppercase()),
+            "{key}"
+        );
+        let documented = parse_duration(row[2].trim_matches('`')).unwrap();
+        assert_eq!(documented, default, "{key}: the docs state {}", row[2]);
+    }
+    // Unset, each setting is its default; set, it is what was set.
+    let waits = Settings::default().waits().unwrap();
+    let resolved = [
+        ("query_wait", waits.query_wait),
+        ("core_timeout", waits.core_timeout),
+    ];
+    assert_eq!(resolved, DEFAULTS);
+    let set = Settings {
+        query_wait: Some("250ms".into()),
+        core_timeout: Some("3s".into()),
+        ..Settings::default()
+    };
+    assert_eq!(
+        set.waits().unwrap(),
+        Waits {
+            core_timeout: Duration::from_secs(3),
+            query_wait: Duration::from_millis(250),
+        }
+    );
+}

@@ -198,3 +198,82 @@ fn a_hedged_runs_first_look_goes_beside_its_stats() {
     report_first_look(&[], Some(&plain)).unwrap();
     assert!(!dir.path().join("plain.csv.first-look").exists());
 }
+
+/// `--help` shows each default of [`shown_defaults`], and no other flag states a number as its
+/// default by hand.
+#[test]
+fn help_shows_the_defaults_the_code_uses() {
+    use clap::CommandFactory;
+    let cmd = Args::command();
+    let shown = shown_defaults();
+    for arg in cmd.get_arguments() {
+        let long = arg.get_long().unwrap_or_default();
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        match shown.iter().find(|(flag, ..)| *flag == long) {
+            Some((_, value, note)) => {
+                let tag = match note {
+                    Some(note) => format!(" [default: {value}; {note}]"),
+                    None => format!(" [default: {value}]"),
+                };
+                assert!(help.ends_with(&tag), "--{long}: {help:?}");
+                assert_eq!(help.matches("[default: ").count(), 1, "--{long}: {help:?}");
+            }
+            None => assert!(
+                !help
+                    .split("[default: ")
+                    .skip(1)
+                    .any(|rest| rest.starts_with(|c: char| c.is_ascii_digit())),
+                "--{long} states a default by hand: {help:?}"
+            ),
+        }
+    }
+    for (flag, ..) in &shown {
+        assert!(
+            cmd.get_arguments().any(|a| a.get_long() == Some(flag)),
+            "--{flag} is not a flag"
+        );
+    }
+}
+
+/// docs/operations.md states each default of [`shown_defaults`] where it names the flag:
+/// "`--FLAG ...` (default VALUE)", the value as the flag reads it.
+#[test]
+fn the_docs_state_the_defaults_the_code_uses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
+    let docs = std::fs::read_to_string(path).unwrap().replace('\n', " ");
+    // Every "(default X)" that follows a mention of the flag, X as the flag would read it.
+    let documented = |flag: &str| -> Vec<String> {
+        let mention = format!("`--{flag}");
+        docs.match_indices(&mention)
+            .filter_map(|(at, _)| {
+                let rest = &docs[at + mention.len()..];
+                let rest = &rest[rest.find('`')? + 1..];
+                let value = rest.trim_start().strip_prefix("(default ")?;
+                Some(value[..value.find(')')?].replace(' ', ""))
+            })
+            .collect()
+    };
+    // Durations compare as durations (`60 s` is `60s`), other values as written.
+    let same = |a: &str, b: &str| match (parse_duration(a), parse_duration(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    for (flag, value, note) in shown_defaults() {
+        // The value, and for a flag with two defaults (a note) the other one too.
+        let mut values = vec![value];
+        values.extend(note.and_then(|n| n.rsplit(' ').next().map(str::to_owned)));
+        let found = documented(flag);
+        for v in &values {
+            assert!(
+                found.iter().any(|f| same(f, v)),
+                "--{flag}: the docs state {found:?}, the code {v}"
+            );
+        }
+        for f in &found {
+            assert!(
+                values.iter().any(|v| same(f, v)),
+                "--{flag}: the docs state {f}, the code {values:?}"
+            );
+        }
+    }
+}

@@ -7,7 +7,56 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{CorePort, Outcome};
+use ledger_relay_wire::core_http::{CorePort, CoreResponse, Origin};
+
+/// How a request ended, as the metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// stellar-core answered (any status: its own errors are answers too).
+    Answered,
+    /// A relay refused it (403, 413, 429): this one, or one upstream.
+    Refused,
+    /// No answer in time (504).
+    TimedOut,
+    /// Core, or the upstream relay, could not be reached (503).
+    Unavailable,
+    /// Core's answer could not be carried, or the forwarding failed otherwise (502, 500).
+    Failed,
+}
+
+impl Outcome {
+    /// Every outcome, in the order the metrics list them.
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Answered,
+        Outcome::Refused,
+        Outcome::TimedOut,
+        Outcome::Unavailable,
+        Outcome::Failed,
+    ];
+
+    /// The `outcome` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Answered => "answered",
+            Outcome::Refused => "refused",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Failed => "failed",
+        }
+    }
+
+    /// The outcome an answer stands for: core's answers are answered, whatever their status;
+    /// a relay's own (this relay's, or an upstream's passed through) by their status.
+    pub fn of(response: &CoreResponse) -> Outcome {
+        match (response.origin, response.status) {
+            (Origin::Core, _) => Outcome::Answered,
+            (Origin::Relay, 403 | 413 | 429) => Outcome::Refused,
+            (Origin::Relay, 504) => Outcome::TimedOut,
+            (Origin::Relay, 503) => Outcome::Unavailable,
+            (Origin::Relay, _) => Outcome::Failed,
+        }
+    }
+}
 
 /// Upper bounds of the latency histogram's buckets, seconds: from well under a loopback
 /// round trip through core's own work to the longest `--core-timeout` in use.
