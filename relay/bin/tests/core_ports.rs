@@ -39,7 +39,14 @@ pub(crate) struct Answer {
 
 /// One request on a fresh connection (`Connection: close`): `POST` with `body`, or `GET`.
 pub(crate) async fn call(addr: SocketAddr, target: &str, body: Option<&str>) -> Answer {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    try_call(addr, target, body)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"))
+}
+
+/// [`call`] on one connection, or why it could not connect.
+async fn try_call(addr: SocketAddr, target: &str, body: Option<&str>) -> std::io::Result<Answer> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
     let req = match body {
         Some(b) => format!(
             "POST {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
@@ -64,11 +71,11 @@ pub(crate) async fn call(addr: SocketAddr, target: &str, body: Option<&str>) -> 
                 .then(|| v.trim().to_owned())
         })
         .unwrap_or_default();
-    Answer {
+    Ok(Answer {
         status,
         content_type,
         body: body.to_owned(),
-    }
+    })
 }
 
 /// Base64 of the account key of a hex public key, escaped as stellar-rpc's client escapes it.
@@ -187,7 +194,25 @@ pub(crate) struct StandIn {
 }
 
 impl StandIn {
+    /// Starts the stand-in on two free ports. They are picked here and bound by the stand-in a
+    /// moment later (after `new-db` and `catchup`): another process on the machine can take
+    /// one in between, and the stand-in then exits, unable to listen; it is started again on
+    /// other ports, a bounded number of times.
     pub(crate) async fn start(dir: &TestDir, tag: &str, name: &str, port: u16) -> StandIn {
+        for attempt in 1..=3 {
+            let mut s = StandIn::spawn(dir, tag, name, port);
+            match s.wait_listening().await {
+                Ok(()) => return s,
+                Err(log) if attempt < 3 && log.contains("cannot listen on") => {
+                    eprintln!("attempt {attempt}: a port was taken; again on others\n{log}");
+                }
+                Err(log) => panic!("{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    fn spawn(dir: &TestDir, tag: &str, name: &str, port: u16) -> StandIn {
         let bin =
             Path::new(env!("CARGO_BIN_EXE_ledger-relay")).with_file_name("ledger-captive-core");
         assert!(
@@ -229,21 +254,23 @@ impl StandIn {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut s = StandIn {
+        StandIn {
             child,
             http,
             query,
             log,
-        };
-        s.wait_listening().await;
-        s
+        }
     }
 
-    async fn wait_listening(&mut self) {
+    /// Waits until the stand-in serves both its ports, as its log says (a connection alone
+    /// could reach another process that took the port meanwhile); its exit status and log if
+    /// it exited instead.
+    async fn wait_listening(&mut self) -> Result<(), String> {
+        const SERVING: &str = "serving stellar-core's port through the relays";
         let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(self.query).await.is_err() {
+        while self.log().matches(SERVING).count() < 2 {
             if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("the stand-in exited ({st}): {}", self.log());
+                return Err(format!("the stand-in exited ({st}): {}", self.log()));
             }
             assert!(
                 Instant::now() < deadline,
@@ -252,6 +279,7 @@ impl StandIn {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        Ok(())
     }
 
     pub(crate) fn log(&self) -> String {
@@ -330,13 +358,10 @@ pub(crate) async fn wait_written(s: &StandIn, seq: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let body = form(&[BUSY], None);
     loop {
-        // The port may refuse for a moment (the stand-in is still subscribing): retried, and
-        // reported with the stand-in's log if it lasts.
-        let a = match tokio::net::TcpStream::connect(s.query).await {
-            Ok(_) => Some(call(s.query, "/getledgerentry", Some(&body)).await),
-            Err(_) => None,
-        };
-        if a.as_ref().and_then(answered_seq) == Some(u64::from(seq)) {
+        // One connection per attempt; a refusal is retried, and reported with the stand-in's
+        // log if it lasts.
+        let a = try_call(s.query, "/getledgerentry", Some(&body)).await;
+        if a.as_ref().ok().and_then(answered_seq) == Some(u64::from(seq)) {
             return;
         }
         assert!(
