@@ -23,7 +23,7 @@ use stellar_xdr::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::process::RelayProcess;
-use crate::support::{free_port, TestDir, FIRST, TESTNET};
+use crate::support::{free_port, http_get, within, TestDir, FIRST, TESTNET};
 
 /// A busy testnet account, live throughout; and one merged away in 1410051.
 const BUSY: &str = "644f51e502775e0ec67b4922b8ded549649f50c3df4e38543abe1894f3be834d";
@@ -626,7 +626,13 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     let dir = TestDir::new();
     dir.certs.issue_client("edge", 30).unwrap();
     let mut core = Core::start(dir.path()).await;
-    let (root, root_port) = relay(&dir, "root", &core.relay_args()).await;
+    let root_metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut root_args = core.relay_args();
+    root_args.extend(["--metrics".into(), root_metrics.to_string()]);
+    let (root, root_port) = relay(&dir, "root", &root_args).await;
     let tier_args: Vec<String> = [
         "--source",
         &format!("relay:127.0.0.1:{root_port}"),
@@ -643,6 +649,22 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     .map(|s| s.to_string())
     .collect();
     let (tier, tier_port) = relay(&dir, "tier", &tier_args).await;
+    // A tier with an empty ring starts at its upstream's newest ledger: it must be connected to
+    // the root (its session then waits there for the first ledger) before the double closes
+    // the first, or the stand-in's start (the first) is below the tier's retention and the
+    // stand-in exits.
+    within(20, "the tier connected to the root", async {
+        let open = "\nledger_relay_connections_open ";
+        loop {
+            let text = http_get(root_metrics, "/metrics").await;
+            let connected = text.split_once(open).map(|(_, n)| !n.starts_with('0'));
+            if connected == Some(true) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let stand_in = StandIn::start(&dir, "stand-in", "rpc-1", tier_port).await;
     core.close_through(TIP);
     wait_written(&stand_in, TIP).await;
