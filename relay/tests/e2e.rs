@@ -10,7 +10,7 @@ use ledger_relay_wire::frame::Start;
 
 use crate::support::{
     assert_identical, assert_two_runs, eventually, file_source, first_of_two_runs, take,
-    testnet_ledgers, testnet_records, Running, TestDir, FIRST, LAST,
+    testnet_ledgers, testnet_records, Collector, GatedSource, Running, TestDir, FIRST, LAST,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,19 +96,20 @@ async fn testnet_through_one_and_four_lanes_byte_identical() {
 async fn start_inside_the_ring_crosses_into_live() {
     let dir = TestDir::new();
     let want = testnet_ledgers();
-    let mut config = dir.relay_config(&file_source());
-    config.source_options.cadence = Duration::from_millis(15);
-    let relay = Running::start(config).await;
+    let source = GatedSource::new(dir.path());
+    let relay = dir.start(&source.spec).await;
+    // The source reads 101 ledgers and waits; the subscriber starts inside the ring, catches
+    // up, and the rest reaches it as the source reads it.
+    source.release_to(FIRST + 100);
     relay.wait_for(FIRST + 100).await;
     let start = FIRST + 50;
-    let got = take(
-        dir.sub(&relay, "rpc-1", 2, Start::Seq(start)),
-        (LAST - start + 1) as usize,
-        60,
-    )
-    .await
-    .unwrap();
-    assert_identical(&got, &want, start);
+    let sub = Collector::start(dir.sub(&relay, "rpc-1", 2, Start::Seq(start)), LAST);
+    sub.wait_for(51, 60).await;
+    source.release_to(LAST);
+    let out = sub.finish(60).await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.got.len(), (LAST - start + 1) as usize);
+    assert_identical(&out.got, &want, start);
     assert!(
         relay.relay.metrics.ring_reads_total.load(Ordering::Relaxed) + 4 >= 46,
         "the start came from the ring"

@@ -16,14 +16,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use ledger_relay::metrics::Metrics;
 use ledger_relay::source::{now_ns, synthetic_ledgers, SyntheticSpec};
-use ledger_relay_subscriber::{connect, Ledger, SubscribeConfig, SubscribeError};
+use ledger_relay_subscriber::{connect, Ledger, SubscribeConfig};
 use ledger_relay_wire::frame::Start;
 use ledger_relay_wire::record::write_record;
-use tokio::task::JoinHandle;
 
 use crate::support::{
-    assert_identical, eventually, file_source, http_get, load, take, testnet_ledgers,
-    testnet_records, Running, TestDir, FIRST, LAST,
+    assert_identical, eventually, http_get, load, take, testnet_ledgers, testnet_records,
+    Collector, GatedSource, Running, TestDir, FIRST, LAST,
 };
 
 /// Deterministic filler bytes (splitmix64).
@@ -307,33 +306,38 @@ fn fill(dir: &Path) -> PathBuf {
     path
 }
 
-/// A relay with metrics on the testnet file at one ledger every `cadence`, and a subscriber
-/// taking every ledger from the first in the background, for the disk fault tests.
+/// A relay with metrics on the testnet file behind a [`GatedSource`], and a subscriber taking
+/// every ledger from the first in the background, for the disk fault tests. The test releases
+/// ledgers as it needs them: a write to fail on, live ledgers while the ring is degraded, a
+/// write to recover with, then the rest.
 struct Streaming {
     relay: Running,
     metrics: Arc<Metrics>,
     metrics_addr: SocketAddr,
-    sub: JoinHandle<Result<Vec<Ledger>, SubscribeError>>,
+    source: GatedSource,
+    /// The newest ledger released.
+    released: u32,
+    sub: Collector,
 }
 
 impl Streaming {
     /// Starts them with the data directory in `dir`, and returns once the ring holds 30
-    /// ledgers and reports healthy. The subscriber has `secs` for the whole file.
-    async fn start(dir: &TestDir, cadence: Duration, secs: u64) -> Streaming {
-        let mut config = dir.relay_config(&file_source());
-        config.source_options.cadence = cadence;
+    /// ledgers and reports healthy.
+    async fn start(dir: &TestDir) -> Streaming {
+        let source = GatedSource::new(dir.path());
+        let mut config = dir.relay_config(&source.spec);
         config.metrics = Some("127.0.0.1:0".parse().unwrap());
         let relay = Running::start(config).await;
-        let sub = tokio::spawn(take(
-            dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)),
-            (LAST - FIRST + 1) as usize,
-            secs,
-        ));
-        relay.wait_for(FIRST + 30).await;
+        let sub = Collector::start(dir.sub(&relay, "rpc-1", 2, Start::Seq(FIRST)), LAST);
+        let released = FIRST + 30;
+        source.release_to(released);
+        relay.wait_for(released).await;
         let s = Streaming {
             metrics: relay.relay.metrics.clone(),
             metrics_addr: relay.relay.metrics_addr.unwrap(),
             relay,
+            source,
+            released,
             sub,
         };
         let health = http_get(s.metrics_addr, "/healthz").await;
@@ -341,12 +345,28 @@ impl Streaming {
         s
     }
 
-    /// After a disk fault: waits until the ring reports degraded (the flag, `/healthz`,
-    /// `/metrics`, a write error counted), then until 10 more ledgers are published live while
-    /// it stays degraded. Returns the newest ledger published.
-    async fn expect_degraded(&self) -> u32 {
-        let m = &self.metrics;
-        eventually(5, "ring_degraded", || {
+    /// Lets the source read one more ledger (none past the last).
+    fn release_one(&mut self) {
+        self.released = (self.released + 1).min(LAST);
+        self.source.release_to(self.released);
+    }
+
+    /// Releases a ledger every 10 ms until `cond` holds, or fails after `secs`.
+    async fn release_until(&mut self, secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+            self.release_one();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// After a disk fault: releases ledgers until the ring reports degraded (the flag,
+    /// `/healthz`, `/metrics`, a write error counted), then 10 more, which are published and
+    /// delivered live while it stays degraded. Returns the newest ledger published.
+    async fn expect_degraded(&mut self) -> u32 {
+        let m = self.metrics.clone();
+        self.release_until(5, "ring_degraded", || {
             m.ring_degraded.load(Ordering::Relaxed)
         })
         .await;
@@ -368,20 +388,27 @@ impl Streaming {
         assert!(load(&m.ring_write_errors_total) >= 1);
         // Live ledgers keep coming while the ring cannot write.
         let at = load(&m.source_newest);
+        for _ in 0..10 {
+            self.release_one();
+        }
         eventually(5, "live ledgers while degraded", || {
             load(&m.source_newest) >= at + 10
         })
         .await;
+        self.sub
+            .wait_for((self.released - FIRST + 1) as usize, 5)
+            .await;
         assert!(m.ring_degraded.load(Ordering::Relaxed), "still degraded");
         load(&m.source_newest) as u32
     }
 
-    /// Once the disk is writable again: waits until the ring has written past ledger `after`
-    /// and reports healthy (`/healthz`, `/metrics`), having kept its run: no reset, nothing
-    /// given up, and the ring still starts at the first ledger it held before the fault.
-    async fn expect_recovered(&self, after: u32) {
-        let m = &self.metrics;
-        eventually(5, "the ring writes again", || {
+    /// Once the disk is writable again: releases ledgers until the ring has written past
+    /// ledger `after` and reports healthy (`/healthz`, `/metrics`), having kept its run: no
+    /// reset, nothing given up, and the ring still starts at the first ledger it held before
+    /// the fault.
+    async fn expect_recovered(&mut self, after: u32) {
+        let m = self.metrics.clone();
+        self.release_until(5, "the ring writes again", || {
             !m.ring_degraded.load(Ordering::Relaxed) && load(&m.ring_newest) > u64::from(after)
         })
         .await;
@@ -397,13 +424,13 @@ impl Streaming {
         assert!(text.contains("\nledger_relay_ring_degraded 0\n"), "{text}");
     }
 
-    /// What the subscriber got: every ledger of the file, in order, byte for byte.
-    async fn delivered(&mut self) -> Vec<Ledger> {
-        let got = (&mut self.sub).await.unwrap().unwrap();
-        let want = testnet_ledgers();
-        assert_eq!(got.len(), want.len());
-        assert_identical(&got, &want, FIRST);
-        got
+    /// Releases the rest of the file; what the subscriber got: every ledger of the file, in
+    /// order, byte for byte.
+    async fn delivered(self) -> (Running, Arc<Metrics>, Vec<Ledger>) {
+        self.source.release_to(LAST);
+        let out = self.sub.finish(30).await;
+        out.assert_complete(&testnet_ledgers());
+        (self.relay, self.metrics, out.got)
     }
 }
 
@@ -436,7 +463,7 @@ async fn an_unwritable_data_directory_degrades_the_ring_and_recovers() {
     let Some(_mount) = Tmpfs::mount(&data, "size=16m,mode=0755") else {
         return;
     };
-    let mut s = Streaming::start(&dir, Duration::from_millis(15), 30).await;
+    let mut s = Streaming::start(&dir).await;
     let filler = fill(&data);
     let degraded_until = s.expect_degraded().await;
     // A subscriber starting at the oldest ledger while the store is degraded (and, past
@@ -454,15 +481,15 @@ async fn an_unwritable_data_directory_degrades_the_ring_and_recovers() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     std::fs::remove_file(filler).unwrap();
     s.expect_recovered(degraded_until).await;
-    s.delivered().await;
+    let (relay, metrics, _) = s.delivered().await;
     let late = late
         .await
         .unwrap()
         .expect("no below-retention end while degraded");
     assert_identical(&late, &testnet_ledgers(), FIRST);
-    expect_whole_ring(&dir, &s.relay).await;
-    assert_eq!(load(&s.metrics.ring_resets_total), 0);
-    s.relay.stop().await;
+    expect_whole_ring(&dir, &relay).await;
+    assert_eq!(load(&metrics.ring_resets_total), 0);
+    relay.stop().await;
 }
 
 /// A data directory too small for the ring: every ledger is still delivered live, and the ring
@@ -627,8 +654,7 @@ async fn a_data_directory_turned_read_only_degrades_the_ring_and_recovers() {
     let Some(disk) = Ext4Disk::mount(dir.path(), &data) else {
         return;
     };
-    // 8 s for the file: room for the fault, the repair and a new run after it.
-    let mut s = Streaming::start(&dir, Duration::from_millis(25), 40).await;
+    let mut s = Streaming::start(&dir).await;
     disk.fail();
     let failed_ns = now_ns();
     let probe = std::fs::write(data.join("probe"), b"x").unwrap_err();
@@ -639,7 +665,7 @@ async fn a_data_directory_turned_read_only_degrades_the_ring_and_recovers() {
     s.expect_recovered(degraded_until).await;
 
     // The ledgers published while the disk was read-only arrived live, during that time.
-    let got = s.delivered().await;
+    let (relay, metrics, got) = s.delivered().await;
     let during = got
         .iter()
         .filter(|l| l.received_ns > failed_ns && l.received_ns < repair_ns)
@@ -649,14 +675,13 @@ async fn a_data_directory_turned_read_only_degrades_the_ring_and_recovers() {
     // The ring kept its run and, with the ledgers that waited written after the repair,
     // holds the whole file; a subscriber starting at its first ledger is served it from the
     // ring, byte for byte.
-    let relay = &s.relay;
-    let reads = load(&s.metrics.ring_reads_total);
-    expect_whole_ring(&dir, relay).await;
+    let reads = load(&metrics.ring_reads_total);
+    expect_whole_ring(&dir, &relay).await;
     // All but the few newest (kept in memory too) came from the ring.
     assert!(
-        load(&s.metrics.ring_reads_total) - reads + 4 >= u64::from(LAST - FIRST + 1),
+        load(&metrics.ring_reads_total) - reads + 4 >= u64::from(LAST - FIRST + 1),
         "read from the ring"
     );
-    assert_eq!(load(&s.metrics.ring_resets_total), 0);
-    s.relay.stop().await;
+    assert_eq!(load(&metrics.ring_resets_total), 0);
+    relay.stop().await;
 }

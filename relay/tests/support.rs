@@ -91,6 +91,50 @@ pub fn testnet_records(n: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The testnet sample through a FIFO (a `fifo:` source) that the test releases ledger by
+/// ledger: the relay reads ledger `seq` only once [`GatedSource::release_to`] let it through.
+/// A test of a hand-over (lake to ring, ring to live) holds the source where it wants it,
+/// instead of pacing it in real time and hoping the subscriber keeps step. Dropping it ends
+/// the stream (EOF) after what was released.
+pub struct GatedSource {
+    /// The `fifo:PATH` source to start the relay with.
+    pub spec: String,
+    release: std::sync::mpsc::Sender<u32>,
+}
+
+impl GatedSource {
+    /// A FIFO in `dir`, nothing released yet.
+    pub fn new(dir: &Path) -> GatedSource {
+        let path = dir.join("source.fifo");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let spec = format!("fifo:{}", path.display());
+        let (release, released) = std::sync::mpsc::channel::<u32>();
+        std::thread::spawn(move || {
+            let records = testnet_records(COUNT);
+            // Blocks until the relay's source opens the FIFO.
+            let Ok(mut fifo) = std::fs::OpenOptions::new().write(true).open(&path) else {
+                return;
+            };
+            let mut next = FIRST;
+            while let Ok(to) = released.recv() {
+                while next <= to.min(LAST) {
+                    let record = &records[(next - FIRST) as usize];
+                    if std::io::Write::write_all(&mut fifo, record).is_err() {
+                        return; // the relay stopped reading
+                    }
+                    next += 1;
+                }
+            }
+        });
+        GatedSource { spec, release }
+    }
+
+    /// Lets the source read every ledger up to and including `seq`.
+    pub fn release_to(&self, seq: u32) {
+        self.release.send(seq).expect("the FIFO writer runs");
+    }
+}
+
 /// A CA with a relay certificate for 127.0.0.1 and a client certificate `rpc-1`.
 pub fn certs(dir: &Path) -> CertDir {
     // The CA outlives the 30-day leaves by far: a leaf issued a second after a 30-day CA would

@@ -91,7 +91,11 @@ func checkEnd(t *testing.T, next, want uint32, p *pids, children int, why string
 	assertReaped(t, p)
 }
 
+// The stream tests run in parallel with each other (after the captive-core tests, which set
+// environment variables for the SDK's child): each has its own directory, certificates and
+// relays on their own ports, and spends most of its time waiting on a relay's source.
 func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
+	t.Parallel()
 	src := sourceLedgers(t)
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
@@ -139,6 +143,7 @@ func TestBoundedRangeIsByteIdenticalToTheSource(t *testing.T) {
 }
 
 func TestUnboundedRangeFollowsTheRelayLive(t *testing.T) {
+	t.Parallel()
 	src := sourceLedgers(t)
 	e := newEnv(t)
 	// 20 ms between ledgers: the 320 take 6.4 s, and the reader starts before most exist.
@@ -197,6 +202,7 @@ func TestUnboundedRangeFollowsTheRelayLive(t *testing.T) {
 }
 
 func TestASIGKILLedRelayFailsOverToTheSecond(t *testing.T) {
+	t.Parallel()
 	src := sourceLedgers(t)
 	e := newEnv(t)
 	// a streams live (30 ms per ledger); b already holds them all.
@@ -218,6 +224,7 @@ func TestASIGKILLedRelayFailsOverToTheSecond(t *testing.T) {
 }
 
 func TestAKilledChildIsRestartedFromTheNextLedger(t *testing.T) {
+	t.Parallel()
 	src := sourceLedgers(t)
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "10ms", "--emit", "1ms")
@@ -232,6 +239,7 @@ func TestAKilledChildIsRestartedFromTheNextLedger(t *testing.T) {
 }
 
 func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms", "--retention", "50")
 	r.waitHolds(t, testnetLast-49, testnetLast, 60*time.Second)
@@ -263,6 +271,7 @@ func TestAStartBelowRetentionIsATypedErrorWithTheBounds(t *testing.T) {
 // A relay chooses its error messages. Were one to reach stderr unescaped, its forged line
 // would come first; ledger-subscribe's own line comes last, and that is the one taken.
 func TestTheBoundsComeFromTheSubscribersOwnLineNotFromARelaysMessage(t *testing.T) {
+	t.Parallel()
 	stderr := "2026-01-01T00:00:00Z  WARN ledger_relay_subscriber::client: session ended; reconnecting " +
 		"relay=127.0.0.1:7400 error=relay 127.0.0.1:7400 ended the session: Overloaded (busy\n" +
 		"below-retention requested=1 oldest=4000000000 newest=4000000001\n" +
@@ -290,6 +299,7 @@ func TestTheBoundsComeFromTheSubscribersOwnLineNotFromARelaysMessage(t *testing.
 }
 
 func TestARevokedCertificateIsFinal(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "2ms", "--emit", "1ms")
 	s, p := newStream(t, e.config("gone", r.Addr))
@@ -307,6 +317,7 @@ func TestARevokedCertificateIsFinal(t *testing.T) {
 }
 
 func TestCancellationStopsAndReapsTheChild(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	// One ledger every 300 ms: the reader is blocked in a read when the context ends.
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "300ms", "--emit", "1ms")
@@ -336,6 +347,7 @@ func TestCancellationStopsAndReapsTheChild(t *testing.T) {
 }
 
 func TestCloseInterruptsABlockedGetLedgerAndReapsTheChild(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.startRelay(t, "a", fileSource(t), "--cadence", "300ms", "--emit", "1ms")
 	b, err := NewBackend(e.config("rpc-1", r.Addr))

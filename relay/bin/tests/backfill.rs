@@ -22,7 +22,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 use crate::lake::{with_a_changed_transaction_set, Place};
 use crate::support::{
     assert_identical, assert_two_runs, eventually, file_source, first_of_two_runs, load, take,
-    testnet_ledgers, Collector, Running, TestDir, COUNT, FIRST, LAST,
+    testnet_ledgers, Collector, GatedSource, Running, TestDir, COUNT, FIRST, LAST,
 };
 
 fn backfill_from(place: &Place) -> BackfillConfig {
@@ -36,20 +36,22 @@ async fn a_subscriber_below_the_ring_gets_the_lake_then_the_ring_then_live() {
     let want = testnet_ledgers();
     for place in Place::both("session") {
         // The lake holds the first 200 ledgers, as Galexie (or an earlier run) wrote them, and
-        // the relay exports to it and backfills from it, as docs/operations.md suggests: the
-        // lake grows past 200 as the ring moves on, so a subscriber that backfills slower than
-        // the source (a loaded machine) still finds every ledger in the lake or the ring. The
+        // the relay exports to it and backfills from it, as docs/operations.md suggests. The
         // ring holds only the newest 20 of what the source has read.
         place.fill(&want[..200], 1).await;
         let dir = TestDir::new();
-        let mut config = dir.relay_config(&file_source());
+        let source = GatedSource::new(dir.path());
+        let mut config = dir.relay_config(&source.spec);
         config.retention = 20;
-        // 16 s of source: the subscriber backfills while it runs, and then goes live.
-        config.source_options.cadence = Duration::from_millis(50);
         config.export = Some(crate::lake::export_to(&place));
         config.backfill = Some(backfill_from(&place));
         let relay = Running::start(config).await;
         let m = relay.relay.metrics.clone();
+        // The source reads 121 ledgers and waits: the ring holds the newest 20, so the first
+        // 101 are the lake's alone.
+        let held = FIRST + 120;
+        source.release_to(held);
+        relay.wait_for(held).await;
         eventually(60, "the ring moves past ledger 100", || {
             load(&m.ring_oldest) > u64::from(FIRST + 80)
         })
@@ -59,19 +61,24 @@ async fn a_subscriber_below_the_ring_gets_the_lake_then_the_ring_then_live() {
         // on 2 cores, and a 300 ms gap in the relay's 50 ms heartbeats once cost a reconnect.
         sub_config.heartbeat_timeout = Some(Duration::from_secs(3));
         let sub = Collector::start(sub_config, LAST);
-        // Live: the session reads the hub's live stream while the source still runs.
+        // Lake, then ring: the subscriber reaches the source's newest ledger while it waits.
+        sub.wait_for((held - FIRST + 1) as usize, 60).await;
+        // Live: the source goes on one ledger at a time, each released once the subscriber
+        // has the one before, and the session reads the hub's live stream while the source
+        // still has ledgers to go.
         let mut live_at = None;
-        while live_at.is_none() && load(&m.source_newest) < u64::from(LAST) {
+        for seq in held + 1..=LAST {
+            source.release_to(seq);
+            sub.wait_for((seq - FIRST + 1) as usize, 60).await;
             let live = m
                 .sessions
                 .lock()
                 .unwrap()
                 .values()
-                .any(|s| !s.catching_up && s.acked > FIRST + 200);
-            if live {
+                .any(|s| !s.catching_up && s.acked > held);
+            if live && live_at.is_none() {
                 live_at = Some(load(&m.source_newest));
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let out = sub.finish(120).await;
         out.assert_complete(&want);

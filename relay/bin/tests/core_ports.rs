@@ -22,7 +22,7 @@ use stellar_xdr::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::process::RelayProcess;
-use crate::support::{free_port, TestDir, FIRST, TESTNET};
+use crate::support::{free_port, http_get, within, TestDir, FIRST, TESTNET};
 
 /// A busy testnet account, live throughout; and one merged away in 1410051.
 const BUSY: &str = "644f51e502775e0ec67b4922b8ded549649f50c3df4e38543abe1894f3be834d";
@@ -38,7 +38,14 @@ pub(crate) struct Answer {
 
 /// One request on a fresh connection (`Connection: close`): `POST` with `body`, or `GET`.
 pub(crate) async fn call(addr: SocketAddr, target: &str, body: Option<&str>) -> Answer {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    try_call(addr, target, body)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"))
+}
+
+/// [`call`] on one connection, or why it could not connect.
+async fn try_call(addr: SocketAddr, target: &str, body: Option<&str>) -> std::io::Result<Answer> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
     let req = match body {
         Some(b) => format!(
             "POST {target} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
@@ -63,11 +70,11 @@ pub(crate) async fn call(addr: SocketAddr, target: &str, body: Option<&str>) -> 
                 .then(|| v.trim().to_owned())
         })
         .unwrap_or_default();
-    Answer {
+    Ok(Answer {
         status,
         content_type,
         body: body.to_owned(),
-    }
+    })
 }
 
 /// Base64 of the account key of a hex public key, escaped as stellar-rpc's client escapes it.
@@ -180,7 +187,25 @@ pub(crate) struct StandIn {
 }
 
 impl StandIn {
+    /// Starts the stand-in on two free ports. They are picked here and bound by the stand-in a
+    /// moment later (after `new-db` and `catchup`): another process on the machine can take
+    /// one in between, and the stand-in then exits, unable to listen; it is started again on
+    /// other ports, a bounded number of times.
     pub(crate) async fn start(dir: &TestDir, tag: &str, name: &str, port: u16) -> StandIn {
+        for attempt in 1..=3 {
+            let mut s = StandIn::spawn(dir, tag, name, port);
+            match s.wait_listening().await {
+                Ok(()) => return s,
+                Err(log) if attempt < 3 && log.contains("cannot listen on") => {
+                    eprintln!("attempt {attempt}: a port was taken; again on others\n{log}");
+                }
+                Err(log) => panic!("{log}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    fn spawn(dir: &TestDir, tag: &str, name: &str, port: u16) -> StandIn {
         let bin =
             Path::new(env!("CARGO_BIN_EXE_ledger-relay")).with_file_name("ledger-captive-core");
         assert!(
@@ -222,21 +247,23 @@ impl StandIn {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut s = StandIn {
+        StandIn {
             child,
             http,
             query,
             log,
-        };
-        s.wait_listening().await;
-        s
+        }
     }
 
-    async fn wait_listening(&mut self) {
+    /// Waits until the stand-in serves both its ports, as its log says (a connection alone
+    /// could reach another process that took the port meanwhile); its exit status and log if
+    /// it exited instead.
+    async fn wait_listening(&mut self) -> Result<(), String> {
+        const SERVING: &str = "serving stellar-core's port through the relays";
         let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(self.query).await.is_err() {
+        while self.log().matches(SERVING).count() < 2 {
             if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("the stand-in exited ({st}): {}", self.log());
+                return Err(format!("the stand-in exited ({st}): {}", self.log()));
             }
             assert!(
                 Instant::now() < deadline,
@@ -245,6 +272,7 @@ impl StandIn {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        Ok(())
     }
 
     pub(crate) fn log(&self) -> String {
@@ -323,13 +351,10 @@ pub(crate) async fn wait_written(s: &StandIn, seq: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let body = form(&[BUSY], None);
     loop {
-        // The port may refuse for a moment (the stand-in is still subscribing): retried, and
-        // reported with the stand-in's log if it lasts.
-        let a = match tokio::net::TcpStream::connect(s.query).await {
-            Ok(_) => Some(call(s.query, "/getledgerentry", Some(&body)).await),
-            Err(_) => None,
-        };
-        if a.as_ref().and_then(answered_seq) == Some(u64::from(seq)) {
+        // One connection per attempt; a refusal is retried, and reported with the stand-in's
+        // log if it lasts.
+        let a = try_call(s.query, "/getledgerentry", Some(&body)).await;
+        if a.as_ref().ok().and_then(answered_seq) == Some(u64::from(seq)) {
             return;
         }
         assert!(
@@ -589,7 +614,13 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     let dir = TestDir::new();
     dir.certs.issue_client("edge", 30).unwrap();
     let mut core = Core::start(dir.path()).await;
-    let (root, root_port) = relay(&dir, "root", &core.relay_args()).await;
+    let root_metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut root_args = core.relay_args();
+    root_args.extend(["--metrics".into(), root_metrics.to_string()]);
+    let (root, root_port) = relay(&dir, "root", &root_args).await;
     let tier_args: Vec<String> = [
         "--source",
         &format!("relay:127.0.0.1:{root_port}"),
@@ -606,6 +637,22 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     .map(|s| s.to_string())
     .collect();
     let (tier, tier_port) = relay(&dir, "tier", &tier_args).await;
+    // A tier with an empty ring starts at its upstream's newest ledger: it must be connected to
+    // the root (its session then waits there for the first ledger) before the double closes
+    // the first, or the stand-in's start (the first) is below the tier's retention and the
+    // stand-in exits.
+    within(20, "the tier connected to the root", async {
+        let open = "\nledger_relay_connections_open ";
+        loop {
+            let text = http_get(root_metrics, "/metrics").await;
+            let connected = text.split_once(open).map(|(_, n)| !n.starts_with('0'));
+            if connected == Some(true) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let stand_in = StandIn::start(&dir, "stand-in", "rpc-1", tier_port).await;
     core.close_through(TIP);
     wait_written(&stand_in, TIP).await;

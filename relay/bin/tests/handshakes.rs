@@ -320,6 +320,7 @@ async fn first_ledger(dir: &TestDir, port: u16) -> (Option<Duration>, u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "process tier (real relays killed, failed over or flooded): .ci/run runs it"]
 async fn a_certless_handshake_flood_never_keeps_a_subscriber_out() {
     let dir = TestDir::new();
     let (relay, port, metrics) = relay(&dir, &[]).await;
