@@ -15,15 +15,15 @@
 //! a revoked or ended session open nor a live one waiting.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::frame::{Frame, Heartbeat, SessionAccept, TOKEN_LEN};
 use ledger_relay_wire::sender::{
-    CloseReason, ControlError, Event, LaneReport, LiveItem, LoadResult, Sender, SenderConfig,
-    SenderStats, StreamId, Unit,
+    next_tick, CloseReason, ControlError, Event, LaneReport, LiveItem, LoadResult, Sender,
+    SenderConfig, SenderStats, StreamId, Unit,
 };
 use ledger_relay_wire::{Limits, PROTOCOL_VERSION};
 use quinn::Connection;
@@ -156,8 +156,17 @@ const LANE_REPORT_EVERY: Duration = Duration::from_millis(50);
 
 /// How often an idle session (nothing queued, nothing in flight) reads its lanes: the per-lane
 /// metrics stay current to within this, and the first report after work resumes refreshes the
-/// round trips.
+/// round trips. Idle reports fall on the multiples of this on [`clock_origin`]'s clock, with
+/// every other idle session's and a heartbeat.
 const LANE_REPORT_IDLE: Duration = Duration::from_secs(1);
+
+/// The clock every session of the process counts from, so that their heartbeats and idle lane
+/// reports fall on the same instants: a relay with many idle sessions wakes once per heartbeat
+/// interval for all of them, and their acknowledgements come back together.
+fn clock_origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
 
 /// Reads frames from a control stream into `tx` until it ends or fails; the last message says
 /// how it ended.
@@ -266,9 +275,10 @@ impl Session {
             _control: None,
             seen: Seen::default(),
         });
+        let epoch = clock_origin();
         let mut s = Session {
-            sender: Sender::new(sender_cfg, Duration::ZERO),
-            epoch: Instant::now(),
+            sender: Sender::new(sender_cfg, epoch.elapsed()),
+            epoch,
             live: None,
             done_tx,
             loaded_tx,
@@ -401,8 +411,12 @@ impl Session {
                     // session were most of a relay's CPU at the tip.
                     let idle = self.sender.queued() == 0
                         && self.sender.lanes(self.now()).iter().all(|l| l.outstanding == 0);
-                    next_report = tokio::time::Instant::now()
-                        + if idle { LANE_REPORT_IDLE } else { LANE_REPORT_EVERY };
+                    next_report = if idle {
+                        let at = next_tick(self.now(), LANE_REPORT_IDLE);
+                        tokio::time::Instant::from_std(self.epoch + at)
+                    } else {
+                        tokio::time::Instant::now() + LANE_REPORT_EVERY
+                    };
                 }
                 _ = sleep_until_opt(timeout) => {
                     let now = self.now();

@@ -16,6 +16,7 @@ mod dashboard;
 mod e2e;
 mod faults;
 mod hostile;
+mod idle;
 mod lane_metrics;
 mod lanes;
 mod modes;

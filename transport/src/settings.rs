@@ -52,8 +52,14 @@ pub struct TransportSettings {
     /// A lane that hears nothing for this long is dead (default 10 s).
     #[serde(with = "crate::units::serde_duration")]
     pub idle_timeout: Duration,
-    /// Keep-alive interval (default 2 s), well inside the idle timeout so an idle but healthy
-    /// lane (a subscriber waiting at the tip) is never timed out.
+    /// Keep-alive interval (default 5 s, at most half the idle timeout), so an idle but healthy
+    /// lane (a subscriber waiting at the tip) is never timed out. A packet sent or received
+    /// restarts it: lane 0 of a session never needs one (the relay's heartbeats keep it
+    /// busy), lanes 1.. of an idle session exchange a ping and its acknowledgement once per
+    /// interval. The relay's end waits half as long again (at most three quarters of the idle
+    /// timeout), so that the subscriber's ping comes first rather than one from each end. A shorter interval costs an idle relay CPU on every lane of every session
+    /// (`bench/RESULTS.md`, "Idle sessions") and detects nothing sooner: a dead peer is found by
+    /// the idle timeout.
     #[serde(with = "crate::units::serde_duration")]
     pub keep_alive: Duration,
     /// First packet size (default 1200, the QUIC minimum, safe on any path); path MTU discovery
@@ -119,7 +125,7 @@ impl Default for TransportSettings {
             udp_send_buffer: 16 << 20,
             max_concurrent_uni_streams: 512,
             idle_timeout: Duration::from_secs(10),
-            keep_alive: Duration::from_secs(2),
+            keep_alive: Duration::from_secs(5),
             initial_mtu: 1200,
             min_mtu: 1200,
             gso: true,
@@ -145,7 +151,7 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
         .max_idle_timeout(Some(
             IdleTimeout::try_from(s.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX)),
         ))
-        .keep_alive_interval((!s.keep_alive.is_zero()).then_some(s.keep_alive))
+        .keep_alive_interval(keep_alive(s))
         .initial_mtu(s.initial_mtu.max(s.min_mtu).max(1200))
         .min_mtu(s.min_mtu.max(1200))
         .mtu_discovery_config(Some(mtu_discovery(s)))
@@ -160,6 +166,31 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
         t.ack_frequency_config(Some(ack));
     }
     t
+}
+
+/// The keep-alive interval of a lane: `keep_alive`, at most half the idle timeout so that one
+/// lost ping does not end a healthy lane; `None` when `keep_alive` is zero.
+fn keep_alive(s: &TransportSettings) -> Option<Duration> {
+    if s.keep_alive.is_zero() {
+        return None;
+    }
+    if s.idle_timeout.is_zero() {
+        Some(s.keep_alive)
+    } else {
+        Some(s.keep_alive.min(s.idle_timeout / 2))
+    }
+}
+
+/// The relay's keep-alive interval: [`keep_alive`]'s, half as long again, so that the
+/// subscriber's ping (which restarts the relay's interval) always comes first; at most three
+/// quarters of the idle timeout.
+fn server_keep_alive(s: &TransportSettings) -> Option<Duration> {
+    let k = keep_alive(s)? * 3 / 2;
+    if s.idle_timeout.is_zero() {
+        Some(k)
+    } else {
+        Some(k.min(s.idle_timeout * 3 / 4))
+    }
 }
 
 /// The largest UDP payload a lane searches for and accepts: `max_mtu`, never below `min_mtu`
@@ -190,7 +221,8 @@ pub fn server_transport_config(settings: &TransportSettings) -> quinn::Transport
     let mut t = transport_config(settings);
     // Room for the largest control frame (a Resend naming every chunk of a maximal ledger).
     let control_window = VarInt::from_u32(256 << 10);
-    t.max_concurrent_uni_streams(0u32.into())
+    t.keep_alive_interval(server_keep_alive(settings))
+        .max_concurrent_uni_streams(0u32.into())
         .max_concurrent_bidi_streams(1u32.into())
         .stream_receive_window(control_window)
         .receive_window(control_window);
@@ -223,6 +255,17 @@ mod tests {
             TransportSettings::default().receive_window
         );
         assert!(toml::from_str::<TransportSettings>("idle = 3").is_err());
+        // A keep-alive longer than half the idle timeout is cut to it.
+        let short: TransportSettings = toml::from_str("idle_timeout = \"4s\"").unwrap();
+        assert_eq!(keep_alive(&short), Some(Duration::from_secs(2)));
+        assert_eq!(keep_alive(&s), Some(Duration::from_millis(500)));
+        let default = TransportSettings::default();
+        assert_eq!(keep_alive(&default), Some(Duration::from_secs(5)));
+        assert_eq!(
+            server_keep_alive(&default),
+            Some(Duration::from_millis(7500))
+        );
+        assert_eq!(server_keep_alive(&short), Some(Duration::from_secs(3)));
         assert!(toml::from_str::<TransportSettings>("idle_timeout = \"3 parsecs\"").is_err());
     }
 }

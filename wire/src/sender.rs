@@ -254,7 +254,10 @@ pub struct SenderConfig {
     pub lane_budget: u64,
     /// Most streams open at once on one lane (`None`: no limit).
     pub streams_per_lane: Option<u32>,
-    /// Time between heartbeats.
+    /// Time between heartbeats. After the first (at once), they fall on the multiples of the
+    /// interval on the shell's clock, so that a shell that gives its senders one clock (the
+    /// relay) sends the heartbeats of all its sessions in one wake-up, and their
+    /// acknowledgements come back together, instead of one wake-up per session and interval.
     pub heartbeat: Duration,
     /// How long a session that cannot go on waits for the subscriber to acknowledge what was
     /// already sent before it closes.
@@ -826,7 +829,7 @@ impl Sender {
         }
         if now >= self.next_heartbeat {
             self.events.push_back(Event::Heartbeat);
-            self.next_heartbeat = now + self.cfg.heartbeat;
+            self.next_heartbeat = next_tick(now, self.cfg.heartbeat);
         }
         if self.retry_at.is_some_and(|t| now >= t) {
             self.retry_at = None;
@@ -1019,6 +1022,18 @@ impl Sender {
         }
         self.catch_up_loading = true;
     }
+}
+
+/// The first multiple of `every` after `now` (`now + every` for an interval under 1 ms, which
+/// no configuration gives).
+pub fn next_tick(now: Duration, every: Duration) -> Duration {
+    let every_ns = every.as_nanos();
+    if every_ns < 1_000_000 {
+        return now + every;
+    }
+    let ticks = now.as_nanos() / every_ns + 1;
+    // Within u64 nanoseconds for any clock under 584 years.
+    Duration::from_nanos(u64::try_from(ticks * every_ns).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -505,6 +505,39 @@ fn heartbeats_follow_the_interval() {
     assert!(events(&mut s).contains(&Event::Heartbeat));
 }
 
+/// Sessions that start at different times on one clock send their heartbeats at the same
+/// instants, the multiples of the interval, after a first one at once; however late the shell
+/// calls, no two heartbeats are due more than an interval apart.
+#[test]
+fn heartbeats_of_all_sessions_fall_on_the_same_ticks() {
+    let hb = SenderConfig::new(1, 1).heartbeat;
+    for (start, late) in [
+        (3 * MS, Duration::ZERO),
+        (101 * MS, 7 * MS),
+        (hb + 9 * MS, 60 * MS),
+    ] {
+        let mut s = Sender::new(SenderConfig::new(1, 1), start);
+        let mut due = vec![start];
+        let mut now = start;
+        while now < start + 8 * hb {
+            s.handle_timeout(now);
+            if events(&mut s).contains(&Event::Heartbeat) {
+                let next = s.poll_timeout().expect("a heartbeat is always due");
+                due.push(next);
+                now = next + late;
+            } else {
+                panic!("no heartbeat at {now:?}, due at {due:?}");
+            }
+        }
+        for pair in due.windows(2) {
+            assert!(pair[1] - pair[0] <= hb, "{start:?}: {due:?}");
+        }
+        for t in &due[1..] {
+            assert_eq!(t.as_nanos() % hb.as_nanos(), 0, "{start:?}: {due:?}");
+        }
+    }
+}
+
 /// The address of each chunk payload a sender put on a stream, by chunk index.
 fn payload_ptrs(t: &[Transmit]) -> Vec<(u32, *const u8, usize)> {
     t.iter()
