@@ -85,6 +85,8 @@ pub struct Cluster {
     pub min_mtu: Option<u16>,
     /// More flags for every relay.
     pub relay_extra: Vec<String>,
+    /// More lines of every relay's `[transport]` table.
+    pub transport: Vec<String>,
     /// Environment of every relay (a data lake's credentials).
     pub relay_env: Vec<(&'static str, String)>,
 }
@@ -143,7 +145,7 @@ impl Cluster {
             .arg("--data-dir")
             .arg(dir.join("data"))
             .args(["--source", source]);
-        if self.max_mtu.is_some() || self.min_mtu.is_some() {
+        if self.max_mtu.is_some() || self.min_mtu.is_some() || !self.transport.is_empty() {
             let config = dir.join("relay-transport.toml");
             let mut table = String::from("[transport]\n");
             for (key, mtu) in [("max_mtu", self.max_mtu), ("min_mtu", self.min_mtu)] {
@@ -151,6 +153,9 @@ impl Cluster {
                     table.push_str(&format!("{key} = {m}\n"));
                 }
             }
+            self.transport
+                .iter()
+                .for_each(|l| table.push_str(&format!("{l}\n")));
             crate::report::write(&config, &table)?;
             cmd.arg("--config").arg(config);
         }

@@ -193,6 +193,8 @@ pub struct Scenario {
     pub idle: f64,
     /// More flags for every relay of the row.
     pub relay_args: Vec<String>,
+    /// More `KEY = VALUE` lines of every relay's `[transport]` table.
+    pub relay_transport: Vec<String>,
 }
 
 impl Default for Scenario {
@@ -236,6 +238,7 @@ impl Default for Scenario {
             baseline_ledgers: 0,
             idle: 0.0,
             relay_args: Vec::new(),
+            relay_transport: Vec::new(),
         }
     }
 }
