@@ -85,6 +85,8 @@ pub struct Cluster {
     pub min_mtu: Option<u16>,
     /// More flags for every relay.
     pub relay_extra: Vec<String>,
+    /// More lines of every relay's `[transport]` table.
+    pub transport: Vec<String>,
     /// Environment of every relay (a data lake's credentials).
     pub relay_env: Vec<(&'static str, String)>,
 }
@@ -143,15 +145,13 @@ impl Cluster {
             .arg("--data-dir")
             .arg(dir.join("data"))
             .args(["--source", source]);
-        if self.max_mtu.is_some() || self.min_mtu.is_some() {
+        let mtus = [("max_mtu", self.max_mtu), ("min_mtu", self.min_mtu)];
+        let mtus = mtus.map(|(key, mtu)| mtu.map(|m| format!("{key} = {m}")));
+        let mut lines: Vec<String> = mtus.into_iter().flatten().collect();
+        lines.extend(self.transport.iter().cloned());
+        if !lines.is_empty() {
             let config = dir.join("relay-transport.toml");
-            let mut table = String::from("[transport]\n");
-            for (key, mtu) in [("max_mtu", self.max_mtu), ("min_mtu", self.min_mtu)] {
-                if let Some(m) = mtu {
-                    table.push_str(&format!("{key} = {m}\n"));
-                }
-            }
-            crate::report::write(&config, &table)?;
+            crate::report::write(&config, &format!("[transport]\n{}\n", lines.join("\n")))?;
             cmd.arg("--config").arg(config);
         }
         let child = cmd

@@ -359,10 +359,7 @@ pub fn table(rows: &[Row]) -> String {
         if let Some((newest, degraded)) = r.export {
             let last = r.delivery.as_ref().map_or(0, |_| r.scenario.ledgers);
             let (name, d) = (&r.scenario.name, if degraded { ", degraded" } else { "" });
-            let _ = writeln!(
-                out,
-                "{name}: exported to ledger {newest}{d} ({last} measured)"
-            );
+            out += &format!("{name}: exported to ledger {newest}{d} ({last} measured)\n");
         }
     }
     out
@@ -377,10 +374,7 @@ fn lanes_table(rows: &[Row]) -> String {
         let of_caps = caps.map(|c| 100.0 * xfer / (c * 1e6 / 8.0 / f64::from(1 << 20)));
         let (name, imbalance) = (&r.scenario.name, r.imbalance().map(|x| 100.0 * x));
         let (imbalance, of_caps) = (opt(imbalance, 1), opt(of_caps, 1));
-        let _ = writeln!(
-            out,
-            "{name}: imbalance {imbalance}%, goodput {of_caps}% of the caps"
-        );
+        out += &format!("{name}: imbalance {imbalance}%, goodput {of_caps}% of the caps\n");
         for l in &r.lanes {
             let _ = writeln!(
                 out,

@@ -174,6 +174,7 @@ fn cluster(env: &Env, sc: &Scenario) -> Cluster {
         certs: env.certs.clone(),
         max_mtu: sc.max_mtu,
         min_mtu: sc.min_mtu,
+        transport: sc.relay_transport.clone(),
         ..Cluster::default()
     }
 }

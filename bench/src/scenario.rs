@@ -191,6 +191,9 @@ pub struct Scenario {
     /// More flags for every relay of the row.
     #[serde(default)]
     pub relay_args: Vec<String>,
+    /// More `KEY = VALUE` lines of every relay's `[transport]` table.
+    #[serde(default)]
+    pub relay_transport: Vec<String>,
 }
 
 impl Default for Scenario {

@@ -89,9 +89,12 @@ fn flags_set_every_row_and_sweeps_multiply_them() {
         "receive_only=true",
         "--set",
         "cadence=40ms",
+        "--set",
+        r#"relay_transport=["gso = false", "fair_streams = true"]"#,
     ])
     .unwrap();
     assert_eq!(names(&r), ["live-l1"]);
+    assert_eq!(r[0].relay_transport, ["gso = false", "fair_streams = true"]);
     assert_eq!(
         (
             r[0].ledgers,

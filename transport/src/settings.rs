@@ -98,7 +98,10 @@ pub struct TransportSettings {
     /// relay only once its last byte is acknowledged: with 8, acknowledgements of small
     /// streams waited for the receiver's ACK delay (25 ms), lanes measured that as their rate
     /// and a subscriber of small-chunk ledgers fell out of a 5-ledger ring (the bench's
-    /// `slow-subscriber` test), for no CPU saving measurable in the demo.
+    /// `slow-subscriber` test), for no CPU saving measurable in the demo. Set on a relay
+    /// serving the fan-out bench, 4 and 16 (with or without a 2 ms ACK delay) made the lanes
+    /// time out within the idle timeout and no ledger arrived (bench/RESULTS.md, "Per-subscriber
+    /// send cost: levers"): leave it at 0.
     pub ack_eliciting_threshold: u32,
 }
 
