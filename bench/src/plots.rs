@@ -103,7 +103,17 @@ fn plots(rows: &[Row], dir: &Path) -> anyhow::Result<Vec<String>> {
         ),
     ];
     for (labels, x, y) in charts {
-        let series = by(x, y);
+        let mut series = by(x, y);
+        if labels[0] == "relay-cpu-vs-subscribers" {
+            // The target: each series' first row plus 1.5 ms of relay CPU per extra subscriber.
+            let line = |s: &Series| {
+                let (x0, y0) = s.1[0];
+                let target = s.1.iter().map(|p| (p.0, y0 + 1.5 * (p.0 - x0)));
+                (format!("{} + 1.5 ms/subscriber", s.0), target.collect())
+            };
+            let targets: Vec<Series> = series.iter().map(line).collect();
+            series.extend(targets);
+        }
         if !series.is_empty() {
             files.push(chart(dir, labels, &series)?);
         }

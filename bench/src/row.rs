@@ -376,20 +376,12 @@ fn lanes_table(rows: &[Row]) -> String {
         let (imbalance, of_caps) = (opt(imbalance, 1), opt(of_caps, 1));
         out += &format!("{name}: imbalance {imbalance}%, goodput {of_caps}% of the caps\n");
         for l in &r.lanes {
-            let _ = writeln!(
-                out,
-                "  lane {}: cap {} Mbit/s, sent {:.2} MB, delivered {:.2} MB ({:.1}%), busy {:.0}%, lost {}, rtt {:.3}, cwnd {:.1}, mtu {}",
-                l.lane,
-                opt(l.cap_mbit, 0),
-                l.sent_bytes / 1e6,
-                l.delivered_bytes / 1e6,
-                100.0 * l.delivered_bytes / total.max(1.0),
-                100.0 * l.busy_s / r.span_s,
-                l.lost_packets,
-                l.rtt_ms,
-                l.cwnd_bytes / 1024.0,
-                l.mtu_bytes
-            );
+            let cap = opt(l.cap_mbit, 0);
+            let share = 100.0 * l.delivered_bytes / total.max(1.0);
+            let (sent, got) = (l.sent_bytes / 1e6, l.delivered_bytes / 1e6);
+            let (busy, cwnd) = (100.0 * l.busy_s / r.span_s, l.cwnd_bytes / 1024.0);
+            let (lane, lost, rtt, mtu) = (l.lane, l.lost_packets, l.rtt_ms, l.mtu_bytes);
+            out += &format!("  lane {lane}: cap {cap} Mbit/s, sent {sent:.2} MB, delivered {got:.2} MB ({share:.1}%), busy {busy:.0}%, lost {lost}, rtt {rtt:.3}, cwnd {cwnd:.1}, mtu {mtu}\n");
         }
     }
     out
