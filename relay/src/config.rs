@@ -34,7 +34,7 @@ use settings::{
 /// Flags of `ledger-relay run` (`docs/operations.md`, "The command contract"), all optional
 /// here so a config file can supply them; `--help` shows each default of [`DEFAULTS`].
 #[derive(Debug, Default, Clone, clap::Args)]
-#[command(mut_args = crate::defaults::show_in_help)]
+#[command(mut_args = crate::defaults::show_in_help())]
 pub struct RunArgs {
     /// UDP address to listen on, e.g. 0.0.0.0:7400.
     #[arg(long)]

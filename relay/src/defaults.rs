@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use ledger_relay_transport::{format_duration, format_size};
+use ledger_relay_transport::{default_tag, format_duration, format_size};
 use ledger_relay_wire::compress::Codec;
 
 /// Every default of `ledger-relay run` that is one value.
@@ -260,26 +260,26 @@ fn shown(flag: &'static str, value: impl ToString) -> Shown {
     }
 }
 
-/// Appends `[default: VALUE]` (or `[default: VALUE; NOTE]`) to the help of a flag that has a
-/// default in [`DEFAULTS`]; other flags are returned as they are.
-pub fn show_in_help(arg: clap::Arg) -> clap::Arg {
-    let Some(long) = arg.get_long() else {
-        return arg;
-    };
-    let Some(d) = DEFAULTS.shown().into_iter().find(|d| d.flag == long) else {
-        return arg;
-    };
-    let tag = match &d.note {
-        Some(note) => format!("[default: {}; {note}]", d.value),
-        None => format!("[default: {}]", d.value),
-    };
-    let with_tag = |help: &clap::builder::StyledStr| format!("{help} {tag}");
-    let help = arg.get_help().map(with_tag).unwrap_or_else(|| tag.clone());
-    let long_help = arg.get_long_help().map(with_tag);
-    let arg = arg.help(help);
-    match long_help {
-        Some(long_help) => arg.long_help(long_help),
-        None => arg,
+/// What appends [`default_tag`] to the help of each flag that has a default in [`DEFAULTS`]
+/// (other flags are returned as they are); the table is shown once, not once per flag.
+pub fn show_in_help() -> impl FnMut(clap::Arg) -> clap::Arg {
+    let shown = DEFAULTS.shown();
+    move |arg| {
+        let Some(long) = arg.get_long() else {
+            return arg;
+        };
+        let Some(d) = shown.iter().find(|d| d.flag == long) else {
+            return arg;
+        };
+        let tag = default_tag(&d.value, d.note.as_deref());
+        let with_tag = |help: &clap::builder::StyledStr| format!("{help} {tag}");
+        let help = arg.get_help().map(with_tag).unwrap_or_else(|| tag.clone());
+        let long_help = arg.get_long_help().map(with_tag);
+        let arg = arg.help(help);
+        match long_help {
+            Some(long_help) => arg.long_help(long_help),
+            None => arg,
+        }
     }
 }
 

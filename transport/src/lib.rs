@@ -35,7 +35,7 @@ pub use socket::{endpoint, udp_socket};
 pub use tls::{
     client_config, client_tls, crypto_provider, server_config, server_tls, TlsConfigError,
 };
-pub use units::{format_duration, format_size, parse_duration, parse_size, UnitError};
+pub use units::{default_tag, format_duration, format_size, parse_duration, parse_size, UnitError};
 
 /// Time in ns since the Unix epoch (wall clock), as carried in `LedgerEnd`'s first/last byte
 /// stamps and used for every delivery time the relay, the subscriber and the bench report.

@@ -58,6 +58,15 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// How a flag's help states its default: `[default: VALUE]`, or `[default: VALUE; NOTE]` when
+/// something qualifies it (every binary's `--help` and its docs test read it this way).
+pub fn default_tag(value: &str, note: Option<&str>) -> String {
+    match note {
+        Some(note) => format!("[default: {value}; {note}]"),
+        None => format!("[default: {value}]"),
+    }
+}
+
 /// Serde support for durations written as a string ([`parse_duration`]) or a number of
 /// milliseconds.
 pub mod serde_duration {

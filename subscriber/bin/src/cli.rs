@@ -19,7 +19,7 @@ use ledger_relay_subscriber::config::{
 use ledger_relay_subscriber::connect;
 use ledger_relay_subscriber::error::SubscribeError;
 use ledger_relay_subscriber::{FirstLook, Ledger, Status};
-use ledger_relay_transport::{format_duration, parse_duration};
+use ledger_relay_transport::{default_tag, format_duration, parse_duration};
 
 mod lane_stats;
 mod progress;
@@ -44,7 +44,7 @@ txSetResultHash. A ledger that fails any check stops the run (exit 2).\n\nExit c
 (or on SIGINT/SIGTERM), 2 on bad arguments or any other error, 3 when the relay refuses our \
 certificate (or we refuse its), 4 when the start is below the retention of every relay of \
 --relay (one relay saying so makes the subscriber try the next).",
-    mut_args = shown_in_help
+    mut_args = shown_in_help()
 )]
 pub struct Args {
     /// Relay addresses in order of preference, HOST:PORT, comma-separated; on a failure the
@@ -239,24 +239,24 @@ fn default_progress_timeout() -> Duration {
     SubscribeConfig::new(Vec::new(), none).effective_progress_timeout()
 }
 
-/// Appends `[default: VALUE]` (or `[default: VALUE; NOTE]`) of [`shown_defaults`] to the help
-/// of a flag that has one.
-fn shown_in_help(arg: clap::Arg) -> clap::Arg {
-    let Some(long) = arg.get_long() else {
-        return arg;
-    };
-    let Some((_, value, note)) = shown_defaults().into_iter().find(|(f, ..)| *f == long) else {
-        return arg;
-    };
-    let tag = match note {
-        Some(note) => format!("[default: {value}; {note}]"),
-        None => format!("[default: {value}]"),
-    };
-    let help = match arg.get_help() {
-        Some(help) => format!("{help} {tag}"),
-        None => tag,
-    };
-    arg.help(help)
+/// What appends [`default_tag`] of [`shown_defaults`] to the help of each flag that has one;
+/// the defaults are worked out once, not once per flag.
+fn shown_in_help() -> impl FnMut(clap::Arg) -> clap::Arg {
+    let shown = shown_defaults();
+    move |arg| {
+        let Some(long) = arg.get_long() else {
+            return arg;
+        };
+        let Some((_, value, note)) = shown.iter().find(|(f, ..)| *f == long) else {
+            return arg;
+        };
+        let tag = default_tag(value, note.as_deref());
+        let help = match arg.get_help() {
+            Some(help) => format!("{help} {tag}"),
+            None => tag,
+        };
+        arg.help(help)
+    }
 }
 
 /// Default of `--connect-timeout`.
