@@ -210,8 +210,10 @@ async fn a_vanished_subscriber_is_released_within_the_idle_timeout() {
 
 /// An idle session's lanes 1.. exchange a keep-alive ping and its acknowledgement once per
 /// keep-alive interval (5 s) and nothing else; lane 0 carries the heartbeats (4 a second) and
-/// their acknowledgements, which keep it alive without pings. With a 2 s interval, each of
-/// lanes 1.. carried at least 8 packets in 10 s.
+/// their acknowledgements, which keep it alive without pings. Over 20 s that is four or five
+/// exchanges (8-10 packets) a lane; the bound leaves room for two loss probes and their
+/// acknowledgements (a late acknowledgement on a loaded machine makes the sender probe), and
+/// stays below the 20 packets a 2 s interval would send.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "process tier (packet counts, run alone): .ci/run runs it"]
 async fn an_idle_session_pings_its_other_lanes_once_per_keep_alive_interval() {
@@ -222,7 +224,7 @@ async fn an_idle_session_pings_its_other_lanes_once_per_keep_alive_interval() {
     // Path MTU discovery's probes are over by then.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = cut.packets();
-    let span = Duration::from_secs(10);
+    let span = Duration::from_secs(20);
     tokio::time::sleep(span).await;
     let after = cut.packets();
     assert_eq!(
@@ -235,9 +237,9 @@ async fn an_idle_session_pings_its_other_lanes_once_per_keep_alive_interval() {
     // Lane 0: each heartbeat, and at most one acknowledgement of each.
     assert!(sent[0] >= heartbeats - 2, "{sent:?}");
     assert!(sent[0] <= 2 * heartbeats + 4, "{sent:?}");
-    // Lanes 1..: two or three exchanges of a ping and its acknowledgement in 10 s.
+    // Lanes 1..: four or five exchanges of a ping and its acknowledgement, two probes at most.
     for (lane, n) in sent.iter().enumerate().skip(1) {
-        assert!((2..=6).contains(n), "lane {lane}: {sent:?}");
+        assert!((6..=14).contains(n), "lane {lane}: {sent:?}");
     }
     assert_eq!(sub.status().sessions, 1);
     drop(sub);

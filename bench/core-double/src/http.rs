@@ -66,18 +66,22 @@ impl Servers {
         self.ports.iter().find(|p| p.0 == port).map(|p| p.1)
     }
 
-    /// Stops serving: both listeners close, connections in flight are dropped.
-    pub fn stop(&mut self) {
+    /// Stops serving and returns once both listeners are closed: from then on a client is
+    /// refused at once. Connections in flight are dropped.
+    pub async fn stop(&mut self) {
         for (_, _, task) in &mut self.ports {
             if let Some(t) = task.take() {
                 t.abort();
+                // An aborted task's future (and with it the listener) is dropped before its
+                // handle resolves.
+                let _ = t.await;
             }
         }
     }
 
     /// Serves again on the same addresses.
     pub async fn resume(&mut self) -> Result<(), DoubleError> {
-        self.stop();
+        self.stop().await;
         for i in 0..self.ports.len() {
             let (port, addr, _) = self.ports[i];
             let listener = bind(addr).await?;
@@ -93,7 +97,11 @@ impl Servers {
 
 impl Drop for Servers {
     fn drop(&mut self) {
-        self.stop();
+        for (_, _, task) in &mut self.ports {
+            if let Some(t) = task.take() {
+                t.abort();
+            }
+        }
     }
 }
 

@@ -599,7 +599,7 @@ async fn a_core_down_slow_or_refused_gets_the_relays_status_within_its_timeout()
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     rig.core.double.set_delay(Duration::ZERO);
     // Down: refused at once, so unavailable, well within the timeout.
-    rig.core.servers.stop();
+    rig.core.servers.stop().await;
     let t = Instant::now();
     assert_relays_answer(&q(&rig).await, 503);
     assert_relays_answer(&call(rig.stand_in.http, "/info", None).await, 503);
@@ -722,7 +722,7 @@ async fn through_a_tier_relay_the_same_answers_and_refusals() {
     );
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     core.double.set_delay(Duration::ZERO);
-    core.servers.stop();
+    core.servers.stop().await;
     assert_relays_answer(
         &call(stand_in.query, "/getledgerentry", Some(&body)).await,
         503,
