@@ -608,16 +608,27 @@ async fn a_core_down_slow_or_refused_gets_the_relays_status_within_its_timeout()
     assert_eq!(q(&rig).await.status, 200);
 }
 
+/// A free loopback address (free when asked; for a relay's `--metrics`).
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// The value of `name` in the exposition at `addr` (0 when absent).
+async fn metric(addr: SocketAddr, name: &str) -> u64 {
+    let text = http_get(addr, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// A root relay on the double and a tier relay fed by it, with the tier's own allow-lists and
 /// size limit; a stand-in (`rpc-1`) on the tier holding ledgers through [`TIP`].
 async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     let dir = TestDir::new();
     dir.certs.issue_client("edge", 30).unwrap();
     let mut core = Core::start(dir.path()).await;
-    let root_metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let root_metrics = free_addr();
     let mut root_args = core.relay_args();
     root_args.extend(["--metrics".into(), root_metrics.to_string()]);
     let (root, root_port) = relay(&dir, "root", &root_args).await;
@@ -636,19 +647,25 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    let tier_metrics = free_addr();
+    let tier_args: Vec<String> = tier_args
+        .into_iter()
+        .chain(["--metrics".into(), tier_metrics.to_string()])
+        .collect();
     let (tier, tier_port) = relay(&dir, "tier", &tier_args).await;
-    // A tier with an empty ring starts at its upstream's newest ledger: it must be connected to
-    // the root (its session then waits there for the first ledger) before the double closes
-    // the first, or the stand-in's start (the first) is below the tier's retention and the
-    // stand-in exits.
+    // A tier with an empty ring starts at its upstream's newest ledger when its session opens:
+    // it must hold the first ledger (the stand-in's start) before the double closes the rest,
+    // or, its session resolving late on a loaded machine, it starts at a later one, the
+    // stand-in's start is below the tier's retention, and the stand-in exits.
     within(20, "the tier connected to the root", async {
-        let open = "\nledger_relay_connections_open ";
-        loop {
-            let text = http_get(root_metrics, "/metrics").await;
-            let connected = text.split_once(open).map(|(_, n)| !n.starts_with('0'));
-            if connected == Some(true) {
-                break;
-            }
+        while metric(root_metrics, "ledger_relay_connections_open").await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    core.close_through(FIRST);
+    within(20, "the tier read the first ledger", async {
+        while metric(tier_metrics, "ledger_relay_source_newest").await < u64::from(FIRST) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
