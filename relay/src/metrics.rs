@@ -178,7 +178,11 @@ impl Metrics {
 
     /// Adds to a counter.
     pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+        // Sessions add their counters on every turn of their loop, mostly nothing: no write
+        // to a line every session shares.
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Sets a gauge.

@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
 use ledger_relay_transport::{FrameReader, FrameWriter};
 use ledger_relay_wire::frame::{Frame, Heartbeat, SessionAccept, TOKEN_LEN};
 use ledger_relay_wire::sender::{
@@ -26,7 +28,7 @@ use ledger_relay_wire::sender::{
     SenderConfig, SenderStats, StreamId, Unit,
 };
 use ledger_relay_wire::{Limits, PROTOCOL_VERSION};
-use quinn::Connection;
+use quinn::{Connection, ConnectionError};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -40,8 +42,8 @@ mod backfill;
 mod held;
 use backfill::SessionLake;
 pub(crate) use held::damaged;
+use held::load;
 pub use held::{held_range, resolve_start, Shared};
-use held::{load, sleep_until_opt};
 
 /// Session parameters from the relay's configuration.
 #[derive(Debug, Clone)]
@@ -222,8 +224,14 @@ pub struct Session {
     sender: Sender,
     epoch: Instant,
     live: Option<broadcast::Receiver<Item>>,
-    done_tx: mpsc::UnboundedSender<Done>,
+    /// The streams in flight, each resolving once its peer acknowledged all of it or it
+    /// failed. Polled by the session's own task: no task and no channel per chunk.
+    sending: FuturesUnordered<BoxFuture<'static, Done>>,
     loaded_tx: mpsc::UnboundedSender<(u32, LoadResult)>,
+    /// The end of each lane's connection, polled only when one ends: (lane, the connection's
+    /// `stable_id`, why). A replaced lane's old connection ends here too, and is told apart by
+    /// its id.
+    ended: FuturesUnordered<BoxFuture<'static, (usize, usize, ConnectionError)>>,
     /// Reads below the ring, with a backfill lake.
     lake: Option<Arc<SessionLake>>,
     /// What was last published to the metrics.
@@ -261,7 +269,6 @@ impl Session {
             max_ledger_raw: cfg.limits.max_ledger_raw,
         });
         let (ctl_tx, mut ctl_rx) = mpsc::channel(64);
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
         let (loaded_tx, mut loaded_rx) = mpsc::unbounded_channel();
         let mut sender_cfg = SenderConfig::new(first, handle.lanes);
         sender_cfg.window = cfg.window;
@@ -271,17 +278,20 @@ impl Session {
         sender_cfg.heartbeat = cfg.heartbeat;
         let mut lanes: Vec<Option<Lane>> = (0..handle.lanes).map(|_| None).collect();
         lanes[0] = Some(Lane {
-            conn,
+            conn: conn.clone(),
             _control: None,
             seen: Seen::default(),
         });
         let epoch = clock_origin();
+        let ended = FuturesUnordered::new();
+        ended.push(lane_end(0, conn.clone()));
         let mut s = Session {
             sender: Sender::new(sender_cfg, epoch.elapsed()),
             epoch,
             live: None,
-            done_tx,
+            sending: FuturesUnordered::new(),
             loaded_tx,
+            ended,
             lake: SessionLake::new(&shared, &handle.client.name, cfg.window),
             info: None,
             stats: SenderStats::default(),
@@ -294,8 +304,7 @@ impl Session {
         let reason = match s.write_control(&accept).await {
             Ok(()) => {
                 tokio::spawn(read_control(recv, ctl_tx));
-                s.main(&mut ctl_rx, &mut lanes_rx, &mut done_rx, &mut loaded_rx)
-                    .await
+                s.main(&mut ctl_rx, &mut lanes_rx, &mut loaded_rx).await
             }
             Err(WriteError::Cancelled) => s.cancelled_reason(),
             Err(WriteError::Failed(e)) => CloseReason::PeerGone {
@@ -332,28 +341,32 @@ impl Session {
         &mut self,
         ctl_rx: &mut mpsc::Receiver<Result<Frame, ControlError>>,
         lanes_rx: &mut mpsc::Receiver<LaneRequest>,
-        done_rx: &mut mpsc::UnboundedReceiver<Done>,
         loaded_rx: &mut mpsc::UnboundedReceiver<(u32, LoadResult)>,
     ) -> CloseReason {
         let cancel = self.handle.cancel.clone();
-        let mut next_report = tokio::time::Instant::now() + LANE_REPORT_EVERY;
+        // Both timers live across iterations and are reset only when their deadline moves: a
+        // session goes round this loop for every chunk it sends and every one acknowledged.
+        let report = tokio::time::sleep(LANE_REPORT_EVERY);
+        tokio::pin!(report);
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
+        let mut timer_at = None;
         self.sender.handle_timeout(self.now());
         loop {
             if let Some(reason) = self.carry_out().await {
                 return reason;
             }
             self.publish_metrics();
-            let timeout = self
+            let want = self
                 .sender
                 .poll_timeout()
                 .map(|t| tokio::time::Instant::from_std(self.epoch + t));
-            let lane_died = futures::future::select_all(
-                self.lanes
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, l)| l.as_ref().map(|l| (i, l.conn.clone())))
-                    .map(|(i, c)| Box::pin(async move { (i, c.closed().await) })),
-            );
+            if want != timer_at {
+                if let Some(at) = want {
+                    timer.as_mut().reset(at);
+                }
+                timer_at = want;
+            }
             let wants_live = self.live.is_some() && self.sender.wants_live();
             tokio::select! {
                 biased;
@@ -361,7 +374,13 @@ impl Session {
                     let reason = self.cancelled_reason();
                     self.sender.handle_close(reason);
                 }
-                ((lane, err), _, _) = lane_died => {
+                Some((lane, id, err)) = self.ended.next(), if !self.ended.is_empty() => {
+                    let current = self.lanes[lane]
+                        .as_ref()
+                        .is_some_and(|l| l.conn.stable_id() == id);
+                    if !current {
+                        continue;
+                    }
                     if lane != 0 {
                         info!(session = self.handle.id, lane, error = %err, "lane lost");
                         self.shared.metrics.lanes_open.fetch_sub(1, Ordering::Relaxed);
@@ -379,7 +398,7 @@ impl Session {
                     }
                 }
                 Some(req) = lanes_rx.recv() => self.add_lane(req).await,
-                Some(done) = done_rx.recv() => {
+                Some(done) = self.sending.next(), if !self.sending.is_empty() => {
                     if done.delivered && done.payload > 0 {
                         Metrics::add(&self.shared.metrics.chunks_out_total, 1);
                         Metrics::add(&self.shared.metrics.bytes_out_total, done.payload);
@@ -404,21 +423,23 @@ impl Session {
                     };
                     self.sender.handle_live(item);
                 }
-                _ = tokio::time::sleep_until(next_report) => {
+                () = &mut report => {
                     self.report_lanes();
                     // Everything the lanes did is in the report just made: an idle session
                     // needs no fresh round trips, and 20 reports a second of every idle
                     // session were most of a relay's CPU at the tip.
                     let idle = self.sender.queued() == 0
                         && self.sender.lanes(self.now()).iter().all(|l| l.outstanding == 0);
-                    next_report = if idle {
+                    let next = if idle {
                         let at = next_tick(self.now(), LANE_REPORT_IDLE);
                         tokio::time::Instant::from_std(self.epoch + at)
                     } else {
                         tokio::time::Instant::now() + LANE_REPORT_EVERY
                     };
+                    report.as_mut().reset(next);
                 }
-                _ = sleep_until_opt(timeout) => {
+                () = &mut timer, if timer_at.is_some() => {
+                    timer_at = None;
                     let now = self.now();
                     self.sender.handle_timeout(now);
                 }
@@ -477,19 +498,16 @@ impl Session {
                 busy = true;
                 let Some(Some(lane)) = self.lanes.get(usize::from(t.lane)) else {
                     // The sender only picks lanes it was told are up; report it lost.
-                    let _ = self.done_tx.send(Done {
+                    let done = Done {
                         stream: t.stream,
                         delivered: false,
                         payload: 0,
-                    });
+                    };
+                    self.sending.push(Box::pin(std::future::ready(done)));
                     continue;
                 };
-                tokio::spawn(send_unit(
-                    lane.conn.clone(),
-                    t.stream,
-                    t.unit,
-                    self.done_tx.clone(),
-                ));
+                self.sending
+                    .push(Box::pin(send_unit(lane.conn.clone(), t.stream, t.unit)));
             }
             if !busy {
                 return None;
@@ -558,6 +576,7 @@ impl Session {
         }
         info!(session = self.handle.id, lane, "lane joined");
         let report = lane_report(&req.conn.stats());
+        self.ended.push(lane_end(lane, req.conn.clone()));
         self.lanes[lane] = Some(Lane {
             conn: req.conn,
             _control: Some((req.send, req.recv)),
@@ -570,13 +589,22 @@ impl Session {
 
     /// Publishes the session's state and the sender's counters to the metrics.
     fn publish_metrics(&mut self) {
-        let info = SessionInfo {
-            identity: self.handle.client.name.clone(),
-            lanes: u32::from(self.sender.lanes_up()),
-            acked: self.sender.acked(),
-            catching_up: self.sender.catching_up(),
-        };
-        if self.info.as_ref() != Some(&info) {
+        let (lanes, acked, catching_up) = (
+            u32::from(self.sender.lanes_up()),
+            self.sender.acked(),
+            self.sender.catching_up(),
+        );
+        let same = self
+            .info
+            .as_ref()
+            .is_some_and(|i| (i.lanes, i.acked, i.catching_up) == (lanes, acked, catching_up));
+        if !same {
+            let info = SessionInfo {
+                identity: self.handle.client.name.clone(),
+                lanes,
+                acked,
+                catching_up,
+            };
             self.shared
                 .metrics
                 .sessions
@@ -680,24 +708,27 @@ async fn write_control(
     }
 }
 
+/// Resolves when `conn` ends, with `lane`, the connection's id and why.
+fn lane_end(lane: usize, conn: Connection) -> BoxFuture<'static, (usize, usize, ConnectionError)> {
+    Box::pin(async move {
+        let why = conn.closed().await;
+        (lane, conn.stable_id(), why)
+    })
+}
+
 /// Sends `unit` on its own unidirectional stream of `conn`, waits until the peer has
-/// acknowledged all of it, and reports the outcome.
-async fn send_unit(
-    conn: Connection,
-    stream: StreamId,
-    unit: Unit,
-    done: mpsc::UnboundedSender<Done>,
-) {
+/// acknowledged all of it, and says how it went.
+async fn send_unit(conn: Connection, stream: StreamId, unit: Unit) -> Done {
     let payload = match &unit {
         Unit::Chunk(c) => c.payload.len() as u64,
         Unit::End(_) => 0,
     };
     let delivered = send_stream(&conn, unit).await.is_ok();
-    let _ = done.send(Done {
+    Done {
         stream,
         delivered,
         payload,
-    });
+    }
 }
 
 async fn send_stream(conn: &Connection, unit: Unit) -> Result<(), String> {

@@ -187,7 +187,7 @@ pub async fn resolve_start(
     }
 }
 
-pub(super) async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
