@@ -21,8 +21,8 @@ use stellar_xdr::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::process::RelayProcess;
-use crate::support::{free_port, http_get, within, TestDir, FIRST, TESTNET};
+use crate::process::{metric, metrics_addr, scrape, RelayProcess};
+use crate::support::{free_port, within, TestDir, FIRST, TESTNET};
 
 /// A busy testnet account, live throughout; and one merged away in 1410051.
 const BUSY: &str = "644f51e502775e0ec67b4922b8ded549649f50c3df4e38543abe1894f3be834d";
@@ -608,18 +608,9 @@ async fn a_core_down_slow_or_refused_gets_the_relays_status_within_its_timeout()
     assert_eq!(q(&rig).await.status, 200);
 }
 
-/// A free loopback address (free when asked; for a relay's `--metrics`).
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
-/// The value of `name` in the exposition at `addr` (0 when absent).
-async fn metric(addr: SocketAddr, name: &str) -> u64 {
-    let text = http_get(addr, "/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0)
+/// The value of `name` in the relay's metrics at `addr` (0 while it has none).
+async fn metric_at(addr: SocketAddr, name: &str) -> u64 {
+    metric(&scrape(addr).await, name).unwrap_or(0)
 }
 
 /// A root relay on the double and a tier relay fed by it, with the tier's own allow-lists and
@@ -628,7 +619,7 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     let dir = TestDir::new();
     dir.certs.issue_client("edge", 30).unwrap();
     let mut core = Core::start(dir.path()).await;
-    let root_metrics = free_addr();
+    let root_metrics = metrics_addr();
     let mut root_args = core.relay_args();
     root_args.extend(["--metrics".into(), root_metrics.to_string()]);
     let (root, root_port) = relay(&dir, "root", &root_args).await;
@@ -647,7 +638,7 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let tier_metrics = free_addr();
+    let tier_metrics = metrics_addr();
     let tier_args: Vec<String> = tier_args
         .into_iter()
         .chain(["--metrics".into(), tier_metrics.to_string()])
@@ -658,14 +649,14 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     // or, its session resolving late on a loaded machine, it starts at a later one, the
     // stand-in's start is below the tier's retention, and the stand-in exits.
     within(20, "the tier connected to the root", async {
-        while metric(root_metrics, "ledger_relay_connections_open").await == 0 {
+        while metric_at(root_metrics, "ledger_relay_connections_open").await == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
     core.close_through(FIRST);
     within(20, "the tier read the first ledger", async {
-        while metric(tier_metrics, "ledger_relay_source_newest").await < u64::from(FIRST) {
+        while metric_at(tier_metrics, "ledger_relay_source_newest").await < u64::from(FIRST) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

@@ -298,6 +298,12 @@ fn field(line: &str, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in {line:?}"))
 }
 
+/// A free TCP address for a relay's metrics.
+pub(crate) fn metrics_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
 /// The relay's metrics: `/metrics` from a relay process, as (name with labels, value).
 pub(crate) async fn scrape(addr: SocketAddr) -> Vec<(String, u64)> {
     let text = http_get(addr, "/metrics").await;

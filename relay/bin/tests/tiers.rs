@@ -19,17 +19,11 @@ use ledger_relay_wire::Hex;
 
 use crate::core_stand_in::{CorePortStandIn, Reply};
 use crate::fake_relay::{FakeRelay, Plan};
-use crate::process::RelayProcess;
+use crate::process::{metrics_addr, RelayProcess};
 use crate::support::{
     file_source, free_port, from_first, http_get, local, sub_config, testnet_ledgers, Collector,
     TestDir, FIRST, LAST,
 };
-
-/// A free TCP address for a relay's metrics.
-fn metrics_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
 
 /// Asserts that `got` is consecutive from its first ledger and byte for byte the testnet
 /// ledgers of those sequences: no gap, no duplicate, nothing altered.
