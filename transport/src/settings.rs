@@ -174,25 +174,22 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
 /// The keep-alive interval of a lane: `keep_alive`, at most half the idle timeout so that one
 /// lost ping does not end a healthy lane; `None` when `keep_alive` is zero.
 fn keep_alive(s: &TransportSettings) -> Option<Duration> {
-    if s.keep_alive.is_zero() {
-        return None;
-    }
-    if s.idle_timeout.is_zero() {
-        Some(s.keep_alive)
-    } else {
-        Some(s.keep_alive.min(s.idle_timeout / 2))
-    }
+    (!s.keep_alive.is_zero()).then(|| within_idle(s.keep_alive, s.idle_timeout, 1, 2))
 }
 
 /// The relay's keep-alive interval: [`keep_alive`]'s, half as long again, so that the
 /// subscriber's ping (which restarts the relay's interval) always comes first; at most three
 /// quarters of the idle timeout.
 fn server_keep_alive(s: &TransportSettings) -> Option<Duration> {
-    let k = keep_alive(s)? * 3 / 2;
-    if s.idle_timeout.is_zero() {
-        Some(k)
+    keep_alive(s).map(|k| within_idle(k * 3 / 2, s.idle_timeout, 3, 4))
+}
+
+/// `interval`, at most `num / den` of `idle` (no bound when the idle timeout is zero: none).
+fn within_idle(interval: Duration, idle: Duration, num: u32, den: u32) -> Duration {
+    if idle.is_zero() {
+        interval
     } else {
-        Some(k.min(s.idle_timeout * 3 / 4))
+        interval.min(idle * num / den)
     }
 }
 
