@@ -98,10 +98,12 @@ pub struct TransportSettings {
     /// relay only once its last byte is acknowledged: with 8, acknowledgements of small
     /// streams waited for the receiver's ACK delay (25 ms), lanes measured that as their rate
     /// and a subscriber of small-chunk ledgers fell out of a 5-ledger ring (the bench's
-    /// `slow-subscriber` test), for no CPU saving measurable in the demo. Set on a relay
-    /// serving the fan-out bench, 4 and 16 (with or without a 2 ms ACK delay) made the lanes
-    /// time out within the idle timeout and no ledger arrived (bench/RESULTS.md, "Per-subscriber
-    /// send cost: levers"): leave it at 0.
+    /// `slow-subscriber` test), for no CPU saving measurable in the demo. With `min_mtu` (so the
+    /// first packets) at 8952, any value makes every lane time out in its handshake (quinn
+    /// 0.11's first flight carries the ACK-frequency request and the handshake never
+    /// completes); with `max_mtu` 8952 alone, 4 cost 10% less relay CPU per extra subscriber
+    /// on loopback, and at 1452 nothing measurable (bench/RESULTS.md, "ACK frequency, measured
+    /// where it runs"): leave it at 0.
     pub ack_eliciting_threshold: u32,
 }
 
