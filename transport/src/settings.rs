@@ -98,12 +98,10 @@ pub struct TransportSettings {
     /// relay only once its last byte is acknowledged: with 8, acknowledgements of small
     /// streams waited for the receiver's ACK delay (25 ms), lanes measured that as their rate
     /// and a subscriber of small-chunk ledgers fell out of a 5-ledger ring (the bench's
-    /// `slow-subscriber` test), for no CPU saving measurable in the demo. With `min_mtu` (so the
-    /// first packets) at 8952, any value makes every lane time out in its handshake (quinn
-    /// 0.11's first flight carries the ACK-frequency request and the handshake never
-    /// completes); with `max_mtu` 8952 alone, 4 cost 10% less relay CPU per extra subscriber
-    /// on loopback, and at 1452 nothing measurable (bench/RESULTS.md, "ACK frequency, measured
-    /// where it runs"): leave it at 0.
+    /// `slow-subscriber` test), for no CPU saving measurable in the demo. On the fan-out bench,
+    /// 4 cost 10% less relay CPU per extra subscriber with `max_mtu` 8952 alone, and nothing
+    /// measurable with `min_mtu` 8952 too or at 1452 (bench/RESULTS.md, "ACK frequency,
+    /// measured where it runs"): leave it at 0.
     pub ack_eliciting_threshold: u32,
 }
 
@@ -157,7 +155,7 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
             IdleTimeout::try_from(s.idle_timeout).unwrap_or(IdleTimeout::from(VarInt::MAX)),
         ))
         .keep_alive_interval(keep_alive(s))
-        .initial_mtu(s.initial_mtu.max(s.min_mtu).max(1200))
+        .initial_mtu(first_packet(s))
         .min_mtu(s.min_mtu.max(1200))
         .mtu_discovery_config(Some(mtu_discovery(s)))
         .enable_segmentation_offload(s.gso)
@@ -165,12 +163,31 @@ pub fn transport_config(s: &TransportSettings) -> quinn::TransportConfig {
         // Neither end sends QUIC datagrams: offering no buffer for them means a peer may not
         // send any (quinn closes a connection that does), rather than filling one nothing reads.
         .datagram_receive_buffer_size(None);
+    let mut cubic = quinn::congestion::CubicConfig::default();
+    cubic.initial_window(initial_window(first_packet(s)));
+    t.congestion_controller_factory(std::sync::Arc::new(cubic));
     if s.ack_eliciting_threshold > 0 {
         let mut ack = quinn::AckFrequencyConfig::default();
         ack.ack_eliciting_threshold(VarInt::from_u32(s.ack_eliciting_threshold));
         t.ack_frequency_config(Some(ack));
     }
     t
+}
+
+/// The size of a lane's first packets: `initial_mtu`, at least `min_mtu` and QUIC's 1200.
+fn first_packet(s: &TransportSettings) -> u16 {
+    s.initial_mtu.max(s.min_mtu).max(1200)
+}
+
+/// The congestion window a lane starts with for first packets of `packet` bytes: RFC 9002's
+/// `min(10 * size, max(14720, 2 * size))`. quinn computes it for 1200-byte packets (12000
+/// bytes) whatever the first packets are; at 8952 that is less than two packets, and the
+/// padded first flight alone then blocked the next packet until an acknowledgement came,
+/// which a subscriber asked for ACK frequency delayed past the handshake (every lane timed
+/// out). Two packets always fit.
+fn initial_window(packet: u16) -> u64 {
+    let size = u64::from(packet);
+    (2 * size).max(14720).min(10 * size)
 }
 
 /// The keep-alive interval of a lane: `keep_alive`, at most half the idle timeout so that one
@@ -243,6 +260,20 @@ mod tests {
         assert!(s.receive_window >= 8 * bdp);
         assert!(s.stream_receive_window >= 4 << 20);
         assert!(s.send_window >= s.receive_window);
+    }
+
+    #[test]
+    fn a_lane_starts_with_room_for_two_of_its_first_packets() {
+        assert_eq!(initial_window(1200), 12000);
+        assert_eq!(initial_window(1452), 14520);
+        assert_eq!(initial_window(8952), 17904);
+        let jumbo = TransportSettings {
+            min_mtu: 8952,
+            max_mtu: 8952,
+            ..TransportSettings::default()
+        };
+        assert_eq!(first_packet(&jumbo), 8952);
+        assert_eq!(first_packet(&TransportSettings::default()), 1200);
     }
 
     #[test]

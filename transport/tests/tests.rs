@@ -334,3 +334,33 @@ async fn data_streams_are_read_within_the_byte_budget() {
         assert!(e.is_protocol_violation(), "{e}");
     }
 }
+
+/// A lane whose first packets are jumbo (min_mtu 8952), asking its peer for ACK frequency,
+/// carries data: its first flight alone does not fill the congestion window it starts with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jumbo_lane_with_ack_frequency_carries_data() {
+    let pki = Pki::new();
+    let settings = TransportSettings {
+        min_mtu: 8952,
+        max_mtu: 8952,
+        ack_eliciting_threshold: 4,
+        ..TransportSettings::default()
+    };
+    let (relay, client, _endpoints) = connected(&pki, &settings).await;
+    let data = vec![7u8; 256 << 10];
+    let sent = data.clone();
+    tokio::spawn(async move {
+        let mut s = relay.open_uni().await.unwrap();
+        s.write_all(&sent).await.unwrap();
+        s.finish().unwrap();
+        let _ = s.stopped().await;
+    });
+    let within = std::time::Duration::from_secs(5);
+    let got = tokio::time::timeout(within, async {
+        let mut s = client.accept_uni().await.unwrap();
+        s.read_to_end(1 << 20).await.unwrap()
+    })
+    .await
+    .expect("the stream arrives within 5 s");
+    assert_eq!(got, data);
+}
