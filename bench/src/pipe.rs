@@ -1,6 +1,6 @@
 //! The local pipe, what ingest reading core's pipe on the same box sees: a writer thread emits
-//! each ledger in core's record marking over the emit window, in 192 KiB writes, and stamps
-//! its last byte; a reader thread reads whole ledgers. One process, one clock.
+//! each ledger in core's record marking over the emit window, in 192 KiB writes, stamped as the
+//! last starts (a later stamp could follow the reader's); a reader reads whole ledgers, one clock.
 
 use std::io::{Read, Write};
 use std::sync::mpsc;
@@ -30,20 +30,20 @@ pub fn run(size: usize, count: u32, cadence_ms: f64, emit_ms: f64) -> anyhow::Re
     let (r, w) = nix::unistd::pipe().context("creating a pipe")?;
     let (mut reader, mut writer) = (std::fs::File::from(r), std::fs::File::from(w));
     let (stamps, stamped) = mpsc::channel::<u64>();
-    let body = filler(size, 0x9e37_79b9);
-    let pieces = size.div_ceil(192 << 10).max(1);
+    let (body, pieces) = (filler(size, 0x9e37_79b9), size.div_ceil(192 << 10).max(1));
     let write = std::thread::spawn(move || -> std::io::Result<()> {
         let t0 = Instant::now();
         for k in 0..count {
             let start = t0 + Duration::from_secs_f64(f64::from(k) * cadence_ms / 1e3);
             writer.write_all(&(0x8000_0000u32 | size as u32).to_be_bytes())?;
+            let mut last_write = 0;
             for (i, piece) in body.chunks(size.div_ceil(pieces)).enumerate() {
                 let at = start + Duration::from_secs_f64(emit_ms / 1e3 * i as f64 / pieces as f64);
                 std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                last_write = now_ns();
                 writer.write_all(piece)?;
             }
-            // The last byte is in the pipe: core has finished the ledger.
-            let _ = stamps.send(now_ns());
+            let _ = stamps.send(last_write);
         }
         Ok(())
     });
