@@ -21,7 +21,7 @@ use stellar_xdr::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::process::{metric, metrics_addr, scrape, RelayProcess};
+use crate::process::{metric_at, metrics_addr, RelayProcess};
 use crate::support::{free_port, within, TestDir, FIRST, TESTNET};
 
 /// A busy testnet account, live throughout; and one merged away in 1410051.
@@ -608,11 +608,6 @@ async fn a_core_down_slow_or_refused_gets_the_relays_status_within_its_timeout()
     assert_eq!(q(&rig).await.status, 200);
 }
 
-/// The value of `name` in the relay's metrics at `addr` (0 while it has none).
-async fn metric_at(addr: SocketAddr, name: &str) -> u64 {
-    metric(&scrape(addr).await, name).unwrap_or(0)
-}
-
 /// A root relay on the double and a tier relay fed by it, with the tier's own allow-lists and
 /// size limit; a stand-in (`rpc-1`) on the tier holding ledgers through [`TIP`].
 async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
@@ -649,14 +644,22 @@ async fn tier() -> (TestDir, Core, Vec<RelayProcess>, u16, StandIn) {
     // or, its session resolving late on a loaded machine, it starts at a later one, the
     // stand-in's start is below the tier's retention, and the stand-in exits.
     within(20, "the tier connected to the root", async {
-        while metric_at(root_metrics, "ledger_relay_connections_open").await == 0 {
+        while metric_at(root_metrics, "ledger_relay_connections_open")
+            .await
+            .unwrap_or(0)
+            == 0
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
     core.close_through(FIRST);
     within(20, "the tier read the first ledger", async {
-        while metric_at(tier_metrics, "ledger_relay_source_newest").await < u64::from(FIRST) {
+        while metric_at(tier_metrics, "ledger_relay_source_newest")
+            .await
+            .unwrap_or(0)
+            < u64::from(FIRST)
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

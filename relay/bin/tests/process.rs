@@ -325,6 +325,11 @@ pub(crate) fn metric(metrics: &[(String, u64)], name: &str) -> Option<u64> {
         .min()
 }
 
+/// A metric by name (as [`metric`]) from the relay's metrics at `addr`.
+pub(crate) async fn metric_at(addr: SocketAddr, name: &str) -> Option<u64> {
+    metric(&scrape(addr).await, name)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_consumer_keeps_memory_bounded_and_misses_nothing() {
     let dir = TestDir::new();
@@ -523,7 +528,11 @@ async fn short_ring(dir: &TestDir) -> (RelayProcess, SocketAddr, u16) {
     let relay = RelayProcess::start(dir.certs.path(), &dir.data(), port, &args).await;
     // Past the first few ledgers, so the ring has moved on from ledger 2.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(&scrape(metrics_addr).await, "ledger_relay_ring_oldest").unwrap_or(0) < 20 {
+    while metric_at(metrics_addr, "ledger_relay_ring_oldest")
+        .await
+        .unwrap_or(0)
+        < 20
+    {
         assert!(
             Instant::now() < deadline,
             "the ring did not move past ledger 20"

@@ -19,7 +19,7 @@ use ledger_relay_wire::Hex;
 
 use crate::core_stand_in::{CorePortStandIn, Reply};
 use crate::fake_relay::{FakeRelay, Plan};
-use crate::process::{metrics_addr, RelayProcess};
+use crate::process::{metric_at, metrics_addr, RelayProcess};
 use crate::support::{
     file_source, free_port, from_first, http_get, local, sub_config, testnet_ledgers, Collector,
     TestDir, FIRST, LAST,
@@ -445,13 +445,12 @@ async fn an_edge_starts_at_its_upstream_anchor_and_refuses_a_wrong_one() {
     );
 }
 
-/// The value of metric `name` in a relay's `/metrics`.
+/// The value of metric `ledger_relay_{name}` in a relay's `/metrics`, which must have it.
 async fn metric(addr: SocketAddr, name: &str) -> u64 {
-    let text = http_get(addr, "/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("ledger_relay_{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+    let full = format!("ledger_relay_{name}");
+    metric_at(addr, &full)
+        .await
+        .unwrap_or_else(|| panic!("no {full} at {addr}"))
 }
 
 /// A ledger damaged in the middle of an edge relay's ring, with no lake
