@@ -571,8 +571,9 @@ impl Sender {
         let Some(f) = self.flights.remove(&stream) else {
             return; // its lane was already failed
         };
+        let full = (self.chunk_wire_len() / 2).min(self.cfg.lane_budget.max(1));
         if let Some(Some(l)) = self.lanes.get_mut(usize::from(f.lane)) {
-            l.close(f.len, delivered, now);
+            l.close(f.len, delivered, now, full);
         }
         if delivered {
             self.stats.streams += 1;
@@ -878,6 +879,7 @@ impl Sender {
                     queue_target: self.cfg.queue_target,
                     budget: self.cfg.lane_budget,
                     streams_per_lane: self.cfg.streams_per_lane,
+                    now,
                 },
             )?;
             let unit = match self.urgent.pop_front() {
