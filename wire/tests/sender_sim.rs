@@ -897,15 +897,11 @@ fn eight_equal_lanes() {
     check(Scenario::bulk(lanes), 0.03, Shares::Within5);
 }
 
-/// The bench's catch-up at eight lanes (`ledger-bench run --preset lanes --only catch-up-l8`)
-/// with what the other scenarios leave out: each lane's first chunk goes at half its rate (slow
-/// start), and a stream of one packet is acknowledged only when the subscriber's delayed-ACK
-/// timer fires, 25 ms on. A lane whose first sample read low was left the ledgers' one-packet
-/// ends, measured from those at the ACK timer's pace (100 bytes per 27 ms), and its rate fell
-/// by a quarter with every such sample, to 5 KB/s: two lanes of eight carried 0.27 MB of 201
-/// and the transfer ran at 3.96x one lane.
-#[test]
-fn eight_lanes_whose_short_streams_wait_for_delayed_acks() {
+/// The bench's catch-up at eight lanes (`ledger-bench run --preset lanes --only catch-up-l8`:
+/// 100 Mbit/s per lane, one ledger in flight) with what the other scenarios leave out: lane 1's
+/// first `slow` bytes go at a third of its rate (a slow start), and a stream of one packet is
+/// acknowledged only when the subscriber's delayed-ACK timer fires, 25 ms on.
+fn catch_up_with_delayed_acks(slow: u64) -> Scenario {
     let lanes = vec![
         LaneSpec {
             delay: Duration::from_micros(100),
@@ -913,35 +909,35 @@ fn eight_lanes_whose_short_streams_wait_for_delayed_acks() {
         };
         8
     ];
-    let sc = Scenario {
+    Scenario {
         ack_delay: 25 * MS,
-        slow_start: Some((1, 256 << 10)),
+        slow_start: Some((1, slow)),
         window: 1,
         ..Scenario::bulk(lanes)
-    };
-    // Window 1 costs 2.4% against the fluid bound here with every lane at its rate from the
-    // start (a round trip and a delayed ACK per ledger), and the slow lane's first chunk 42 ms.
-    check(sc, 0.05, Shares::Within5AfterStartup);
+    }
 }
 
-/// As above, but the lane's first two chunks go slowly, so the second sample confirms the first
-/// and the lane's rate stops growing at a third of its path's: it is left out until its rate is
-/// measured again, [`PROBE_AFTER`] on.
+/// Lane 1's first chunk goes slowly. A lane whose first sample read low was left the ledgers'
+/// one-packet ends, measured from those at the ACK timer's pace (100 bytes per 27 ms), and its
+/// rate fell by a quarter with every such sample, to 5 KB/s: on the bench, two lanes of eight
+/// carried 0.27 MB of 201 and the transfer ran at 3.96x one lane.
+#[test]
+fn eight_lanes_whose_short_streams_wait_for_delayed_acks() {
+    // Window 1 costs 2.4% against the fluid bound here with every lane at its rate from the
+    // start (a round trip and a delayed ACK per ledger), and the slow lane's first chunk 42 ms.
+    check(
+        catch_up_with_delayed_acks(256 << 10),
+        0.05,
+        Shares::Within5AfterStartup,
+    );
+}
+
+/// Lane 1's first two chunks go slowly, so the second sample confirms the first and the lane's
+/// rate stops growing at a third of its path's: it is left out until its rate is measured
+/// again, [`PROBE_AFTER`] on.
 #[test]
 fn a_lane_measured_low_twice_is_measured_again() {
-    let lanes = vec![
-        LaneSpec {
-            delay: Duration::from_micros(100),
-            ..lane(12.5)
-        };
-        8
-    ];
-    let sc = Scenario {
-        ack_delay: 25 * MS,
-        slow_start: Some((1, 512 << 10)),
-        window: 1,
-        ..Scenario::bulk(lanes)
-    };
+    let sc = catch_up_with_delayed_acks(512 << 10);
     let o = Sim::new(sc.clone()).run(Duration::from_secs(600)).unwrap();
     let bound = fluid_bound(&sc, o.wire_bytes);
     // Two slow chunks (84 ms more than at the lane's rate) and a probe's wait.
