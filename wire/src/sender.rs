@@ -571,9 +571,9 @@ impl Sender {
         let Some(f) = self.flights.remove(&stream) else {
             return; // its lane was already failed
         };
-        let full = (self.chunk_wire_len() / 2).min(self.cfg.lane_budget.max(1));
+        let (chunk, budget) = (self.chunk_wire_len(), self.cfg.lane_budget);
         if let Some(Some(l)) = self.lanes.get_mut(usize::from(f.lane)) {
-            l.close(f.len, delivered, now, full);
+            l.close(f.len, delivered, now, chunk, budget);
         }
         if delivered {
             self.stats.streams += 1;

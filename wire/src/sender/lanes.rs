@@ -143,10 +143,17 @@ impl Lane {
         self.sample_peak = self.sample_peak.max(self.outstanding);
     }
 
-    /// A stream of `len` bytes ended: delivered, or failed. `full` is what the lane must have
-    /// had in flight during a rate sample for the sample to measure its path (half a chunk,
-    /// or the lane's budget if that is less).
-    pub(super) fn close(&mut self, len: u64, delivered: bool, now: Duration, full: u64) {
+    /// A stream of `len` bytes ended: delivered, or failed. `chunk` (a full chunk's wire bytes)
+    /// and `budget` (see [`Lane::target`]) say what the lane must have had in flight during a
+    /// rate sample for the sample to measure its path: half a chunk, or the budget if less.
+    pub(super) fn close(
+        &mut self,
+        len: u64,
+        delivered: bool,
+        now: Duration,
+        chunk: u64,
+        budget: u64,
+    ) {
         let busy = self.busy_until(now);
         self.outstanding = self.outstanding.saturating_sub(len);
         self.streams = self.streams.saturating_sub(1);
@@ -182,7 +189,7 @@ impl Lane {
         // acknowledged 27 ms later), and every one took a quarter off the rate of a lane left
         // only those: two lanes of eight fell to 5 KB/s and carried nothing for the rest of a
         // catch-up (`sender_sim::eight_lanes_whose_short_streams_wait_for_delayed_acks`).
-        let limited = self.sample_peak < full;
+        let limited = self.sample_peak < (chunk / 2).min(budget.max(1));
         self.sample_bytes = 0;
         self.sample_busy = busy;
         self.sample_starts = 0;
@@ -406,13 +413,13 @@ mod tests {
         // 100 KB in 10 ms, then idle for 40 ms: 10 MB/s, not 2 MB/s.
         l.open(60_000, Duration::ZERO);
         l.open(40_000, MS);
-        l.close(60_000, true, 6 * MS, 0);
-        l.close(40_000, true, 10 * MS, 0);
+        l.close(60_000, true, 6 * MS, 0, u64::MAX);
+        l.close(40_000, true, 10 * MS, 0, u64::MAX);
         assert_eq!(l.busy_until(50 * MS), 10 * MS);
         assert!((l.rate - 10e6).abs() < 1.0, "{}", l.rate);
         // Busy again later: the idle gap does not count.
         l.open(50_000, 100 * MS);
-        l.close(50_000, true, 105 * MS, 0);
+        l.close(50_000, true, 105 * MS, 0, u64::MAX);
         assert_eq!(l.busy_until(200 * MS), 15 * MS);
         assert!((l.rate - 10e6).abs() < 1.0, "{}", l.rate);
     }
@@ -426,12 +433,12 @@ mod tests {
         });
         // 12 KB at 12 MB/s takes 1 ms, acknowledged a round trip later: not yet a sample.
         l.open(12_000, Duration::ZERO);
-        l.close(12_000, true, 6 * MS, 0);
+        l.close(12_000, true, 6 * MS, 0, u64::MAX);
         assert!(!l.measured, "1 ms of sending is below RATE_SAMPLE");
         // Five more such streams, one at a time: 6 ms of sending in 36 ms of busy time.
         for k in 1..=5u32 {
             l.open(12_000, 10 * MS * k);
-            l.close(12_000, true, 10 * MS * k + 6 * MS, 0);
+            l.close(12_000, true, 10 * MS * k + 6 * MS, 0, u64::MAX);
         }
         assert!(l.measured);
         assert!((l.rate - 12e6).abs() < 1.0, "{}", l.rate);
@@ -468,7 +475,7 @@ mod tests {
     fn a_failed_stream_frees_its_bytes_without_counting_as_delivered() {
         let mut l = Lane::new();
         l.open(1000, Duration::ZERO);
-        l.close(1000, false, 10 * MS, 0);
+        l.close(1000, false, 10 * MS, 0, u64::MAX);
         assert_eq!((l.outstanding, l.streams, l.delivered), (0, 0, 0));
         assert!(!l.measured);
     }
@@ -618,7 +625,7 @@ mod tests {
         let chunk = 262_170;
         // One full chunk in 20 ms: about 13 MB/s.
         l.open(chunk, Duration::ZERO);
-        l.close(chunk, true, 20 * MS, chunk);
+        l.close(chunk, true, 20 * MS, chunk, u64::MAX);
         let rate = l.rate;
         assert!((rate - chunk as f64 / 0.0198).abs() < 1.0, "{rate}");
         // Then only a ledger's 109-byte end at a time, each acknowledged 27 ms later (the
@@ -626,13 +633,13 @@ mod tests {
         for k in 1..=10u32 {
             let t = 100 * MS * k;
             l.open(109, t);
-            l.close(109, true, t + 27 * MS, chunk);
+            l.close(109, true, t + 27 * MS, chunk, u64::MAX);
         }
         assert_eq!(l.rate, rate, "short streams alone must not lower the rate");
         assert!(l.ramping, "nor end the ramp");
         // A full chunk that goes slower does.
         l.open(chunk, 2000 * MS);
-        l.close(chunk, true, 2040 * MS, chunk);
+        l.close(chunk, true, 2040 * MS, chunk, u64::MAX);
         assert!(l.rate < rate, "{} against {rate}", l.rate);
         assert!(!l.ramping);
     }
